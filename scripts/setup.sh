@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Installs everything `make test` and `make demo` need on a fresh machine.
+# Idempotent: a second run only checks. Safe to run as root (CI) or as a user
+# with sudo for the apt step.
+#
+#   scripts/setup.sh            everything
+#   scripts/setup.sh python     only the Python venv
+#
+# What it provides:
+#   .venv/                  Python venv with the pinned packages of scripts/requirements.txt
+#   .tools/kubectl-1.20     Debian's kubectl 1.20 (extracted, not installed: it clashes
+#                           with the image's kubectl package)
+#   apt packages            listed in APT_PACKAGES below
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+want=${1:-all}
+
+APT_PACKAGES=(tinyproxy iproute2 python3-venv)
+
+log() { printf 'setup: %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_missing() {
+    local missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    echo "${missing[@]:-}"
+}
+
+setup_apt() {
+    local missing
+    missing=$(apt_missing)
+    if [ -n "$missing" ]; then
+        log "installing apt packages: $missing"
+        as_root apt-get update -qq
+        # shellcheck disable=SC2086
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+        # tinyproxy's package starts a system service; tests start their own.
+        as_root systemctl disable --now tinyproxy >/dev/null 2>&1 || true
+    fi
+}
+
+setup_kubectl_120() {
+    local dest="$root/.tools/kubectl-1.20"
+    if [ -x "$dest/usr/bin/kubectl" ]; then return; fi
+    log "extracting Debian kubectl 1.20 into .tools/kubectl-1.20"
+    local tmp
+    tmp=$(mktemp -d)
+    ( cd "$tmp" && apt-get download kubernetes-client >/dev/null 2>&1 ) || {
+        as_root apt-get update -qq
+        ( cd "$tmp" && apt-get download kubernetes-client >/dev/null )
+    }
+    mkdir -p "$dest"
+    dpkg-deb -x "$tmp"/kubernetes-client_*.deb "$dest"
+    rm -rf "$tmp"
+}
+
+setup_python() {
+    local venv="$root/.venv"
+    local stamp="$venv/.requirements.sha256"
+    local sum
+    sum=$(sha256sum scripts/requirements.txt | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then return; fi
+    log "creating Python venv .venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r scripts/requirements.txt
+    echo "$sum" >"$stamp"
+}
+
+case "$want" in
+    all) setup_apt; setup_kubectl_120; setup_python ;;
+    apt) setup_apt ;;
+    kubectl) setup_kubectl_120 ;;
+    python) setup_python ;;
+    *) echo "usage: $0 [all|apt|kubectl|python]" >&2; exit 2 ;;
+esac
