@@ -17,13 +17,16 @@ use prost::Message;
 use prost_types::{ListValue, Struct, Timestamp, Value, value::Kind};
 use serde_json::{Value as Json, json};
 
+/// Decodes bytes with the Rust type and says whether they equal the original.
+type SameAs = Box<dyn Fn(&[u8]) -> bool>;
+
 struct Case {
     name: &'static str,
     type_name: &'static str,
     bytes: Vec<u8>,
     json: Json,
     /// Decodes bytes with the Rust type and says whether they equal the original.
-    same: Box<dyn Fn(&[u8]) -> bool>,
+    same: SameAs,
 }
 
 fn case<M: Message + Default + PartialEq + 'static>(
@@ -59,8 +62,12 @@ fn object() -> Struct {
                 "ports",
                 Kind::ListValue(ListValue {
                     values: vec![
-                        Value { kind: Some(Kind::NumberValue(80.0)) },
-                        Value { kind: Some(Kind::StringValue("https".into())) },
+                        Value {
+                            kind: Some(Kind::NumberValue(80.0)),
+                        },
+                        Value {
+                            kind: Some(Kind::StringValue("https".into())),
+                        },
                     ],
                 }),
             ),
@@ -71,7 +78,10 @@ fn object() -> Struct {
 }
 
 fn cases() -> Vec<Case> {
-    let ts = Timestamp { seconds: 1_764_000_000, nanos: 500_000_000 };
+    let ts = Timestamp {
+        seconds: 1_764_000_000,
+        nanos: 500_000_000,
+    };
     vec![
         case(
             "register",
@@ -106,7 +116,10 @@ fn cases() -> Vec<Case> {
                         last_seen: Some(ts),
                         ..Default::default()
                     },
-                    link::v1::Link { cluster: s("edge-2"), ..Default::default() },
+                    link::v1::Link {
+                        cluster: s("edge-2"),
+                        ..Default::default()
+                    },
                 ],
             },
             json!({"links": [
@@ -118,7 +131,9 @@ fn cases() -> Vec<Case> {
         case(
             "resource",
             "otterscale.resource.v1.Resource",
-            resource::v1::Resource { object: Some(object()) },
+            resource::v1::Resource {
+                object: Some(object()),
+            },
             json!({"object": {"apiVersion": "v1", "kind": "ConfigMap", "replicas": 3.0,
                               "ready": true, "gone": null, "ports": [80.0, "https"]}}),
         ),
@@ -154,7 +169,9 @@ fn cases() -> Vec<Case> {
             "otterscale.resource.v1.WatchEvent",
             resource::v1::WatchEvent {
                 r#type: Some(resource::v1::watch_event::Type::Modified as i32),
-                resource: Some(resource::v1::Resource { object: Some(Struct::default()) }),
+                resource: Some(resource::v1::Resource {
+                    object: Some(Struct::default()),
+                }),
                 resource_version: s("42"),
             },
             json!({"type": "TYPE_MODIFIED", "resource": {"object": {}}, "resource_version": "42"}),
@@ -193,7 +210,9 @@ fn cases() -> Vec<Case> {
 }
 
 fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
 }
 
 fn skip_or_fail(why: &str) {
@@ -246,10 +265,18 @@ fn rust_and_python_agree_on_the_wire() {
 
     for c in &cases {
         let r = &result[c.name];
-        assert_eq!(r["json"], c.json, "{}: Python decoded Rust's bytes differently", c.name);
+        assert_eq!(
+            r["json"], c.json,
+            "{}: Python decoded Rust's bytes differently",
+            c.name
+        );
         for key in ["roundtrip_hex", "from_json_hex"] {
             let bytes = unhex(r[key].as_str().expect("hex string"));
-            assert!((c.same)(&bytes), "{}: Rust decodes Python's {key} to another value", c.name);
+            assert!(
+                (c.same)(&bytes),
+                "{}: Rust decodes Python's {key} to another value",
+                c.name
+            );
         }
     }
 }

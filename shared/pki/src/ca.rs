@@ -4,8 +4,8 @@ use std::{net::IpAddr, time::Duration};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
-    PKCS_ED25519, SanType, SerialNumber,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    PKCS_ECDSA_P256_SHA256, PKCS_ED25519, SanType, SerialNumber,
 };
 use time::OffsetDateTime;
 
@@ -37,7 +37,9 @@ pub struct CertificateAuthority {
 impl std::fmt::Debug for CertificateAuthority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The key stays out of logs.
-        f.debug_struct("CertificateAuthority").field("fingerprint", &self.fingerprint()).finish()
+        f.debug_struct("CertificateAuthority")
+            .field("fingerprint", &self.fingerprint())
+            .finish()
     }
 }
 
@@ -71,7 +73,11 @@ impl CertificateAuthority {
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self> {
         let key = KeyPair::from_pem(key_pem)?;
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
-        Ok(Self { cert_pem: cert_pem.to_owned(), key_pem: key_pem.to_owned(), issuer })
+        Ok(Self {
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+            issuer,
+        })
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -112,10 +118,15 @@ impl CertificateAuthority {
             return Err(PkiError::KeyTypeNotAllowed(format!("{alg:?}")));
         }
         let mut params = CertificateParams::default();
-        params.distinguished_name =
-            dn(&format!("{}/{}", identity.cluster, identity.agent_id), "OtterScale Link agent");
+        params.distinguished_name = dn(
+            &format!("{}/{}", identity.cluster, identity.agent_id),
+            "OtterScale Link agent",
+        );
         params.subject_alt_names = vec![SanType::URI(
-            identity.to_uri().try_into().map_err(|e: rcgen::Error| PkiError::Rcgen(e))?,
+            identity
+                .to_uri()
+                .try_into()
+                .map_err(|e: rcgen::Error| PkiError::Rcgen(e))?,
         )];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -138,7 +149,10 @@ impl CertificateAuthority {
     pub fn issue_server_cert(&self, names: &[String]) -> Result<(String, String)> {
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = dn(names.first().map_or("otter-hub", |n| n.as_str()), "OtterScale Link hub");
+        params.distinguished_name = dn(
+            names.first().map_or("otter-hub", |n| n.as_str()),
+            "OtterScale Link hub",
+        );
         let mut sans = Vec::new();
         for name in names {
             match name.parse::<IpAddr>() {
@@ -165,7 +179,10 @@ pub fn fingerprint_pem(pem: &str) -> Result<String> {
         .into_iter()
         .next()
         .ok_or_else(|| PkiError::Encoding("no certificate in PEM".into()))?;
-    Ok(hex::encode(ring::digest::digest(&ring::digest::SHA256, der.as_ref())))
+    Ok(hex::encode(ring::digest::digest(
+        &ring::digest::SHA256,
+        der.as_ref(),
+    )))
 }
 
 fn dn(common_name: &str, organization: &str) -> DistinguishedName {
@@ -198,7 +215,9 @@ mod tests {
 
         let (_key, csr_pem) = csr::generate("edge-1", "agent-1").unwrap();
         let id = AgentIdentity::new("edge-1", "agent-1").unwrap();
-        let issued = reloaded.sign_agent_csr(&csr_pem, &id, Duration::from_secs(3600)).unwrap();
+        let issued = reloaded
+            .sign_agent_csr(&csr_pem, &id, Duration::from_secs(3600))
+            .unwrap();
         let der = crate::tls::parse_certs(&issued.pem).unwrap().remove(0);
         let peer = PeerCertificate::from_der(der.as_ref()).unwrap();
         assert_eq!(peer.identity, id);
@@ -216,7 +235,10 @@ mod tests {
             Err(PkiError::MalformedCsr(_))
         ));
         let huge = "A".repeat(MAX_CSR_PEM_LEN + 1);
-        assert!(matches!(ca.sign_agent_csr(&huge, &id, life), Err(PkiError::MalformedCsr(_))));
+        assert!(matches!(
+            ca.sign_agent_csr(&huge, &id, life),
+            Err(PkiError::MalformedCsr(_))
+        ));
 
         // Flip one byte inside the signed body: the self-signature fails.
         let (_key, csr_pem) = csr::generate("edge-1", "a").unwrap();
@@ -224,7 +246,10 @@ mod tests {
         let mut body = lines[1].as_bytes().to_vec();
         body[40] = if body[40] == b'A' { b'B' } else { b'A' };
         let tampered = csr_pem.replacen(lines[1], std::str::from_utf8(&body).unwrap(), 1);
-        assert!(matches!(ca.sign_agent_csr(&tampered, &id, life), Err(PkiError::MalformedCsr(_))));
+        assert!(matches!(
+            ca.sign_agent_csr(&tampered, &id, life),
+            Err(PkiError::MalformedCsr(_))
+        ));
     }
 
     #[test]
@@ -232,7 +257,11 @@ mod tests {
         let ca = CertificateAuthority::generate("test CA").unwrap();
         let id = AgentIdentity::new("edge-1", "a").unwrap();
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
-        let csr = CertificateParams::default().serialize_request(&key).unwrap().pem().unwrap();
+        let csr = CertificateParams::default()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap();
         assert!(matches!(
             ca.sign_agent_csr(&csr, &id, Duration::from_secs(60)),
             Err(PkiError::KeyTypeNotAllowed(_))

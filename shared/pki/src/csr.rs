@@ -12,7 +12,10 @@ pub fn generate(cluster: &str, agent_id: &str) -> Result<(String, String)> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("{}/{}", identity.cluster, identity.agent_id));
+    dn.push(
+        DnType::CommonName,
+        format!("{}/{}", identity.cluster, identity.agent_id),
+    );
     params.distinguished_name = dn;
     let csr = params.serialize_request(&key)?;
     Ok((key.serialize_pem(), csr.pem()?))

@@ -11,18 +11,29 @@ pub const MAX_AGENT_ID_LEN: usize = 128;
 
 /// Checks a cluster name: a DNS label (RFC 1123), as Kubernetes names are.
 pub fn validate_cluster_name(name: &str) -> Result<()> {
-    let bad = |why: &str| PkiError::InvalidName { what: "cluster name", why: why.to_owned() };
+    let bad = |why: &str| PkiError::InvalidName {
+        what: "cluster name",
+        why: why.to_owned(),
+    };
     if name.is_empty() {
         return Err(bad("it is empty"));
     }
     if name.len() > 63 {
-        return Err(bad(&format!("{} characters, at most 63 allowed", name.len())));
+        return Err(bad(&format!(
+            "{} characters, at most 63 allowed",
+            name.len()
+        )));
     }
-    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
         return Err(bad(&format!("{name:?} may hold only a-z, 0-9 and '-'")));
     }
     if name.starts_with('-') || name.ends_with('-') {
-        return Err(bad(&format!("{name:?} must start and end with a letter or digit")));
+        return Err(bad(&format!(
+            "{name:?} must start and end with a letter or digit"
+        )));
     }
     Ok(())
 }
@@ -30,12 +41,20 @@ pub fn validate_cluster_name(name: &str) -> Result<()> {
 /// Checks an agent id: 1–128 characters of `[A-Za-z0-9._-]`, so it is safe
 /// in a URI, a header and a log line.
 pub fn validate_agent_id(id: &str) -> Result<()> {
-    let bad = |why: String| PkiError::InvalidName { what: "agent id", why };
+    let bad = |why: String| PkiError::InvalidName {
+        what: "agent id",
+        why,
+    };
     if id.is_empty() || id.len() > MAX_AGENT_ID_LEN {
         return Err(bad(format!("must be 1 to {MAX_AGENT_ID_LEN} characters")));
     }
-    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
-        return Err(bad(format!("{id:?} may hold only A-Z, a-z, 0-9, '.', '_' and '-'")));
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(bad(format!(
+            "{id:?} may hold only A-Z, a-z, 0-9, '.', '_' and '-'"
+        )));
     }
     Ok(())
 }
@@ -52,7 +71,10 @@ impl AgentIdentity {
     pub fn new(cluster: &str, agent_id: &str) -> Result<Self> {
         validate_cluster_name(cluster)?;
         validate_agent_id(agent_id)?;
-        Ok(Self { cluster: cluster.to_owned(), agent_id: agent_id.to_owned() })
+        Ok(Self {
+            cluster: cluster.to_owned(),
+            agent_id: agent_id.to_owned(),
+        })
     }
 
     /// The URI SAN for this identity.
@@ -92,13 +114,13 @@ impl PeerCertificate {
         let mut identity = None;
         if let Ok(Some(san)) = cert.subject_alternative_name() {
             for name in &san.value.general_names {
-                if let GeneralName::URI(uri) = name {
-                    if uri.starts_with(SPIFFE_PREFIX) {
-                        if identity.is_some() {
-                            return Err(PkiError::NoIdentity("more than one agent URI".into()));
-                        }
-                        identity = Some(AgentIdentity::from_uri(uri)?);
+                if let GeneralName::URI(uri) = name
+                    && uri.starts_with(SPIFFE_PREFIX)
+                {
+                    if identity.is_some() {
+                        return Err(PkiError::NoIdentity("more than one agent URI".into()));
                     }
+                    identity = Some(AgentIdentity::from_uri(uri)?);
                 }
             }
         }
@@ -120,7 +142,17 @@ mod tests {
         for ok in ["a", "edge-1", "0abc", &"x".repeat(63)] {
             validate_cluster_name(ok).unwrap();
         }
-        for bad in ["", "-a", "a-", "Edge", "a_b", "a.b", &"x".repeat(64), "a/b", "é"] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "Edge",
+            "a_b",
+            "a.b",
+            &"x".repeat(64),
+            "a/b",
+            "é",
+        ] {
             assert!(validate_cluster_name(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -129,7 +161,9 @@ mod tests {
     fn identity_round_trips_and_rejects_injection() {
         let id = AgentIdentity::new("edge-1", "agent-7").unwrap();
         assert_eq!(AgentIdentity::from_uri(&id.to_uri()).unwrap(), id);
-        assert!(AgentIdentity::from_uri("spiffe://otterscale-link/cluster/a/agent/b/agent/c").is_err());
+        assert!(
+            AgentIdentity::from_uri("spiffe://otterscale-link/cluster/a/agent/b/agent/c").is_err()
+        );
         assert!(AgentIdentity::from_uri("spiffe://other/cluster/a/agent/b").is_err());
         assert!(AgentIdentity::new("edge-1", "a b").is_err());
     }

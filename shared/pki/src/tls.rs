@@ -72,11 +72,13 @@ pub fn server_config(
     auth: ClientAuth,
     alpn: &[&[u8]],
 ) -> Result<ServerConfig> {
-    let builder = ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match auth {
         ClientAuth::None => builder.with_no_client_auth(),
         ClientAuth::Optional | ClientAuth::Required => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider());
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider());
             let verifier = if auth == ClientAuth::Optional {
                 verifier.allow_unauthenticated().build()?
             } else {
@@ -92,7 +94,11 @@ pub fn server_config(
 
 /// A client config trusting only `ca_pem`, presenting `client` (certificate
 /// PEM, key PEM) when given.
-pub fn client_config(ca_pem: &str, client: Option<(&str, &str)>, alpn: &[&[u8]]) -> Result<ClientConfig> {
+pub fn client_config(
+    ca_pem: &str,
+    client: Option<(&str, &str)>,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots(ca_pem)?);

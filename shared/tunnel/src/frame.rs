@@ -58,7 +58,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_head: 64 * 1024, max_data: 256 * 1024 }
+        Self {
+            max_head: 64 * 1024,
+            max_data: 256 * 1024,
+        }
     }
 }
 
@@ -85,7 +88,11 @@ impl Decoder for ChunkCodec {
             _ => self.limits.max_head,
         };
         if len > max {
-            return Err(TunnelError::TooLarge { what: "tunnel chunk", len, max });
+            return Err(TunnelError::TooLarge {
+                what: "tunnel chunk",
+                len,
+                max,
+            });
         }
         if src.len() < HEADER_LEN + len {
             src.reserve(HEADER_LEN + len - src.len());
@@ -99,14 +106,22 @@ impl Decoder for ChunkCodec {
 impl Encoder<(ChunkKind, Bytes)> for ChunkCodec {
     type Error = TunnelError;
 
-    fn encode(&mut self, (kind, payload): (ChunkKind, Bytes), dst: &mut BytesMut) -> Result<(), TunnelError> {
+    fn encode(
+        &mut self,
+        (kind, payload): (ChunkKind, Bytes),
+        dst: &mut BytesMut,
+    ) -> Result<(), TunnelError> {
         let max = match kind {
             ChunkKind::Data => self.limits.max_data,
             ChunkKind::End => 0,
             _ => self.limits.max_head,
         };
         if payload.len() > max {
-            return Err(TunnelError::TooLarge { what: "outgoing chunk", len: payload.len(), max });
+            return Err(TunnelError::TooLarge {
+                what: "outgoing chunk",
+                len: payload.len(),
+                max,
+            });
         }
         dst.reserve(HEADER_LEN + payload.len());
         dst.put_u8(kind as u8);
@@ -181,7 +196,10 @@ pub struct ResponseHead {
 /// Converts an HTTP header map to wire headers.
 pub fn to_wire(map: &http::HeaderMap) -> Vec<Header> {
     map.iter()
-        .map(|(name, value)| Header { name: name.as_str().to_owned(), value: value.as_bytes().to_vec() })
+        .map(|(name, value)| Header {
+            name: name.as_str().to_owned(),
+            value: value.as_bytes().to_vec(),
+        })
         .collect()
 }
 
@@ -203,20 +221,32 @@ mod tests {
     use super::*;
 
     fn codec() -> ChunkCodec {
-        ChunkCodec { limits: Limits { max_head: 16, max_data: 32 } }
+        ChunkCodec {
+            limits: Limits {
+                max_head: 16,
+                max_data: 32,
+            },
+        }
     }
 
     #[test]
     fn round_trips_and_waits_for_whole_chunks() {
         let mut buf = BytesMut::new();
         let mut c = codec();
-        c.encode((ChunkKind::Data, Bytes::from_static(b"hello")), &mut buf).unwrap();
+        c.encode((ChunkKind::Data, Bytes::from_static(b"hello")), &mut buf)
+            .unwrap();
         c.encode((ChunkKind::End, Bytes::new()), &mut buf).unwrap();
         let mut partial = buf.split_to(7);
         assert!(c.decode(&mut partial).unwrap().is_none());
         partial.unsplit(buf);
-        assert_eq!(c.decode(&mut partial).unwrap(), Some((ChunkKind::Data, Bytes::from_static(b"hello"))));
-        assert_eq!(c.decode(&mut partial).unwrap(), Some((ChunkKind::End, Bytes::new())));
+        assert_eq!(
+            c.decode(&mut partial).unwrap(),
+            Some((ChunkKind::Data, Bytes::from_static(b"hello")))
+        );
+        assert_eq!(
+            c.decode(&mut partial).unwrap(),
+            Some((ChunkKind::End, Bytes::new()))
+        );
         assert!(partial.is_empty());
     }
 
@@ -225,22 +255,40 @@ mod tests {
         let mut c = codec();
         // A DATA header announcing 4 GiB: refused from the header alone.
         let mut buf = BytesMut::from(&[2u8, 0xff, 0xff, 0xff, 0xff][..]);
-        assert!(matches!(c.decode(&mut buf), Err(TunnelError::TooLarge { .. })));
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(TunnelError::TooLarge { .. })
+        ));
         let mut buf = BytesMut::from(&[1u8, 0, 0, 0, 17][..]);
-        assert!(matches!(c.decode(&mut buf), Err(TunnelError::TooLarge { .. })));
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(TunnelError::TooLarge { .. })
+        ));
         let mut buf = BytesMut::from(&[3u8, 0, 0, 0, 1, 0][..]);
-        assert!(matches!(c.decode(&mut buf), Err(TunnelError::TooLarge { .. })));
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(TunnelError::TooLarge { .. })
+        ));
         let mut buf = BytesMut::from(&[9u8, 0, 0, 0, 0][..]);
         assert!(matches!(c.decode(&mut buf), Err(TunnelError::Protocol(_))));
     }
 
     #[test]
     fn header_conversion_rejects_invalid_names() {
-        let ok = vec![Header { name: "x-a".into(), value: b"1".to_vec() }];
+        let ok = vec![Header {
+            name: "x-a".into(),
+            value: b"1".to_vec(),
+        }];
         assert_eq!(from_wire(ok).unwrap()["x-a"], "1");
-        let bad = vec![Header { name: "bad name".into(), value: b"1".to_vec() }];
+        let bad = vec![Header {
+            name: "bad name".into(),
+            value: b"1".to_vec(),
+        }];
         assert!(from_wire(bad).is_err());
-        let bad = vec![Header { name: "x".into(), value: b"a\nb".to_vec() }];
+        let bad = vec![Header {
+            name: "x".into(),
+            value: b"a\nb".to_vec(),
+        }];
         assert!(from_wire(bad).is_err());
     }
 }

@@ -104,7 +104,12 @@ pub async fn hub_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2Op
         }
     };
     tokio::spawn(driver);
-    Ok(H2Opener { send, closed, reason, rtt })
+    Ok(H2Opener {
+        send,
+        closed,
+        reason,
+        rtt,
+    })
 }
 
 /// The hub's handle on an HTTP/2 tunnel.
@@ -117,7 +122,9 @@ pub struct H2Opener {
 
 impl std::fmt::Debug for H2Opener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("H2Opener").field("closed", &self.closed.is_cancelled()).finish()
+        f.debug_struct("H2Opener")
+            .field("closed", &self.closed.is_cancelled())
+            .finish()
     }
 }
 
@@ -128,11 +135,19 @@ impl Opener for H2Opener {
                 return Err(TunnelError::Closed(self.reason()));
             }
             let mut send = self.send.clone().ready().await?;
-            let request = http::Request::post("/").body(()).expect("static request is valid");
+            let request = http::Request::post("/")
+                .body(())
+                .expect("static request is valid");
             let (response, stream) = send.send_request(request, false)?;
             Ok(TunnelStream {
-                send: Box::new(H2Send { stream, closed: false }),
-                recv: Box::new(H2Recv { state: RecvState::Waiting(response), buf: Bytes::new() }),
+                send: Box::new(H2Send {
+                    stream,
+                    closed: false,
+                }),
+                recv: Box::new(H2Recv {
+                    state: RecvState::Waiting(response),
+                    buf: Bytes::new(),
+                }),
             })
         })
     }
@@ -165,7 +180,10 @@ impl Opener for H2Opener {
 
 impl H2Opener {
     fn reason(&self) -> String {
-        self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -194,7 +212,9 @@ pub async fn accept_loop(
             },
             _ = shutdown.cancelled() => return,
         };
-        let Ok(permit) = pending.clone().acquire_owned().await else { return };
+        let Ok(permit) = pending.clone().acquire_owned().await else {
+            return;
+        };
         let (acceptor, out, shutdown) = (acceptor.clone(), out.clone(), shutdown.clone());
         tokio::spawn(async move {
             let _permit = permit;
@@ -203,7 +223,9 @@ pub async fn accept_loop(
                 let tls = acceptor.accept(tcp).await?;
                 let (_, conn) = tls.get_ref();
                 if conn.alpn_protocol() != Some(ALPN) {
-                    return Err(TunnelError::protocol("client did not negotiate the tunnel ALPN"));
+                    return Err(TunnelError::protocol(
+                        "client did not negotiate the tunnel ALPN",
+                    ));
                 }
                 let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
                 let opener = hub_handshake(Box::new(tls), settings).await?;
@@ -243,7 +265,9 @@ pub async fn dial(
         let _ = tcp.set_nodelay(true);
         let tls = TlsConnector::from(tls).connect(server_name, tcp).await?;
         if tls.get_ref().1.alpn_protocol() != Some(ALPN) {
-            return Err(TunnelError::protocol("hub did not negotiate the tunnel ALPN"));
+            return Err(TunnelError::protocol(
+                "hub did not negotiate the tunnel ALPN",
+            ));
         }
         agent_handshake(Box::new(tls), settings).await
     };
@@ -277,7 +301,12 @@ pub async fn agent_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2
             dead.cancel();
         });
     }
-    Ok(H2Acceptor { conn, dead, reason, rtt })
+    Ok(H2Acceptor {
+        conn,
+        dead,
+        reason,
+        rtt,
+    })
 }
 
 /// The agent's side of an HTTP/2 tunnel. Polling [`Acceptor::accept`] also
@@ -318,8 +347,14 @@ impl Acceptor for H2Acceptor {
                 Some(Ok((request, mut respond))) => {
                     let send = respond.send_response(http::Response::new(()), false)?;
                     Ok(Some(TunnelStream {
-                        send: Box::new(H2Send { stream: send, closed: false }),
-                        recv: Box::new(H2Recv { state: RecvState::Ready(request.into_body()), buf: Bytes::new() }),
+                        send: Box::new(H2Send {
+                            stream: send,
+                            closed: false,
+                        }),
+                        recv: Box::new(H2Recv {
+                            state: RecvState::Ready(request.into_body()),
+                            buf: Bytes::new(),
+                        }),
                     }))
                 }
             }
@@ -343,13 +378,18 @@ async fn keepalive(
     ka: Keepalive,
     rtt: Arc<Mutex<Option<Duration>>>,
 ) -> String {
-    let Some(mut ping) = ping else { return std::future::pending().await };
+    let Some(mut ping) = ping else {
+        return std::future::pending().await;
+    };
     let mut tick = tokio::time::interval(ka.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     // Worst case: the peer dies right after answering; the next ping goes
     // out one interval later and is given the rest of the timeout.
-    let wait = ka.timeout.saturating_sub(ka.interval).max(Duration::from_millis(10));
+    let wait = ka
+        .timeout
+        .saturating_sub(ka.interval)
+        .max(Duration::from_millis(10));
     loop {
         tick.tick().await;
         let start = Instant::now();
@@ -363,7 +403,8 @@ async fn keepalive(
 
 fn h2_io_error(e: h2::Error) -> io::Error {
     if e.is_io() {
-        e.into_io().unwrap_or_else(|| io::Error::other("h2 I/O error"))
+        e.into_io()
+            .unwrap_or_else(|| io::Error::other("h2 I/O error"))
     } else {
         io::Error::new(io::ErrorKind::ConnectionReset, e)
     }
@@ -376,7 +417,11 @@ struct H2Send {
 }
 
 impl AsyncWrite for H2Send {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
@@ -405,7 +450,9 @@ impl AsyncWrite for H2Send {
     fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if !self.closed {
             self.closed = true;
-            self.stream.send_data(Bytes::new(), true).map_err(h2_io_error)?;
+            self.stream
+                .send_data(Bytes::new(), true)
+                .map_err(h2_io_error)?;
         }
         Poll::Ready(Ok(()))
     }
@@ -425,7 +472,11 @@ struct H2Recv {
 }
 
 impl AsyncRead for H2Recv {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         loop {
             if !self.buf.is_empty() {
                 let n = self.buf.len().min(out.remaining());
@@ -449,5 +500,3 @@ impl AsyncRead for H2Recv {
         }
     }
 }
-
-

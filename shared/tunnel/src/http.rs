@@ -33,7 +33,10 @@ use tokio_util::{
 
 use crate::{
     Result, TunnelError,
-    frame::{Caller, ChunkCodec, ChunkKind, HeaderList, Limits, RequestHead, ResponseHead, from_wire, to_wire},
+    frame::{
+        Caller, ChunkCodec, ChunkKind, HeaderList, Limits, RequestHead, ResponseHead, from_wire,
+        to_wire,
+    },
     transport::TunnelStream,
 };
 
@@ -77,12 +80,18 @@ where
     let (parts, body) = req.into_parts();
     let head = RequestHead {
         method: parts.method.as_str().to_owned(),
-        path: parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned(),
         headers: to_wire(&parts.headers),
         caller,
     };
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
-    writer.send((ChunkKind::Open, head.encode_to_vec().into())).await?;
+    writer
+        .send((ChunkKind::Open, head.encode_to_vec().into()))
+        .await?;
 
     let (done_tx, done_rx) = oneshot::channel();
     tokio::spawn(pump_request(writer, body, done_rx, limits));
@@ -93,9 +102,12 @@ where
         .await
         .ok_or_else(|| TunnelError::Closed("stream ended before the response head".into()))??;
     if kind != ChunkKind::Head {
-        return Err(TunnelError::protocol(format!("expected response head, got {kind:?}")));
+        return Err(TunnelError::protocol(format!(
+            "expected response head, got {kind:?}"
+        )));
     }
-    let head = ResponseHead::decode(payload).map_err(|e| TunnelError::protocol(format!("response head: {e}")))?;
+    let head = ResponseHead::decode(payload)
+        .map_err(|e| TunnelError::protocol(format!("response head: {e}")))?;
     let status = http::StatusCode::from_u16(head.status as u16)
         .ok()
         .filter(|_| head.status <= 999)
@@ -113,8 +125,12 @@ where
 
 /// Streams the request body to the agent, then holds the stream open until
 /// the response is finished (`done` fires) or abandoned (`done` dropped).
-async fn pump_request<B>(mut writer: Writer, body: B, mut done: oneshot::Receiver<()>, limits: Limits)
-where
+async fn pump_request<B>(
+    mut writer: Writer,
+    body: B,
+    mut done: oneshot::Receiver<()>,
+    limits: Limits,
+) where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
@@ -150,7 +166,9 @@ pub struct ResponseBody {
 
 impl std::fmt::Debug for ResponseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseBody").field("finished", &self.finished).finish()
+        f.debug_struct("ResponseBody")
+            .field("finished", &self.finished)
+            .finish()
     }
 }
 
@@ -167,7 +185,10 @@ impl Body for ResponseBody {
     type Data = Bytes;
     type Error = TunnelError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>>>> {
         if self.finished {
             return Poll::Ready(None);
         }
@@ -186,7 +207,9 @@ impl Body for ResponseBody {
             }
             Some(Ok((kind, _))) => {
                 self.finished = true;
-                Poll::Ready(Some(Err(TunnelError::protocol(format!("unexpected {kind:?} in response")))))
+                Poll::Ready(Some(Err(TunnelError::protocol(format!(
+                    "unexpected {kind:?} in response"
+                )))))
             }
             Some(Err(e)) => {
                 self.finished = true;
@@ -214,7 +237,10 @@ impl Body for RequestBody {
     type Data = Bytes;
     type Error = TunnelError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>>>> {
         self.rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
     }
 }
@@ -235,13 +261,18 @@ where
         .map_err(|_| TunnelError::Timeout("request head"))?
         .ok_or_else(|| TunnelError::Closed("stream ended before the request head".into()))??;
     if kind != ChunkKind::Open {
-        return Err(TunnelError::protocol(format!("expected request head, got {kind:?}")));
+        return Err(TunnelError::protocol(format!(
+            "expected request head, got {kind:?}"
+        )));
     }
-    let head = RequestHead::decode(payload).map_err(|e| TunnelError::protocol(format!("request head: {e}")))?;
+    let head = RequestHead::decode(payload)
+        .map_err(|e| TunnelError::protocol(format!("request head: {e}")))?;
     let method = http::Method::from_bytes(head.method.as_bytes())
         .map_err(|_| TunnelError::protocol(format!("bad method {:?}", head.method)))?;
-    let uri: http::Uri =
-        head.path.parse().map_err(|_| TunnelError::protocol(format!("bad path {:?}", head.path)))?;
+    let uri: http::Uri = head
+        .path
+        .parse()
+        .map_err(|_| TunnelError::protocol(format!("bad path {:?}", head.path)))?;
 
     let (tx, rx) = mpsc::channel(2);
     let mut request = http::Request::new(RequestBody { rx });
@@ -296,8 +327,13 @@ where
             .await
             .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
         let (parts, body) = response.into_parts();
-        let head = ResponseHead { status: u32::from(parts.status.as_u16()), headers: to_wire(&parts.headers) };
-        writer.send((ChunkKind::Head, head.encode_to_vec().into())).await?;
+        let head = ResponseHead {
+            status: u32::from(parts.status.as_u16()),
+            headers: to_wire(&parts.headers),
+        };
+        writer
+            .send((ChunkKind::Head, head.encode_to_vec().into()))
+            .await?;
         let mut body = std::pin::pin!(body);
         while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
             let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
@@ -305,8 +341,12 @@ where
                 Ok(data) => write_data(&mut writer, data, limits.max_data).await?,
                 Err(frame) => {
                     if let Ok(trailers) = frame.into_trailers() {
-                        let list = HeaderList { headers: to_wire(&trailers) };
-                        writer.send((ChunkKind::Trailers, list.encode_to_vec().into())).await?;
+                        let list = HeaderList {
+                            headers: to_wire(&trailers),
+                        };
+                        writer
+                            .send((ChunkKind::Trailers, list.encode_to_vec().into()))
+                            .await?;
                     }
                 }
             }

@@ -39,7 +39,11 @@ pub enum TunnelError {
     Protocol(String),
     /// A peer-declared size was over its limit.
     #[error("{what} of {len} bytes is over the limit of {max}")]
-    TooLarge { what: &'static str, len: usize, max: usize },
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
     /// HTTP/2 layer error.
     #[error("HTTP/2: {0}")]
     H2(#[from] ::h2::Error),

@@ -19,7 +19,11 @@ pub fn pair() -> (MemOpener, MemAcceptor) {
     let (tx, rx) = mpsc::channel(64);
     let closed = CancellationToken::new();
     (
-        MemOpener { tx, closed: closed.clone(), reason: Arc::new(Mutex::new(String::new())) },
+        MemOpener {
+            tx,
+            closed: closed.clone(),
+            reason: Arc::new(Mutex::new(String::new())),
+        },
         MemAcceptor { rx, closed },
     )
 }
@@ -41,10 +45,18 @@ impl Opener for MemOpener {
             let (hub_recv, hub_send) = tokio::io::split(hub);
             let (agent_recv, agent_send) = tokio::io::split(agent);
             self.tx
-                .send(TunnelStream { send: Box::new(agent_send), recv: Box::new(agent_recv) })
+                .send(TunnelStream {
+                    send: Box::new(agent_send),
+                    recv: Box::new(agent_recv),
+                })
                 .await
-                .map_err(|_| TunnelError::Closed("agent side of in-memory tunnel is gone".into()))?;
-            Ok(TunnelStream { send: Box::new(hub_send), recv: Box::new(hub_recv) })
+                .map_err(|_| {
+                    TunnelError::Closed("agent side of in-memory tunnel is gone".into())
+                })?;
+            Ok(TunnelStream {
+                send: Box::new(hub_send),
+                recv: Box::new(hub_recv),
+            })
         })
     }
 
@@ -58,7 +70,11 @@ impl Opener for MemOpener {
                 _ = tx.closed() => {}
             }
             let r = reason.lock().await.clone();
-            if r.is_empty() { "in-memory tunnel closed".into() } else { r }
+            if r.is_empty() {
+                "in-memory tunnel closed".into()
+            } else {
+                r
+            }
         })
     }
 

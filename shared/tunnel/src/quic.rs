@@ -45,7 +45,7 @@ impl Default for QuicSettings {
     }
 }
 
-fn transport_config(s: &QuicSettings) -> TransportConfig {
+pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     let mut t = TransportConfig::default();
     t.max_concurrent_bidi_streams(VarInt::from_u32(s.max_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
@@ -66,7 +66,11 @@ fn quic_tls_error(e: impl std::fmt::Display) -> TunnelError {
 // ---------------------------------------------------------------- hub side
 
 /// Binds the hub's QUIC endpoint. `tls` must offer [`ALPN`].
-pub fn hub_endpoint(addr: SocketAddr, tls: rustls::ServerConfig, settings: &QuicSettings) -> Result<Endpoint> {
+pub fn hub_endpoint(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    settings: &QuicSettings,
+) -> Result<Endpoint> {
     let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     config.transport_config(Arc::new(transport_config(settings)));
@@ -76,17 +80,26 @@ pub fn hub_endpoint(addr: SocketAddr, tls: rustls::ServerConfig, settings: &Quic
 
 /// Accepts QUIC connections and hands each, with its verified client
 /// certificate, to `out`.
-pub async fn accept_loop(endpoint: Endpoint, out: mpsc::Sender<Accepted>, shutdown: CancellationToken) {
+pub async fn accept_loop(
+    endpoint: Endpoint,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+) {
     let pending = Arc::new(Semaphore::new(crate::h2::MAX_PENDING_HANDSHAKES));
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i { Some(i) => i, None => return },
             _ = shutdown.cancelled() => {
                 endpoint.close(VarInt::from_u32(0), b"hub shutting down");
+                // The socket stays bound until closing connections drain;
+                // wait (bounded) so a restarted hub can bind the port again.
+                let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
                 return;
             }
         };
-        let Ok(permit) = pending.clone().acquire_owned().await else { return };
+        let Ok(permit) = pending.clone().acquire_owned().await else {
+            return;
+        };
         let (out, shutdown) = (out.clone(), shutdown.clone());
         tokio::spawn(async move {
             let _permit = permit;
@@ -95,7 +108,10 @@ pub async fn accept_loop(endpoint: Endpoint, out: mpsc::Sender<Accepted>, shutdo
                 let conn = incoming.await?;
                 let peer_cert = conn
                     .peer_identity()
-                    .and_then(|any| any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok())
+                    .and_then(|any| {
+                        any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                            .ok()
+                    })
                     .and_then(|certs| certs.first().cloned());
                 Ok::<_, TunnelError>(Accepted {
                     opener: Arc::new(QuicOpener { conn }),
@@ -129,7 +145,10 @@ impl Opener for QuicOpener {
     fn open(&self) -> BoxFuture<'_, Result<TunnelStream>> {
         Box::pin(async move {
             let (send, recv) = self.conn.open_bi().await?;
-            Ok(TunnelStream { send: Box::new(send), recv: Box::new(recv) })
+            Ok(TunnelStream {
+                send: Box::new(send),
+                recv: Box::new(recv),
+            })
         })
     }
 
@@ -163,7 +182,13 @@ pub async fn dial(
     let crypto = QuicClientConfig::try_from(tls).map_err(quic_tls_error)?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
     config.transport_config(Arc::new(transport_config(settings)));
-    let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().expect("static address");
+    let bind: SocketAddr = if addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    }
+    .parse()
+    .expect("static address");
     let endpoint = Endpoint::client(bind)?;
     let connecting = endpoint.connect_with(config, addr, server_name)?;
     let conn = tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting)
@@ -181,7 +206,8 @@ pub struct QuicAcceptor {
 
 impl Drop for QuicAcceptor {
     fn drop(&mut self) {
-        self.conn.close(VarInt::from_u32(0), b"agent closed the tunnel");
+        self.conn
+            .close(VarInt::from_u32(0), b"agent closed the tunnel");
         self.endpoint.close(VarInt::from_u32(0), b"");
     }
 }
@@ -190,7 +216,10 @@ impl Acceptor for QuicAcceptor {
     fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
         Box::pin(async move {
             match self.conn.accept_bi().await {
-                Ok((send, recv)) => Ok(Some(TunnelStream { send: Box::new(send), recv: Box::new(recv) })),
+                Ok((send, recv)) => Ok(Some(TunnelStream {
+                    send: Box::new(send),
+                    recv: Box::new(recv),
+                })),
                 Err(quinn::ConnectionError::LocallyClosed) => Ok(None),
                 Err(e) => Err(e.into()),
             }

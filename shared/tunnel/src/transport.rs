@@ -98,7 +98,10 @@ pub struct Keepalive {
 
 impl Keepalive {
     pub fn every(interval: Duration) -> Self {
-        Self { interval, timeout: interval * 3 }
+        Self {
+            interval,
+            timeout: interval * 3,
+        }
     }
 }
 
@@ -120,6 +123,9 @@ pub struct Accepted {
 
 impl std::fmt::Debug for Accepted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Accepted").field("remote", &self.remote).field("transport", &self.transport).finish()
+        f.debug_struct("Accepted")
+            .field("remote", &self.remote)
+            .field("transport", &self.transport)
+            .finish()
     }
 }

@@ -30,15 +30,29 @@ type Resp = http::Response<BoxBody<Bytes, Infallible>>;
 
 /// Test service: `/echo` echoes the body with trailers, `/bulk` streams
 /// forever, `/hang` never ends and records when it is dropped.
-fn service(dropped: Arc<AtomicBool>) -> impl tower::Service<http::Request<RequestBody>, Response = Resp, Error = Infallible, Future: Send> + Clone + Send + 'static {
+fn service(
+    dropped: Arc<AtomicBool>,
+) -> impl tower::Service<http::Request<RequestBody>, Response = Resp, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
     tower::service_fn(move |req: http::Request<RequestBody>| {
         let dropped = dropped.clone();
         async move {
-            let caller = req.extensions().get::<Caller>().map(|c| c.user.clone()).unwrap_or_default();
+            let caller = req
+                .extensions()
+                .get::<Caller>()
+                .map(|c| c.user.clone())
+                .unwrap_or_default();
             let path = req.uri().path().to_owned();
             let body: BoxBody<Bytes, Infallible> = match path.as_str() {
                 "/echo" => {
-                    let data = req.into_body().collect().await.expect("request body").to_bytes();
+                    let data = req
+                        .into_body()
+                        .collect()
+                        .await
+                        .expect("request body")
+                        .to_bytes();
                     let mut trailers = http::HeaderMap::new();
                     trailers.insert("grpc-status", "0".parse().unwrap());
                     let frames = vec![
@@ -49,7 +63,9 @@ fn service(dropped: Arc<AtomicBool>) -> impl tower::Service<http::Request<Reques
                 }
                 "/bulk" => {
                     let chunk = Bytes::from(vec![7u8; 64 * 1024]);
-                    let s = tokio_stream::iter(std::iter::repeat(chunk).map(|c| Ok(http_body::Frame::data(c))));
+                    let s = tokio_stream::iter(
+                        std::iter::repeat(chunk).map(|c| Ok(http_body::Frame::data(c))),
+                    );
                     BoxBody::new(StreamBody::new(s))
                 }
                 _ => {
@@ -68,7 +84,8 @@ fn service(dropped: Arc<AtomicBool>) -> impl tower::Service<http::Request<Reques
                 }
             };
             let mut resp = http::Response::new(body);
-            resp.headers_mut().insert("x-caller", caller.parse().unwrap());
+            resp.headers_mut()
+                .insert("x-caller", caller.parse().unwrap());
             Ok(resp)
         }
     })
@@ -92,11 +109,19 @@ struct Pki {
 
 fn pki() -> Pki {
     let ca = CertificateAuthority::generate("tunnel test CA").unwrap();
-    let server = ca.issue_server_cert(&["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let server = ca
+        .issue_server_cert(&["localhost".into(), "127.0.0.1".into()])
+        .unwrap();
     let (key, csr) = csr::generate("edge-1", "agent-1").unwrap();
     let id = AgentIdentity::new("edge-1", "agent-1").unwrap();
-    let cert = ca.sign_agent_csr(&csr, &id, Duration::from_secs(3600)).unwrap();
-    Pki { ca, server, client: (cert.pem, key) }
+    let cert = ca
+        .sign_agent_csr(&csr, &id, Duration::from_secs(3600))
+        .unwrap();
+    Pki {
+        ca,
+        server,
+        client: (cert.pem, key),
+    }
 }
 
 async fn connect(kind: &str, dropped: Arc<AtomicBool>) -> Arc<dyn Opener> {
@@ -112,7 +137,14 @@ async fn connect(kind: &str, dropped: Arc<AtomicBool>) -> Arc<dyn Opener> {
         tls::client_config(p.ca.cert_pem(), Some((&p.client.0, &p.client.1)), &[alpn]).unwrap()
     };
     let server = |alpn: &[u8]| {
-        tls::server_config(&p.server.0, &p.server.1, p.ca.cert_pem(), tls::ClientAuth::Required, &[alpn]).unwrap()
+        tls::server_config(
+            &p.server.0,
+            &p.server.1,
+            p.ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[alpn],
+        )
+        .unwrap()
     };
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     if kind == "quic" {
@@ -120,28 +152,54 @@ async fn connect(kind: &str, dropped: Arc<AtomicBool>) -> Arc<dyn Opener> {
         let endpoint = quic::hub_endpoint(addr, server(quic::ALPN), &settings).unwrap();
         let addr = endpoint.local_addr().unwrap();
         tokio::spawn(quic::accept_loop(endpoint, tx, shutdown));
-        let acceptor = quic::dial(addr, "localhost", client(quic::ALPN), &settings).await.unwrap();
+        let acceptor = quic::dial(addr, "localhost", client(quic::ALPN), &settings)
+            .await
+            .unwrap();
         spawn_agent(acceptor, dropped);
     } else {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let settings = H2Settings::default();
-        tokio::spawn(h2::accept_loop(listener, Arc::new(server(h2::ALPN)), settings, tx, shutdown));
+        tokio::spawn(h2::accept_loop(
+            listener,
+            Arc::new(server(h2::ALPN)),
+            settings,
+            tx,
+            shutdown,
+        ));
         let name = "localhost".try_into().unwrap();
-        let acceptor = h2::dial(addr, name, Arc::new(client(h2::ALPN)), settings).await.unwrap();
+        let acceptor = h2::dial(addr, name, Arc::new(client(h2::ALPN)), settings)
+            .await
+            .unwrap();
         spawn_agent(acceptor, dropped);
     }
     let accepted = rx.recv().await.expect("tunnel accepted");
-    let peer = PeerCertificate::from_der(accepted.peer_cert.as_ref().expect("client cert")).unwrap();
-    assert_eq!(peer.identity.cluster, "edge-1", "hub reads the cluster from the certificate");
+    let peer =
+        PeerCertificate::from_der(accepted.peer_cert.as_ref().expect("client cert")).unwrap();
+    assert_eq!(
+        peer.identity.cluster, "edge-1",
+        "hub reads the cluster from the certificate"
+    );
     accepted.opener
 }
 
-async fn call(opener: &dyn Opener, path: &str, body: &'static [u8]) -> http::Response<otter_tunnel::http::ResponseBody> {
+async fn call(
+    opener: &dyn Opener,
+    path: &str,
+    body: &'static [u8],
+) -> http::Response<otter_tunnel::http::ResponseBody> {
     let stream = opener.open().await.unwrap();
-    let req = http::Request::post(path).body(Full::new(Bytes::from_static(body))).unwrap();
-    let caller = Caller { user: "alice".into(), groups: vec!["devs".into()], ..Default::default() };
-    forward(stream, Some(caller), req, Limits::default(), None).await.unwrap()
+    let req = http::Request::post(path)
+        .body(Full::new(Bytes::from_static(body)))
+        .unwrap();
+    let caller = Caller {
+        user: "alice".into(),
+        groups: vec!["devs".into()],
+        ..Default::default()
+    };
+    forward(stream, Some(caller), req, Limits::default(), None)
+        .await
+        .unwrap()
 }
 
 async fn scenarios(kind: &str) {
@@ -165,7 +223,10 @@ async fn scenarios(kind: &str) {
         let resp = tokio::time::timeout(Duration::from_secs(10), call(&*opener, "/echo", b"small"))
             .await
             .expect("small call is not stalled by the bulk stream");
-        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), Bytes::from_static(b"small"));
+        assert_eq!(
+            resp.into_body().collect().await.unwrap().to_bytes(),
+            Bytes::from_static(b"small")
+        );
     }
     drop(bulk_body);
 
@@ -176,14 +237,22 @@ async fn scenarios(kind: &str) {
     drop(hang);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !dropped.load(Ordering::SeqCst) {
-        assert!(tokio::time::Instant::now() < deadline, "agent did not notice the cancelled call");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "agent did not notice the cancelled call"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
     // Closing the tunnel is seen by both ends.
     opener.close("test over");
-    tokio::time::timeout(Duration::from_secs(10), opener.closed()).await.expect("closed resolves");
-    assert!(opener.open().await.is_err(), "{kind}: a closed tunnel opens no streams");
+    tokio::time::timeout(Duration::from_secs(10), opener.closed())
+        .await
+        .expect("closed resolves");
+    assert!(
+        opener.open().await.is_err(),
+        "{kind}: a closed tunnel opens no streams"
+    );
 }
 
 #[tokio::test]

@@ -1,0 +1,306 @@
+//! Listeners and request dispatch.
+//!
+//! One TLS port serves the API (gRPC today; Connect, gRPC-Web and the
+//! manifest URL share it). The tunnel port serves TLS + HTTP/2 tunnels on TCP
+//! and QUIC tunnels on UDP with the same number.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use otter_pki::{CertificateAuthority, tls};
+use otter_proto::link::v1::link_service_server::LinkServiceServer;
+use otter_tunnel::{h2, quic};
+use tokio::{net::TcpListener, sync::mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tower::ServiceExt;
+use url::Url;
+
+use crate::{
+    HubConfig, HubError, Result, authority,
+    forward::{self, HttpBody},
+    link_service::LinkSvc,
+    registry::Registry,
+    store::{SledStore, Store},
+    tokens,
+};
+use http_body_util::BodyExt;
+
+/// Bounds a TLS handshake on the API port.
+const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every handler shares.
+pub struct HubState {
+    pub config: HubConfig,
+    pub store: Arc<dyn Store>,
+    pub ca: CertificateAuthority,
+    pub registry: Registry,
+    pub external_url: Url,
+    pub tunnel_urls: Vec<Url>,
+    /// Every task the hub spawns, so shutdown can wait for all of them.
+    pub tasks: TaskTracker,
+}
+
+impl std::fmt::Debug for HubState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubState")
+            .field("external_url", &self.external_url)
+            .finish()
+    }
+}
+
+/// Facts about the connection a request came in on.
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub remote: SocketAddr,
+    /// Client certificate (verified against the hub CA), if one was shown.
+    pub peer_cert: Option<Vec<u8>>,
+}
+
+/// A running hub.
+#[derive(Debug)]
+pub struct Hub {
+    pub state: Arc<HubState>,
+    pub api_addr: SocketAddr,
+    pub tunnel_addr: SocketAddr,
+    /// The admin token, when this start created it (first start only).
+    pub admin_token: Option<String>,
+    shutdown: CancellationToken,
+}
+
+impl Hub {
+    /// Opens the store, loads or creates the CA, binds every listener and
+    /// starts serving.
+    pub async fn start(config: HubConfig) -> Result<Hub> {
+        config.validate()?;
+        tls::install_default_provider();
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&config.data_dir)?);
+        let ca = authority::load_or_create_ca(&*store)?;
+        let admin_token = tokens::ensure_admin_token(&*store, &config.data_dir)?;
+        let pruned = tokens::prune_join_tokens(&*store)?;
+        if pruned > 0 {
+            tracing::info!(pruned, "removed long-expired join tokens");
+        }
+
+        let api = TcpListener::bind(config.api_listen).await?;
+        let api_addr = api.local_addr()?;
+        let (tunnel_tcp, endpoint_udp) = bind_tunnel_port(config.tunnel_listen).await?;
+        let tunnel_addr = tunnel_tcp.local_addr()?;
+
+        let external_url = config.external_url(api_addr.port());
+        let tunnel_urls = config.tunnel_urls(tunnel_addr.port());
+        let names =
+            authority::server_names(std::iter::once(&external_url).chain(tunnel_urls.iter()));
+        let (cert, key) = ca.issue_server_cert(&names)?;
+        let api_tls = tls::server_config(
+            &cert,
+            &key,
+            ca.cert_pem(),
+            tls::ClientAuth::Optional,
+            &[b"h2", b"http/1.1"],
+        )?;
+        let tunnel_tls = tls::server_config(
+            &cert,
+            &key,
+            ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[h2::ALPN],
+        )?;
+        let quic_tls = tls::server_config(
+            &cert,
+            &key,
+            ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[quic::ALPN],
+        )?;
+
+        let quic_settings = quic::QuicSettings {
+            keepalive: config.keepalive,
+            ..Default::default()
+        };
+        let h2_settings = h2::H2Settings {
+            keepalive: config.keepalive,
+            ..Default::default()
+        };
+        let endpoint = {
+            // Reuse the UDP socket reserved alongside the TCP port.
+            let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(quic_tls)
+                .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
+            let _ = &quic_settings;
+            let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+            server.transport_config(Arc::new(quic::transport_config(&quic_settings)));
+            quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                Some(server),
+                endpoint_udp,
+                Arc::new(quinn::TokioRuntime),
+            )?
+        };
+
+        let tasks = TaskTracker::new();
+        let state = Arc::new(HubState {
+            config,
+            store,
+            ca,
+            registry: Registry::default(),
+            external_url,
+            tunnel_urls,
+            tasks: tasks.clone(),
+        });
+        let shutdown = CancellationToken::new();
+        let (accepted_tx, accepted_rx) = mpsc::channel(256);
+        tasks.spawn(crate::tunnels::run(
+            state.clone(),
+            accepted_rx,
+            shutdown.clone(),
+        ));
+        tasks.spawn(h2::accept_loop(
+            tunnel_tcp,
+            Arc::new(tunnel_tls),
+            h2_settings,
+            accepted_tx.clone(),
+            shutdown.clone(),
+        ));
+        tasks.spawn(quic::accept_loop(endpoint, accepted_tx, shutdown.clone()));
+        tasks.spawn(serve_api(
+            state.clone(),
+            api,
+            Arc::new(api_tls),
+            shutdown.clone(),
+        ));
+        tracing::info!(%api_addr, %tunnel_addr, external_url = %state.external_url, "hub serving");
+        Ok(Hub {
+            state,
+            api_addr,
+            tunnel_addr,
+            admin_token,
+            shutdown,
+        })
+    }
+
+    /// The CA certificate agents and clients trust.
+    pub fn ca_pem(&self) -> &str {
+        self.state.ca.cert_pem()
+    }
+
+    /// Mints a join token for `cluster` with the configured lifetime.
+    pub fn mint_join_token(&self, cluster: &str) -> Result<String> {
+        tokens::mint_join_token(
+            &*self.state.store,
+            cluster,
+            self.state.config.join_token_ttl,
+        )
+    }
+
+    /// Mints an API token for a user.
+    pub fn mint_api_token(&self, user: &str, groups: &[String]) -> Result<String> {
+        tokens::mint_api_token(&*self.state.store, user, groups)
+    }
+
+    /// Stops every listener, closes every tunnel, and waits (bounded) for all
+    /// tasks, so the store is released when this returns.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for t in self.state.registry.all() {
+            t.opener.close("hub shutting down");
+        }
+        self.state.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.state.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some hub tasks did not stop within 10 s");
+        }
+        let _ = self.state.store.flush();
+    }
+}
+
+/// Binds TCP and UDP on the same port. With port 0 the kernel picks the TCP
+/// port; if that UDP port is taken, try again.
+async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::UdpSocket)> {
+    let mut last_err = None;
+    for _ in 0..16 {
+        let tcp = TcpListener::bind(addr).await?;
+        let port = tcp.local_addr()?.port();
+        match std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), port)) {
+            Ok(udp) => return Ok((tcp, udp)),
+            Err(e) if addr.port() == 0 => last_err = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last_err.map_or_else(
+        || HubError::Config("no free tunnel port".into()),
+        HubError::from,
+    ))
+}
+
+/// Accepts API connections; each handshake and connection runs in its own
+/// task.
+async fn serve_api(
+    state: Arc<HubState>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let routes = tonic::service::Routes::new(LinkServiceServer::new(LinkSvc {
+        state: state.clone(),
+    }));
+    loop {
+        let (tcp, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "API accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let (acceptor, routes, state2, shutdown) = (
+            acceptor.clone(),
+            routes.clone(),
+            state.clone(),
+            shutdown.clone(),
+        );
+        state.tasks.spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let tls = match tokio::time::timeout(API_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return tracing::debug!(%remote, error = %e, "API TLS handshake failed"),
+                Err(_) => return tracing::debug!(%remote, "API TLS handshake timed out"),
+            };
+            let peer_cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.to_vec());
+            let conn = Arc::new(ConnInfo { remote, peer_cert });
+            let service = hyper::service::service_fn(move |req| dispatch(state2.clone(), routes.clone(), conn.clone(), req));
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder.http2().max_header_list_size(64 * 1024).max_concurrent_streams(1000);
+            builder.http1().max_buf_size(64 * 1024);
+            let serving = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            tokio::pin!(serving);
+            tokio::select! {
+                r = serving.as_mut() => if let Err(e) = r { tracing::debug!(%remote, error = %e, "API connection ended") },
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn dispatch(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    conn: Arc<ConnInfo>,
+    mut req: http::Request<Incoming>,
+) -> std::result::Result<http::Response<HttpBody>, Infallible> {
+    if forward::is_forwarded(req.uri().path()) {
+        return Ok(forward::handle(state, req).await);
+    }
+    req.extensions_mut().insert(conn);
+    let resp = match routes.oneshot(req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    Ok(resp.map(|b| b.map_err(Into::into).boxed_unsync()))
+}
