@@ -25,15 +25,6 @@ pub enum PackFormat {
     ModelKit,
 }
 
-/// Where a model artifact's import/pack/push pipeline is.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum ModelArtifactPhase {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-}
-
 /// Desired state of a ModelArtifact: model source, target registry, packaging
 /// format and scratch storage for the pipeline.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -200,9 +191,11 @@ pub struct ModelArtifactStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Summary of where the pipeline is.
+    /// Summary of where the pipeline is: `Pending`, `Running`, `Succeeded` or
+    /// `Failed`. Not an enum in the schema (upstream leaves it open), so a newer
+    /// controller's phase still reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<ModelArtifactPhase>,
+    pub phase: Option<String>,
 
     /// Manifest digest of the pushed artifact, once the phase is Succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -239,15 +232,6 @@ pub enum AcceleratorType {
     IntelGaudi,
     Google,
     Cpu,
-}
-
-/// Where a model service is in its life.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum ModelServicePhase {
-    Pending,
-    Running,
-    Ready,
-    Failed,
 }
 
 /// What the gateway does while the endpoint picker is unavailable.
@@ -578,9 +562,11 @@ pub struct ModelServiceStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Summary of where the service is in its life.
+    /// Summary of where the service is: `Pending`, `Running`, `Ready` or `Failed`.
+    /// Not an enum in the schema (upstream leaves it open), so a newer
+    /// controller's phase still reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<ModelServicePhase>,
+    pub phase: Option<String>,
 
     /// Ready decode pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
