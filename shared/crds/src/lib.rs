@@ -86,6 +86,10 @@ fn crd_values() -> Vec<Value> {
 /// - `nullable: true` (and the `null` it adds to enums) is dropped: optional fields
 ///   are left out when empty, never sent as null, exactly as upstream;
 /// - whole-number bounds are written as integers (`65535`, not `65535.0`);
+/// - int-or-string nodes say so with `anyOf: [integer, string]`, and resource
+///   quantities of the embedded core types (recognised by the description
+///   k8s-openapi gives them) get the quantity `pattern` the apiserver checks for
+///   core objects, so a CR is held to the same format;
 /// - the root `title` (the Rust type name) is dropped.
 fn normalize(crd: CustomResourceDefinition) -> Value {
     let mut value = serde_json::to_value(crd).expect("a CRD always serialises to JSON");
@@ -123,6 +127,21 @@ fn normalize_schema(node: &mut Value) {
         return;
     };
     obj.remove("nullable");
+    if obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+        obj.insert(
+            "anyOf".into(),
+            json!([{ "type": "integer" }, { "type": "string" }]),
+        );
+        let is_quantity = obj
+            .get("description")
+            .and_then(Value::as_str)
+            .is_some_and(|d| d.starts_with("Quantity is a fixed-point representation"));
+        if is_quantity {
+            obj.remove("description");
+            obj.entry("pattern")
+                .or_insert_with(|| Value::String(schema::QUANTITY_PATTERN.to_owned()));
+        }
+    }
     if let Some(Value::Array(values)) = obj.get_mut("enum") {
         values.retain(|v| !v.is_null());
     }

@@ -156,6 +156,7 @@ pub struct OciTarget {
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
     /// Requested capacity; about twice the model size holds download and artifact.
+    #[schemars(schema_with = "crate::schema::quantity")]
     pub size: Quantity,
 
     /// StorageClass of the volume; the cluster default when left out.

@@ -7,6 +7,18 @@
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
+/// Format of a resource quantity (`1.5Gi`, `500m`, `2`), as the apiserver parses it.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// A resource quantity: an integer or a string in [`QUANTITY_PATTERN`].
+pub fn quantity(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "anyOf": [{ "type": "integer" }, { "type": "string" }],
+        "pattern": QUANTITY_PATTERN,
+        "x-kubernetes-int-or-string": true,
+    })
+}
+
 /// A free-form JSON object that the apiserver stores without pruning.
 pub fn preserve_unknown_object(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
