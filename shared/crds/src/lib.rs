@@ -61,7 +61,7 @@ pub fn crds_yaml() -> String {
     out
 }
 
-/// The CRDs as JSON values (object keys sorted), normalised, sorted by name.
+/// The CRDs as JSON values, normalised, sorted by name, object keys in sorted order.
 fn crd_values() -> Vec<Value> {
     let mut crds = vec![
         fleet::Cluster::crd(),
@@ -74,7 +74,28 @@ fn crd_values() -> Vec<Value> {
         workload::Application::crd(),
     ];
     crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    crds.into_iter().map(normalize).collect()
+    crds.into_iter()
+        .map(|crd| sort_keys(normalize(crd)))
+        .collect()
+}
+
+/// Rebuilds every object with its keys in sorted order, so the YAML is the same
+/// whether or not serde_json's `preserve_order` feature is on in the build.
+fn sort_keys(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
 }
 
 /// Brings a derived CRD in line with what the upstream generator emits, so the two
