@@ -210,7 +210,7 @@ fn broken_samples_are_rejected() {
             "model_v1alpha1_modelartifact.yaml",
             "ModelArtifact",
             "pattern",
-            Set("/spec/target/registry", json!("ghcr.io/org")),
+            Set("/spec/target/registry", json!("registry.example.com/org")),
         ),
         (
             "model_v1alpha1_modelartifact.yaml",
