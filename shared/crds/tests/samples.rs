@@ -5,6 +5,9 @@
 
 mod common;
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use otter_crds::{fleet, model, module, tenant, workload};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
@@ -25,11 +28,28 @@ fn sample(file: &str) -> Value {
     common::read_yaml(&format!("manifests/samples/{file}"))
 }
 
+/// A JSON-Schema validator per kind, built once.
+fn validators() -> &'static HashMap<String, jsonschema::Validator> {
+    static VALIDATORS: OnceLock<HashMap<String, jsonschema::Validator>> = OnceLock::new();
+    VALIDATORS.get_or_init(|| {
+        common::crds()
+            .iter()
+            .map(|crd| {
+                let kind = crd["spec"]["names"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let validator =
+                    jsonschema::draft4::new(common::schema(crd)).expect("schema compiles");
+                (kind, validator)
+            })
+            .collect()
+    })
+}
+
 /// Validation errors of `instance` against the schema of `kind` (empty when valid).
 fn schema_errors(kind: &str, instance: &Value) -> Vec<String> {
-    let crd = common::crd(kind);
-    let validator = jsonschema::draft4::new(common::schema(&crd)).expect("schema compiles");
-    validator
+    validators()[kind]
         .iter_errors(instance)
         .map(|e| format!("{}: {e}", e.instance_path()))
         .collect()
