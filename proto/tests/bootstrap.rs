@@ -45,7 +45,11 @@ fn generated_code_is_fresh() {
     }
     // Files left over from a proto that was removed are stale too.
     for entry in fs::read_dir(&gen_dir).expect("read src/gen") {
-        let name = entry.expect("dir entry").file_name().into_string().expect("utf-8 name");
+        let name = entry
+            .expect("dir entry")
+            .file_name()
+            .into_string()
+            .expect("utf-8 name");
         if !fresh_names.contains(&name) {
             if regen {
                 fs::remove_file(gen_dir.join(&name)).expect("remove stale");
