@@ -39,6 +39,10 @@ use serde_json::{Map, Value, json};
 
 /// Every CRD of the OtterScale API groups, sorted by name (`<plural>.<group>`).
 ///
+/// These are the derived CRDs after a small normalisation (see `normalize` in the
+/// source and the crate README) that makes them compare field by field with the
+/// upstream ones; prefer this over calling `crd()` on a single kind.
+///
 /// # Panics
 /// Never in practice: the CRDs are plain data that always convert to and from JSON.
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
