@@ -23,11 +23,13 @@ setup:
 proto:
 	OTTER_PROTO_REGEN=1 $(CARGO) test -q -p otter-proto --test bootstrap
 
-## manifests: regenerate manifests/crds.yaml from the CRD types
+## manifests: regenerate manifests/crds.yaml from the CRD types in shared/crds
 manifests:
-	@echo "not yet available: CRD types (manifests/crds.yaml is generated once they land)"; exit 1
+	$(CARGO) run -q -p otter-crds --bin crdgen > manifests/crds.yaml.tmp
+	mv manifests/crds.yaml.tmp manifests/crds.yaml
 
-## generate: every code generator of the repo
+## generate: every code generator of the repo (the CRD types are derived at
+## compile time and need none; the protos do)
 generate: proto
 
 ## lint: formatting and clippy, warnings are errors
