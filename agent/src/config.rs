@@ -38,6 +38,8 @@ pub struct AgentConfig {
     /// in memory only.
     pub state_dir: Option<PathBuf>,
     pub keepalive: Keepalive,
+    /// Bound of one transport's dial before the next is tried.
+    pub connect_timeout: Duration,
     /// First reconnect delay ceiling and the cap.
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
@@ -58,6 +60,7 @@ impl AgentConfig {
             transports: vec![TransportKind::Quic, TransportKind::H2],
             state_dir: None,
             keepalive: Keepalive::default(),
+            connect_timeout: Duration::from_secs(10),
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(30),
             renew_at: 2.0 / 3.0,

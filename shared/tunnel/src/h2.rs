@@ -53,6 +53,8 @@ pub struct H2Settings {
     /// Streams the agent accepts at once (the hub bounds itself lower).
     pub max_streams: u32,
     pub keepalive: Keepalive,
+    /// Bound of the agent's dial: TCP connect, TLS and HTTP/2 handshakes.
+    pub connect_timeout: Duration,
 }
 
 impl Default for H2Settings {
@@ -63,6 +65,7 @@ impl Default for H2Settings {
             max_frame_size: 64 * 1024,
             max_streams: 1024,
             keepalive: Keepalive::default(),
+            connect_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -271,7 +274,7 @@ pub async fn dial(
         }
         agent_handshake(Box::new(tls), settings).await
     };
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, connect)
+    tokio::time::timeout(settings.connect_timeout, connect)
         .await
         .map_err(|_| TunnelError::Timeout("TLS tunnel handshake"))?
 }

@@ -32,6 +32,9 @@ pub struct QuicSettings {
     /// Streams the agent accepts at once (the hub bounds itself lower).
     pub max_streams: u32,
     pub keepalive: Keepalive,
+    /// Bound of the agent's dial (where UDP is dropped, this is how long
+    /// it takes to give up on QUIC and fall back).
+    pub connect_timeout: Duration,
 }
 
 impl Default for QuicSettings {
@@ -41,6 +44,7 @@ impl Default for QuicSettings {
             connection_window: 8 * 1024 * 1024,
             max_streams: 1024,
             keepalive: Keepalive::default(),
+            connect_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -191,7 +195,7 @@ pub async fn dial(
     .expect("static address");
     let endpoint = Endpoint::client(bind)?;
     let connecting = endpoint.connect_with(config, addr, server_name)?;
-    let conn = tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting)
+    let conn = tokio::time::timeout(settings.connect_timeout, connecting)
         .await
         .map_err(|_| TunnelError::Timeout("QUIC handshake"))??;
     Ok(QuicAcceptor { conn, endpoint })

@@ -123,6 +123,7 @@ pub fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 pub struct Relay {
     pub addr: std::net::SocketAddr,
     frozen: Arc<std::sync::atomic::AtomicBool>,
+    udp_blocked: Arc<std::sync::atomic::AtomicBool>,
     target: Arc<std::sync::Mutex<Option<std::net::SocketAddr>>>,
 }
 
@@ -142,6 +143,7 @@ impl Relay {
         let relay = Relay {
             addr: tcp.local_addr().expect("addr"),
             frozen: Arc::new(AtomicBool::new(false)),
+            udp_blocked: Arc::new(AtomicBool::new(false)),
             target: Arc::new(std::sync::Mutex::new(None)),
         };
         let r = relay.clone();
@@ -172,6 +174,13 @@ impl Relay {
 
     fn target(&self) -> Option<std::net::SocketAddr> {
         *self.target.lock().expect("lock")
+    }
+
+    /// Drops (true) or passes (false) UDP only, like a firewall that lets
+    /// TCP through but not QUIC.
+    pub fn block_udp(&self, blocked: bool) {
+        self.udp_blocked
+            .store(blocked, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Stops (true) or resumes (false) all traffic.
@@ -212,7 +221,9 @@ async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
         let Ok((n, client)) = socket.recv_from(&mut buf).await else {
             return;
         };
-        if relay.frozen.load(std::sync::atomic::Ordering::SeqCst) {
+        if relay.frozen.load(std::sync::atomic::Ordering::SeqCst)
+            || relay.udp_blocked.load(std::sync::atomic::Ordering::SeqCst)
+        {
             continue;
         }
         let Some(target) = relay.target() else {

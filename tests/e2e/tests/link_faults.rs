@@ -185,3 +185,78 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// QUIC first; where UDP gets no answer the agent falls back to TLS +
+/// HTTP/2 on its own and says why in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_h2_when_udp_is_blocked() {
+    let relay = Relay::start().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        let port = relay.addr.port();
+        c.tunnel_urls = vec![
+            url::Url::parse(&format!("quic://localhost:{port}")).unwrap(),
+            url::Url::parse(&format!("h2://localhost:{port}")).unwrap(),
+        ];
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    relay.block_udp(true);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.transports = vec![TransportKind::Quic, TransportKind::H2];
+        c.connect_timeout = Duration::from_secs(1);
+    });
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    assert_eq!(s.connected, Some(TransportKind::H2));
+    assert_eq!(s.attempts.len(), 2);
+    assert_eq!(s.attempts[0].0, TransportKind::Quic);
+    assert!(
+        s.attempts[0].1.as_ref().unwrap_err().contains("timed out"),
+        "{:?}",
+        s.attempts
+    );
+    assert!(s.attempts[1].1.is_ok());
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let links = LinkServiceClient::new(channel)
+        .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(links.get_ref().links[0].transport.as_deref(), Some("h2"));
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// The agent dies mid-stream: the caller's stream ends with Unavailable
+/// naming the cluster, not a hang or a bare reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_gone_mid_stream_ends_the_call_with_unavailable() {
+    for transport in [TransportKind::Quic, TransportKind::H2] {
+        let hub = TestHub::start().await;
+        let token = hub.hub.mint_join_token("edge-1").unwrap();
+        let agent = start_agent(&hub, "edge-1", "a1", &token, transport);
+        let channel = hub.channel().await;
+        wait_connected(&channel, &hub.admin_token, 1).await;
+        let mut stream = ResourceServiceClient::new(channel)
+            .watch(with_token(watch("edge-1"), &hub.admin_token))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..3 {
+            stream.next().await.unwrap().unwrap();
+        }
+        agent.agent.shutdown().await;
+        let end = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("stream ends, no hang");
+        let e = end.expect("an error, not a clean end").unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{transport}: {e:?}");
+        assert!(e.message().contains("edge-1"), "{}", e.message());
+        hub.hub.shutdown().await;
+    }
+}
