@@ -22,6 +22,7 @@ pub mod cli;
 pub mod config;
 pub mod forward;
 pub mod link_service;
+pub mod methods;
 pub mod registry;
 pub mod server;
 pub mod store;
