@@ -35,6 +35,16 @@ pub struct HubConfig {
     pub drain_timeout: Duration,
     /// Largest gRPC request message accepted at the front door.
     pub max_request_message: usize,
+    /// Browser origins allowed by CORS (exact match; `*` allows any).
+    pub cors_origins: Vec<String>,
+    /// Features (`otterscale.api.feature` names) switched off.
+    pub disabled_features: Vec<String>,
+    /// Serve the API without TLS (HTTP/1.1 and h2c), for local development.
+    pub api_plaintext: bool,
+    /// Callers in this group may administer the hub (mint manifests, tokens).
+    pub admin_group: String,
+    /// OpenID Connect issuer for user tokens, if any.
+    pub oidc: Option<crate::oidc::OidcConfig>,
 }
 
 impl HubConfig {
@@ -52,6 +62,11 @@ impl HubConfig {
             max_calls_per_tunnel: 512,
             drain_timeout: Duration::from_secs(30),
             max_request_message: 16 * 1024 * 1024,
+            cors_origins: Vec::new(),
+            disabled_features: Vec::new(),
+            api_plaintext: false,
+            admin_group: crate::tokens::ADMIN_GROUP.to_owned(),
+            oidc: None,
         }
     }
 

@@ -57,26 +57,21 @@ pub fn status_response(status: Status) -> http::Response<HttpBody> {
 }
 
 /// Forwards one call; every failure becomes a gRPC status.
-pub async fn handle<B>(state: Arc<HubState>, req: http::Request<B>) -> http::Response<HttpBody>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
-{
+pub async fn handle(
+    state: Arc<HubState>,
+    req: http::Request<HttpBody>,
+) -> http::Response<HttpBody> {
     match route(state, req).await {
         Ok(resp) => resp,
         Err(status) => status_response(status),
     }
 }
 
-async fn route<B>(
+async fn route(
     state: Arc<HubState>,
-    req: http::Request<B>,
-) -> Result<http::Response<HttpBody>, Status>
-where
-    B: Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
-{
-    let caller = auth::authenticate(&state, req.headers())?;
+    req: http::Request<HttpBody>,
+) -> Result<http::Response<HttpBody>, Status> {
+    let caller = auth::authenticate(&state, req.headers()).await?;
     let (mut parts, body) = req.into_parts();
     let (prefix, rest) = read_first_message(body, state.config.max_request_message).await?;
     if prefix[0] != 0 {
@@ -194,11 +189,7 @@ fn format_time(unix: i64) -> String {
 
 /// Reads the body up to the end of the first gRPC message. Returns the bytes
 /// read (the first message and anything after it) and the rest of the body.
-async fn read_first_message<B>(mut body: B, max: usize) -> Result<(Bytes, B), Status>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+async fn read_first_message(mut body: HttpBody, max: usize) -> Result<(Bytes, HttpBody), Status> {
     let mut buf = BytesMut::new();
     loop {
         if buf.len() >= 5 {
@@ -219,7 +210,7 @@ where
                 }
             }
             Some(Err(e)) => {
-                return Err(Status::cancelled(format!("reading request: {}", e.into())));
+                return Err(Status::cancelled(format!("reading request: {e}")));
             }
             None => {
                 return Err(Status::invalid_argument(
@@ -237,21 +228,22 @@ struct PrefixedBody<B> {
     rest: B,
 }
 
-impl<B> Body for PrefixedBody<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
+impl Body for PrefixedBody<HttpBody> {
     type Data = Bytes;
-    type Error = B::Error;
+    // A concrete error type: a boxed `dyn Error` here trips the compiler's
+    // higher-ranked lifetime checks once the call is boxed as a Send future.
+    type Error = std::io::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         if let Some(prefix) = self.prefix.take() {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
-        Pin::new(&mut self.rest).poll_frame(cx)
+        Pin::new(&mut self.rest)
+            .poll_frame(cx)
+            .map(|f| f.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))))
     }
 }
 

@@ -65,7 +65,7 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<ListLinksRequest>,
     ) -> Result<Response<ListLinksResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata())?;
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
         let records = self
             .state
             .store
@@ -252,7 +252,7 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<GetAgentManifestRequest>,
     ) -> Result<Response<GetAgentManifestResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata())?;
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
         Err(Status::unimplemented(
             "agent manifests are not served by this build yet",
         ))
@@ -262,7 +262,7 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<ListRancherProjectsRequest>,
     ) -> Result<Response<ListRancherProjectsResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata())?;
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
         Err(Status::failed_precondition(
             "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",
         ))

@@ -39,8 +39,18 @@ const NO_SIDE_EFFECTS: i32 = 1;
 impl Methods {
     /// Reads the descriptor set; `disabled` names features to switch off.
     pub fn load(descriptor_set: &[u8], disabled: &[String]) -> Result<Self> {
-        let pool = DescriptorPool::decode(descriptor_set)
+        Self::load_with(descriptor_set, &[], disabled)
+    }
+
+    /// Like [`Methods::load`], adding more descriptor sets (health,
+    /// reflection) so every protocol can serve them too.
+    pub fn load_with(descriptor_set: &[u8], extra: &[&[u8]], disabled: &[String]) -> Result<Self> {
+        let mut pool = DescriptorPool::decode(descriptor_set)
             .map_err(|e| HubError::Config(format!("descriptor set: {e}")))?;
+        for set in extra {
+            pool.decode_file_descriptor_set(*set)
+                .map_err(|e| HubError::Config(format!("descriptor set: {e}")))?;
+        }
         let feature_ext = pool.get_extension_by_name("otterscale.api.feature");
         let mut by_path = HashMap::new();
         let mut known_features = HashSet::new();
