@@ -53,10 +53,45 @@ pub struct HubArgs {
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
+    /// Browser origin allowed to call the API (repeat; `*` for any).
+    #[arg(
+        long = "cors-origin",
+        env = "OTTER_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Vec<String>,
+    /// Switch off a feature (`link-enabled`, `resource-enabled`, `runtime-enabled`); repeatable.
+    #[arg(
+        long = "disable-feature",
+        env = "OTTER_DISABLED_FEATURES",
+        value_delimiter = ','
+    )]
+    pub disabled_features: Vec<String>,
+    /// Serve the API without TLS (HTTP/1.1 and h2c), for local development only.
+    #[arg(long)]
+    pub api_plaintext: bool,
+    /// Callers in this group administer the hub.
+    #[arg(long, env = "OTTER_ADMIN_GROUP", default_value = crate::tokens::ADMIN_GROUP)]
+    pub admin_group: String,
+    /// OpenID Connect issuer URL for user tokens.
+    #[arg(long, env = "OTTER_OIDC_ISSUER", requires = "oidc_audience")]
+    pub oidc_issuer: Option<Url>,
+    /// Audience (client id) tokens must carry.
+    #[arg(long, env = "OTTER_OIDC_AUDIENCE")]
+    pub oidc_audience: Option<String>,
+    /// Claim naming the user.
+    #[arg(long, default_value = "sub")]
+    pub oidc_user_claim: String,
+    /// Claim holding the user's groups.
+    #[arg(long, default_value = "groups")]
+    pub oidc_groups_claim: String,
+    /// Extra CA (PEM file) to trust for the issuer.
+    #[arg(long)]
+    pub oidc_ca_file: Option<PathBuf>,
 }
 
 impl HubArgs {
-    pub fn into_config(self) -> HubConfig {
+    pub fn into_config(self) -> Result<HubConfig, String> {
         let mut c = HubConfig::new(self.data_dir);
         c.api_listen = self.listen;
         c.tunnel_listen = self.tunnel_listen;
@@ -67,7 +102,23 @@ impl HubArgs {
         c.keepalive =
             otter_tunnel::Keepalive::every(Duration::from_secs(self.keepalive_secs.max(1)));
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
-        c
+        c.cors_origins = self.cors_origins;
+        c.disabled_features = self.disabled_features;
+        c.api_plaintext = self.api_plaintext;
+        c.admin_group = self.admin_group;
+        if let (Some(issuer), Some(audience)) = (self.oidc_issuer, self.oidc_audience) {
+            let mut oidc = crate::oidc::OidcConfig::new(issuer, &audience);
+            oidc.user_claim = self.oidc_user_claim;
+            oidc.groups_claim = self.oidc_groups_claim;
+            if let Some(path) = self.oidc_ca_file {
+                oidc.ca_pem = Some(
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+                );
+            }
+            c.oidc = Some(oidc);
+        }
+        Ok(c)
     }
 }
 
@@ -78,7 +129,13 @@ pub const EXIT_CONFIG: i32 = 64;
 pub async fn run(cli: Cli) -> i32 {
     match cli.command {
         Command::Hub(args) => {
-            let config = args.into_config();
+            let config = match args.into_config() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("otter hub: {e}");
+                    return EXIT_CONFIG;
+                }
+            };
             if let Err(e) = config.validate() {
                 eprintln!("otter hub: {e}");
                 return EXIT_CONFIG;

@@ -19,6 +19,7 @@ use tonic::Status;
 use crate::{
     auth,
     link_service::LinkRecord,
+    metrics::Metrics,
     server::HubState,
     store::{StoreExt, tree},
 };
@@ -123,19 +124,26 @@ async fn route(
         .map_err(|e| Status::unavailable(format!("cluster {cluster}: tunnel failed: {e}")))?;
 
     strip_client_headers(&mut parts.headers);
+    let metrics = state.metrics.clone();
     let req = http::Request::from_parts(
         parts,
         PrefixedBody {
             prefix: Some(prefix),
             rest,
+            metrics: metrics.clone(),
         },
     );
+    metrics.calls_in_flight.inc();
+    let guard = CallGuard {
+        _permit: permit,
+        metrics: metrics.clone(),
+    };
     let resp = otter_tunnel::http::forward(
         stream,
         Some(caller),
         req,
         Limits::default(),
-        Some(Box::new(permit)),
+        Some(Box::new(guard)),
     )
     .await
     .map_err(|e| Status::unavailable(format!("cluster {cluster}: {e}")))?;
@@ -144,6 +152,7 @@ async fn route(
             inner: body,
             cluster,
             failed: false,
+            metrics,
         }
         .boxed_unsync()
     }))
@@ -226,6 +235,29 @@ async fn read_first_message(mut body: HttpBody, max: usize) -> Result<(Bytes, Ht
 struct PrefixedBody<B> {
     prefix: Option<Bytes>,
     rest: B,
+    metrics: Arc<Metrics>,
+}
+
+/// Held for as long as a forwarded call lives: its slot on the tunnel and
+/// its place in the in-flight gauge.
+struct CallGuard {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.metrics.calls_in_flight.dec();
+    }
+}
+
+fn count_bytes(metrics: &Metrics, direction: &str, n: usize) {
+    metrics
+        .tunnel_bytes
+        .get_or_create(&crate::metrics::DirectionLabel {
+            direction: direction.to_owned(),
+        })
+        .inc_by(n as u64);
 }
 
 impl Body for PrefixedBody<HttpBody> {
@@ -239,11 +271,16 @@ impl Body for PrefixedBody<HttpBody> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         if let Some(prefix) = self.prefix.take() {
+            count_bytes(&self.metrics, "to_agent", prefix.len());
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
-        Pin::new(&mut self.rest)
-            .poll_frame(cx)
-            .map(|f| f.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))))
+        let frame = ready!(Pin::new(&mut self.rest).poll_frame(cx));
+        if let Some(Ok(f)) = &frame
+            && let Some(d) = f.data_ref()
+        {
+            count_bytes(&self.metrics, "to_agent", d.len());
+        }
+        Poll::Ready(frame.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))))
     }
 }
 
@@ -254,6 +291,7 @@ struct GrpcTunnelBody {
     inner: ResponseBody,
     cluster: String,
     failed: bool,
+    metrics: Arc<Metrics>,
 }
 
 impl Body for GrpcTunnelBody {
@@ -276,7 +314,14 @@ impl Body for GrpcTunnelBody {
                 let _ = status.add_header(&mut trailers);
                 Poll::Ready(Some(Ok(Frame::trailers(trailers))))
             }
-            other => Poll::Ready(other.map(|r| r.map_err(Into::into))),
+            other => {
+                if let Some(Ok(f)) = &other
+                    && let Some(d) = f.data_ref()
+                {
+                    count_bytes(&self.metrics, "from_agent", d.len());
+                }
+                Poll::Ready(other.map(|r| r.map_err(Into::into)))
+            }
         }
     }
 

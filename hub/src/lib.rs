@@ -24,6 +24,7 @@ pub mod cors;
 pub mod forward;
 pub mod link_service;
 pub mod methods;
+pub mod metrics;
 pub mod oidc;
 pub mod protocol;
 pub mod registry;

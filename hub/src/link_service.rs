@@ -59,58 +59,8 @@ fn printable(s: &str) -> bool {
     s.chars().all(|c| !c.is_control())
 }
 
-#[tonic::async_trait]
-impl LinkService for LinkSvc {
-    async fn list_links(
-        &self,
-        request: Request<ListLinksRequest>,
-    ) -> Result<Response<ListLinksResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata()).await?;
-        let records = self
-            .state
-            .store
-            .scan::<LinkRecord>(tree::LINKS)
-            .map_err(|e| e.into_status())?;
-        let links = records
-            .into_iter()
-            .map(|r| {
-                let live = self
-                    .state
-                    .registry
-                    .get(&r.cluster)
-                    .filter(|t| t.agent_id == r.agent_id);
-                Link {
-                    cluster: Some(r.cluster),
-                    agent_version: Some(r.agent_version),
-                    rancher_project_id: Some(r.rancher_project_id),
-                    agent_id: Some(r.agent_id),
-                    state: Some(if live.is_some() {
-                        LinkState::Connected
-                    } else {
-                        LinkState::Offline
-                    } as i32),
-                    transport: Some(
-                        live.as_ref()
-                            .map(|t| t.transport.as_str().to_owned())
-                            .unwrap_or_default(),
-                    ),
-                    last_seen: Some(timestamp(if live.is_some() {
-                        unix_now()
-                    } else {
-                        r.last_seen
-                    })),
-                    first_seen: Some(timestamp(r.first_seen)),
-                    certificate_expires: Some(timestamp(r.cert_not_after)),
-                    certificate_serial: Some(r.cert_serial),
-                    remote_address: live.as_ref().map(|t| t.remote.to_string()),
-                    diagnosis: None,
-                }
-            })
-            .collect();
-        Ok(Response::new(ListLinksResponse { links }))
-    }
-
-    async fn register(
+impl LinkSvc {
+    async fn register_inner(
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
@@ -246,6 +196,82 @@ impl LinkService for LinkSvc {
             tunnel_urls,
             certificate_expires: Some(timestamp(issued.not_after)),
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl LinkService for LinkSvc {
+    async fn list_links(
+        &self,
+        request: Request<ListLinksRequest>,
+    ) -> Result<Response<ListLinksResponse>, Status> {
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        let records = self
+            .state
+            .store
+            .scan::<LinkRecord>(tree::LINKS)
+            .map_err(|e| e.into_status())?;
+        let links = records
+            .into_iter()
+            .map(|r| {
+                let live = self
+                    .state
+                    .registry
+                    .get(&r.cluster)
+                    .filter(|t| t.agent_id == r.agent_id);
+                Link {
+                    cluster: Some(r.cluster),
+                    agent_version: Some(r.agent_version),
+                    rancher_project_id: Some(r.rancher_project_id),
+                    agent_id: Some(r.agent_id),
+                    state: Some(if live.is_some() {
+                        LinkState::Connected
+                    } else {
+                        LinkState::Offline
+                    } as i32),
+                    transport: Some(
+                        live.as_ref()
+                            .map(|t| t.transport.as_str().to_owned())
+                            .unwrap_or_default(),
+                    ),
+                    last_seen: Some(timestamp(if live.is_some() {
+                        unix_now()
+                    } else {
+                        r.last_seen
+                    })),
+                    first_seen: Some(timestamp(r.first_seen)),
+                    certificate_expires: Some(timestamp(r.cert_not_after)),
+                    certificate_serial: Some(r.cert_serial),
+                    remote_address: live.as_ref().map(|t| t.remote.to_string()),
+                    diagnosis: None,
+                }
+            })
+            .collect();
+        Ok(Response::new(ListLinksResponse { links }))
+    }
+
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let renewal = request
+            .get_ref()
+            .join_token
+            .as_deref()
+            .is_none_or(str::is_empty);
+        let result = self.register_inner(request).await;
+        let outcome = match &result {
+            Ok(_) if renewal => "renewed",
+            Ok(_) => "registered",
+            Err(s) => match s.code() {
+                tonic::Code::InvalidArgument => "invalid",
+                tonic::Code::Unauthenticated => "unauthenticated",
+                tonic::Code::PermissionDenied => "permission_denied",
+                _ => "error",
+            },
+        };
+        self.state.metrics.register_outcome(outcome);
+        result
     }
 
     async fn get_agent_manifest(

@@ -25,6 +25,7 @@ use crate::{
     forward::{self, HttpBody},
     link_service::LinkSvc,
     methods::Methods,
+    metrics::Metrics,
     oidc::OidcVerifier,
     protocol::{self, Protocol},
     registry::Registry,
@@ -51,6 +52,7 @@ pub struct HubState {
     pub oidc: Option<Arc<OidcVerifier>>,
     /// gRPC health: SERVING only while the store takes writes.
     pub health: tonic_health::server::HealthReporter,
+    pub metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for HubState {
@@ -171,6 +173,7 @@ impl Hub {
             methods,
             oidc,
             health,
+            metrics: Arc::new(Metrics::default()),
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
@@ -456,6 +459,19 @@ async fn route(
     mut req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
     let path = req.uri().path().to_owned();
+    if path == "/metrics" && req.method() == http::Method::GET {
+        return match crate::auth::authenticate(&state, req.headers()).await {
+            Ok(_) => {
+                let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                resp
+            }
+            Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
+        };
+    }
     let Some(method) = state.methods.get(&path).cloned() else {
         return plain(
             http::StatusCode::NOT_FOUND,
@@ -544,6 +560,18 @@ impl GrpcHandler {
 
 /// One gRPC call: forwarded to a cluster, or served by the hub's own services.
 async fn grpc_call(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    req: http::Request<HttpBody>,
+) -> http::Response<HttpBody> {
+    let started = std::time::Instant::now();
+    let path = req.uri().path().to_owned();
+    let metrics = state.metrics.clone();
+    let resp = grpc_handlers(state, routes, req).await;
+    crate::metrics::observe(metrics, path, started, resp)
+}
+
+async fn grpc_handlers(
     state: Arc<HubState>,
     routes: tonic::service::Routes,
     req: http::Request<HttpBody>,

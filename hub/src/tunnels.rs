@@ -79,11 +79,20 @@ fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
         );
     }
     touch(state, &cluster, a.transport.as_str());
+    let gauge = state
+        .metrics
+        .tunnels
+        .get_or_create(&crate::metrics::TransportLabel {
+            transport: a.transport.as_str().to_owned(),
+        })
+        .clone();
+    gauge.inc();
     tracing::info!(%cluster, agent_id = %entry.agent_id, transport = %a.transport, remote = %a.remote, "tunnel up");
 
     let state = state.clone();
     state.tasks.clone().spawn(async move {
         let reason = entry.opener.closed().await;
+        gauge.dec();
         if state.registry.remove_if(&entry.cluster, entry.id) {
             touch(&state, &entry.cluster, "");
         }
