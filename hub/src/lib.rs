@@ -21,6 +21,7 @@ pub mod authority;
 pub mod cli;
 pub mod config;
 pub mod cors;
+pub mod deadline;
 pub mod forward;
 pub mod link_service;
 pub mod methods;

@@ -567,7 +567,18 @@ async fn grpc_call(
     let started = std::time::Instant::now();
     let path = req.uri().path().to_owned();
     let metrics = state.metrics.clone();
-    let resp = grpc_handlers(state, routes, req).await;
+    let resp = match crate::deadline::parse_grpc_timeout(req.headers()) {
+        Some(timeout) => {
+            let deadline = tokio::time::Instant::now() + timeout;
+            match tokio::time::timeout_at(deadline, grpc_handlers(state, routes, req)).await {
+                Ok(resp) => crate::deadline::limit(resp, deadline),
+                Err(_) => {
+                    tonic::Status::deadline_exceeded("the call's deadline passed").into_http()
+                }
+            }
+        }
+        None => grpc_handlers(state, routes, req).await,
+    };
     crate::metrics::observe(metrics, path, started, resp)
 }
 

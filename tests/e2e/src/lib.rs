@@ -252,3 +252,45 @@ async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
         let _ = up.send_to(&buf[..n], target).await;
     }
 }
+
+/// A plain HTTP exchange with the hub over TLS (HTTP/1.1 or HTTP/2), as a
+/// browser or `fetch` would make it. Returns status, headers and the whole
+/// body (trailers, if any, are appended to the headers).
+pub async fn http_call(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    http2: bool,
+    req: http::Request<http_body_util::Full<bytes::Bytes>>,
+) -> (http::StatusCode, http::HeaderMap, bytes::Bytes) {
+    use http_body_util::BodyExt;
+    otter_pki::tls::install_default_provider();
+    let alpn: &[&[u8]] = if http2 { &[b"h2"] } else { &[b"http/1.1"] };
+    let tls = otter_pki::tls::client_config(ca_pem, None, alpn).expect("TLS config");
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let tls = TlsConnector::from(Arc::new(tls))
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let resp = if http2 {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .expect("h2 handshake");
+        tokio::spawn(conn);
+        send.send_request(req).await.expect("request")
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .expect("h1 handshake");
+        tokio::spawn(conn);
+        send.send_request(req).await.expect("request")
+    };
+    let (parts, body) = resp.into_parts();
+    let collected = body.collect().await.expect("body");
+    let mut headers = parts.headers;
+    if let Some(t) = collected.trailers() {
+        headers.extend(t.clone());
+    }
+    (parts.status, headers, collected.to_bytes())
+}

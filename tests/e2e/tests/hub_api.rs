@@ -1,0 +1,588 @@
+//! The hub's API port for every kind of client: Connect (JSON and binary,
+//! unary, GET, streaming), gRPC-Web (binary and text), CORS, feature
+//! gating, metrics and health. Requests are plain HTTP here, byte for byte
+//! what a browser sends; the client libraries of those ecosystems are run
+//! against the same hub in `real_clients.rs`.
+
+use std::{sync::Arc, time::Duration};
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::Full;
+use otter_e2e::{TestHub, double::start_agent, double::wait_connected, http_call};
+use otter_proto::link::v1::{ListLinksRequest, ListLinksResponse};
+use otter_tunnel::TransportKind;
+use prost::Message;
+use serde_json::Value;
+
+async fn hub_with_agent(
+    tweak: impl FnOnce(&mut otter_hub::HubConfig),
+) -> (TestHub, otter_e2e::double::TestAgent) {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, tweak).await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::H2);
+    wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
+    (hub, agent)
+}
+
+fn post(
+    path: &str,
+    content_type: &str,
+    token: Option<&str>,
+    body: impl Into<Bytes>,
+) -> http::Request<Full<Bytes>> {
+    let mut b = http::Request::post(path)
+        .header("content-type", content_type)
+        .header("connect-protocol-version", "1");
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    b.body(Full::new(body.into())).unwrap()
+}
+
+async fn call(
+    hub: &TestHub,
+    http2: bool,
+    req: http::Request<Full<Bytes>>,
+) -> (http::StatusCode, http::HeaderMap, Bytes) {
+    http_call(hub.hub.api_addr, hub.hub.ca_pem(), http2, req).await
+}
+
+fn json_of(b: &Bytes) -> Value {
+    serde_json::from_slice(b)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(b)))
+}
+
+/// Splits an enveloped body into (flags, payload) pairs.
+fn envelopes(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while b.len() >= 5 {
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+        out.push((b[0], b[5..5 + len].to_vec()));
+        b = &b[5 + len..];
+    }
+    assert!(b.is_empty(), "trailing bytes after envelopes");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_unary_json_and_binary_over_http1_and_http2() {
+    let (hub, agent) = hub_with_agent(|_| {}).await;
+    let t = hub.admin_token.clone();
+    for http2 in [false, true] {
+        // JSON, canonical mapping: lowerCamelCase, enum names, RFC 3339 times.
+        let (status, headers, body) = call(
+            &hub,
+            http2,
+            post(
+                "/otterscale.link.v1.LinkService/ListLinks",
+                "application/json",
+                Some(&t),
+                "{}",
+            ),
+        )
+        .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(headers["content-type"], "application/json");
+        let v = json_of(&body);
+        let link = &v["links"][0];
+        assert_eq!(link["cluster"], "edge-1");
+        assert_eq!(link["state"], "LINK_STATE_CONNECTED");
+        assert_eq!(link["agentId"], "a1");
+        assert!(link["lastSeen"].as_str().unwrap().ends_with('Z'), "{link}");
+
+        // A forwarded call: the Struct arrives as a plain JSON object.
+        let (status, _, body) = call(
+            &hub,
+            http2,
+            post(
+                "/otterscale.resource.v1.ResourceService/Get",
+                "application/json",
+                Some(&t),
+                r#"{"cluster":"edge-1","name":"web"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let v = json_of(&body);
+        assert_eq!(v["object"]["cluster"], "edge-1");
+        assert_eq!(v["object"]["name"], "web");
+        assert_eq!(v["object"]["user"], "admin");
+
+        // Binary.
+        let (status, headers, body) = call(
+            &hub,
+            http2,
+            post(
+                "/otterscale.link.v1.LinkService/ListLinks",
+                "application/proto",
+                Some(&t),
+                ListLinksRequest {}.encode_to_vec(),
+            ),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert_eq!(headers["content-type"], "application/proto");
+        let links = ListLinksResponse::decode(body).unwrap();
+        assert_eq!(links.links[0].cluster.as_deref(), Some("edge-1"));
+    }
+
+    // Errors: Connect error JSON with the matching HTTP status.
+    let cases = [
+        (
+            None,
+            "/otterscale.link.v1.LinkService/ListLinks",
+            "{}",
+            401,
+            "unauthenticated",
+        ),
+        (
+            Some(t.as_str()),
+            "/otterscale.resource.v1.ResourceService/Get",
+            r#"{"cluster":"nowhere"}"#,
+            404,
+            "not_found",
+        ),
+        (
+            Some(t.as_str()),
+            "/otterscale.resource.v1.ResourceService/Get",
+            r#"{"cluster": 7"#,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Some(t.as_str()),
+            "/otterscale.resource.v1.ResourceService/Get",
+            r#"{"nonsense":1}"#,
+            400,
+            "invalid_argument",
+        ),
+        (
+            Some(t.as_str()),
+            "/otterscale.link.v1.LinkService/ListRancherProjects",
+            "{}",
+            400,
+            "failed_precondition",
+        ),
+    ];
+    for (token, path, body, code, name) in cases {
+        let (status, headers, b) =
+            call(&hub, false, post(path, "application/json", token, body)).await;
+        assert_eq!(
+            status.as_u16(),
+            code,
+            "{path} {body}: {}",
+            String::from_utf8_lossy(&b)
+        );
+        assert_eq!(headers["content-type"], "application/json");
+        let v = json_of(&b);
+        assert_eq!(v["code"], name);
+        assert!(!v["message"].as_str().unwrap().is_empty());
+    }
+
+    // gzip request body; gzip response when accepted and large enough.
+    let mut enc = flate2_encode(br#"{"cluster":"edge-1","name":"zipped"}"#);
+    let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .header("authorization", format!("Bearer {t}"))
+        .body(Full::new(Bytes::from(std::mem::take(&mut enc))))
+        .unwrap();
+    let (status, _, body) = call(&hub, true, req).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(json_of(&body)["object"]["name"], "zipped");
+
+    // GET only for methods without side effects.
+    let q = url_encode(r#"{}"#);
+    let req = http::Request::get(format!(
+        "/otterscale.link.v1.LinkService/ListLinks?connect=v1&encoding=json&message={q}"
+    ))
+    .header("authorization", format!("Bearer {t}"))
+    .body(Full::new(Bytes::new()))
+    .unwrap();
+    let (status, headers, _) = call(&hub, false, req).await;
+    assert_eq!(status, 405);
+    assert_eq!(headers["allow"], "POST");
+
+    // Unknown media type and unknown path.
+    let (status, _, _) = call(
+        &hub,
+        false,
+        post(
+            "/otterscale.link.v1.LinkService/ListLinks",
+            "text/plain",
+            Some(&t),
+            "{}",
+        ),
+    )
+    .await;
+    assert_eq!(status, 415);
+    let (status, _, _) = call(
+        &hub,
+        false,
+        post("/nope.Service/Method", "application/json", Some(&t), "{}"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+fn flate2_encode(data: &[u8]) -> Vec<u8> {
+    // The hub's own gzip is tested by decoding here with an independent
+    // implementation: Python's, in real_clients.rs. This side only needs a
+    // valid gzip stream, made with the hub's dependency.
+    let out = otter_hub::protocol::gzip(data);
+    out.to_vec()
+}
+
+fn url_encode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_streaming_and_grpc_web() {
+    let (hub, agent) = hub_with_agent(|_| {}).await;
+    let t = hub.admin_token.clone();
+
+    // Connect server-streaming with JSON envelopes; the call is cut short by
+    // a timeout so the stream ends with an end-of-stream message.
+    let mut body = vec![0u8];
+    let msg = br#"{"cluster":"edge-1"}"#;
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(msg);
+    let mut req = post(
+        "/otterscale.resource.v1.ResourceService/Watch",
+        "application/connect+json",
+        Some(&t),
+        body.clone(),
+    );
+    req.headers_mut()
+        .insert("connect-timeout-ms", "1500".parse().unwrap());
+    let (status, headers, b) = call(&hub, true, req).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "application/connect+json");
+    let env = envelopes(&b);
+    assert!(env.len() >= 4, "three events and the end: {env:?}");
+    for (i, (flags, payload)) in env[..3].iter().enumerate() {
+        assert_eq!(*flags, 0);
+        let v: Value = serde_json::from_slice(payload).unwrap();
+        assert_eq!(v["type"], "TYPE_ADDED");
+        assert_eq!(v["resourceVersion"], i.to_string());
+        assert_eq!(v["resource"]["object"]["cluster"], "edge-1");
+    }
+    let (flags, end) = env.last().unwrap();
+    assert_eq!(*flags, 2, "last envelope is the end-of-stream message");
+    let end: Value = serde_json::from_slice(end).unwrap();
+    assert_eq!(end["error"]["code"], "deadline_exceeded", "{end}");
+
+    // Errors before any message still come as an end-of-stream message.
+    let mut body = vec![0u8];
+    let msg = br#"{"cluster":"nowhere"}"#;
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(msg);
+    let (status, _, b) = call(
+        &hub,
+        false,
+        post(
+            "/otterscale.resource.v1.ResourceService/Watch",
+            "application/connect+json",
+            Some(&t),
+            body,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let env = envelopes(&b);
+    assert_eq!(env.len(), 1);
+    assert_eq!(env[0].0, 2);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&env[0].1).unwrap()["error"]["code"],
+        "not_found"
+    );
+
+    // gRPC-Web, binary and text, over HTTP/1.1.
+    let request = otter_hub::protocol::frames::encode(0, &ListLinksRequest {}.encode_to_vec());
+    for text in [false, true] {
+        let (ct, body) = if text {
+            (
+                "application/grpc-web-text",
+                Bytes::from(base64::engine::general_purpose::STANDARD.encode(&request)),
+            )
+        } else {
+            ("application/grpc-web+proto", request.clone())
+        };
+        let mut req = post(
+            "/otterscale.link.v1.LinkService/ListLinks",
+            ct,
+            Some(&t),
+            body,
+        );
+        req.headers_mut().insert("x-grpc-web", "1".parse().unwrap());
+        let (status, headers, b) = call(&hub, false, req).await;
+        assert_eq!(status, 200);
+        let raw = if text {
+            Bytes::from(decode_b64_chunks(&b))
+        } else {
+            b
+        };
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(if text {
+                    "application/grpc-web-text"
+                } else {
+                    "application/grpc-web"
+                })
+        );
+        let env = envelopes(&raw);
+        assert_eq!(env.len(), 2, "message and trailers");
+        let links = ListLinksResponse::decode(env[0].1.as_slice()).unwrap();
+        assert_eq!(links.links[0].cluster.as_deref(), Some("edge-1"));
+        assert_eq!(env[1].0, 0x80);
+        assert!(String::from_utf8_lossy(&env[1].1).contains("grpc-status: 0"));
+    }
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// gRPC-Web text bodies are base64 chunks, each padded on its own.
+fn decode_b64_chunks(b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 0..b.len() {
+        let end_of_chunk = b[i] == b'=' && (i + 1 == b.len() || b[i + 1] != b'=');
+        if end_of_chunk || i + 1 == b.len() {
+            out.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(&b[start..=i])
+                    .unwrap(),
+            );
+            start = i + 1;
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_feature_gating_metrics_and_health() {
+    let (hub, agent) = hub_with_agent(|c| {
+        c.cors_origins = vec!["https://dash.example".into()];
+        c.disabled_features = vec!["runtime-enabled".into()];
+    })
+    .await;
+    let t = hub.admin_token.clone();
+
+    // CORS preflight from an allowed origin, and from another.
+    for (origin, allowed) in [
+        ("https://dash.example", true),
+        ("https://evil.example", false),
+    ] {
+        let req = http::Request::builder()
+            .method("OPTIONS")
+            .uri("/otterscale.link.v1.LinkService/ListLinks")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type,connect-protocol-version,authorization",
+            )
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, headers, _) = call(&hub, false, req).await;
+        assert_eq!(status, 204);
+        assert_eq!(
+            headers.get("access-control-allow-origin").is_some(),
+            allowed,
+            "{origin}"
+        );
+        if allowed {
+            let allow = headers["access-control-allow-headers"].to_str().unwrap();
+            for h in ["content-type", "connect-protocol-version", "authorization"] {
+                assert!(allow.contains(h), "{allow}");
+            }
+        }
+    }
+    let mut req = post(
+        "/otterscale.link.v1.LinkService/ListLinks",
+        "application/json",
+        Some(&t),
+        "{}",
+    );
+    req.headers_mut()
+        .insert("origin", "https://dash.example".parse().unwrap());
+    let (_, headers, _) = call(&hub, false, req).await;
+    assert_eq!(
+        headers["access-control-allow-origin"],
+        "https://dash.example"
+    );
+    assert!(
+        headers["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("grpc-status")
+    );
+
+    // Feature gating: runtime is off, resource and link stay on.
+    let (status, _, b) = call(
+        &hub,
+        false,
+        post(
+            "/otterscale.runtime.v1.RuntimeService/Scale",
+            "application/json",
+            Some(&t),
+            r#"{"cluster":"edge-1"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, 501);
+    assert_eq!(
+        json_of(&b)["message"],
+        "feature runtime-enabled is disabled"
+    );
+    let mut rt = otter_proto::runtime::v1::runtime_service_client::RuntimeServiceClient::new(
+        hub.channel().await,
+    );
+    let e = rt
+        .scale(otter_e2e::with_token(
+            otter_proto::runtime::v1::ScaleRequest::default(),
+            &t,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented);
+    let (status, _, _) = call(
+        &hub,
+        false,
+        post(
+            "/otterscale.resource.v1.ResourceService/Get",
+            "application/json",
+            Some(&t),
+            r#"{"cluster":"edge-1"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // Health: SERVING (the store is writable, listeners are up).
+    let mut health = tonic_health::pb::health_client::HealthClient::new(hub.channel().await);
+    let mut serving = false;
+    for _ in 0..50 {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap();
+        if r.get_ref().status
+            == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        {
+            serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(serving, "health reports SERVING");
+
+    // Metrics: text format that parses, with the calls made above.
+    let req = http::Request::get("/metrics")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, _, _) = call(&hub, false, req).await;
+    assert_eq!(status, 401, "metrics need a token");
+    let req = http::Request::get("/metrics")
+        .header("authorization", format!("Bearer {t}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, b) = call(&hub, false, req).await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let text = String::from_utf8(b.to_vec()).unwrap();
+    let samples = parse_prometheus(&text);
+    let get_ok = samples
+        .iter()
+        .find(|(name, labels, _)| {
+            name == "otter_hub_requests_total"
+                && labels.contains("method=\"/otterscale.resource.v1.ResourceService/Get\"")
+                && labels.contains("code=\"Ok\"")
+        })
+        .expect("Get counted");
+    assert!(get_ok.2 >= 1.0);
+    assert!(
+        samples.iter().any(|(n, l, v)| n == "otter_hub_tunnels"
+            && l.contains("transport=\"h2\"")
+            && *v == 1.0),
+        "{text}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(n, l, v)| n == "otter_hub_registers_total"
+                && l.contains("registered")
+                && *v >= 1.0)
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(n, _, v)| n == "otter_hub_tunnel_bytes_total" && *v > 0.0)
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(n, _, _)| n == "otter_hub_request_duration_seconds_bucket")
+    );
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// Parses the Prometheus text format strictly enough to catch a broken
+/// exposition: every sample line is `name{labels} value`, every metric has
+/// TYPE and HELP lines, the document ends with `# EOF` or plain lines.
+fn parse_prometheus(text: &str) -> Vec<(String, String, f64)> {
+    let mut typed = std::collections::HashSet::new();
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            typed.insert(rest.split_whitespace().next().unwrap().to_owned());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            Some((n, l)) => {
+                assert!(l.ends_with('}'), "bad labels in {line:?}");
+                (n.to_owned(), l.to_owned())
+            }
+            None => (series.to_owned(), String::new()),
+        };
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad name {name}"
+        );
+        let base = ["_total", "_bucket", "_sum", "_count", "_created"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        assert!(
+            typed.contains(base) || typed.contains(&name),
+            "{name} has no TYPE line"
+        );
+        samples.push((name, labels, value));
+    }
+    samples
+}
