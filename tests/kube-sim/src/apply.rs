@@ -416,7 +416,7 @@ pub fn apply(
     if !conflicts.is_empty() && !force {
         let causes: Vec<Value> = conflicts
             .iter()
-            .map(|(m, _, p)| json!({"type": "FieldManagerConflict", "message": format!("conflict with \"{m}\""), "field": path_string(p)}))
+            .map(|(m, _, p)| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{m}\""), "field": path_string(p)}))
             .collect();
         let lines: Vec<String> = conflicts
             .iter()

@@ -66,6 +66,7 @@ pub struct SimConfig {
     pub(crate) pod_termination_delay: Duration,
     pub(crate) event_window: usize,
     pub(crate) demo_objects: bool,
+    pub(crate) exec_v4_only: bool,
 }
 
 impl Default for SimConfig {
@@ -81,6 +82,7 @@ impl Default for SimConfig {
             pod_termination_delay: Duration::from_millis(500),
             event_window: 1000,
             demo_objects: false,
+            exec_v4_only: false,
         }
     }
 }
@@ -164,6 +166,13 @@ impl SimConfig {
     /// How many past events are kept for watches; older resourceVersions get 410.
     pub fn event_window(mut self, events: usize) -> Self {
         self.event_window = events.max(1);
+        self
+    }
+
+    /// Answer exec/attach with `v4.channel.k8s.io` even when v5 is offered, like a
+    /// kubelet older than 1.30.
+    pub fn exec_v4_only(mut self, on: bool) -> Self {
+        self.exec_v4_only = on;
         self
     }
 

@@ -65,7 +65,12 @@ pub(crate) fn handle(
     if !ws::is_upgrade(req.headers()) {
         return Err(ws::upgrade_required());
     }
-    let protocol = ws::choose(req.headers(), &[ws::V5, ws::V4]).ok_or_else(|| {
+    let supported: &[&'static str] = if state.cfg.exec_v4_only {
+        &[ws::V4]
+    } else {
+        &[ws::V5, ws::V4]
+    };
+    let protocol = ws::choose(req.headers(), supported).ok_or_else(|| {
         ApiError::bad_request(format!("none of the offered subprotocols {:?} is supported (want v5.channel.k8s.io or v4.channel.k8s.io)", ws::offered(req.headers())))
     })?;
     let opts = Opts {

@@ -280,6 +280,9 @@ impl Store {
     /// Forgets every past event, so resuming a watch from any earlier version gets 410.
     pub fn compact(&self) {
         let mut inner = self.lock();
+        // A fresh version marks the compaction point, so every version handed out before
+        // (list tokens, watch starting points) is now too old.
+        inner.rv += 1;
         inner.log.clear();
         inner.compacted = inner.rv;
     }
