@@ -66,6 +66,17 @@ pub fn allowed(
     resource: &str,
     namespace: Option<&str>,
 ) -> bool {
+    // Like the bootstrap role system:basic-user: anyone authenticated may ask who they are
+    // and what they may do.
+    if verb == "create"
+        && matches!(
+            resource,
+            "selfsubjectreviews" | "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+        )
+        && who.groups.iter().any(|g| g == "system:authenticated")
+    {
+        return true;
+    }
     cfg.rules.iter().any(|r| {
         let subject_ok = match &r.subject {
             Subject::User(u) => *u == who.user,
