@@ -219,10 +219,8 @@ pub fn from_fields_v1(v: &Value) -> FieldSet {
     let mut out = FieldSet::new();
     fn rec(path: &mut Vec<Pe>, v: &Value, out: &mut FieldSet) {
         let Some(m) = v.as_object() else { return };
-        if m.is_empty() || m.contains_key(".") {
-            if !path.is_empty() {
-                out.insert(path.clone());
-            }
+        if (m.is_empty() || m.contains_key(".")) && !path.is_empty() {
+            out.insert(path.clone());
         }
         for (k, child) in m {
             let pe = if let Some(f) = k.strip_prefix("f:") {

@@ -166,7 +166,7 @@ pub fn aggregated(reg: &Registry, core: bool, api_version: &str) -> Value {
         }
         let mut vs: Vec<Value> = Vec::new();
         let mut sorted = versions.clone();
-        sorted.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        sorted.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         for v in sorted {
             let resources: Vec<Value> = all
                 .iter()

@@ -181,7 +181,9 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
         }
         tokio::select! {
             msg = ws.next() => match msg {
-                Some(Ok(Message::Binary(data))) if !data.is_empty() => match data[0] {
+                Some(Ok(m)) if ws::payload(&m).is_some() => {
+                    let data = ws::payload(&m).unwrap_or_default();
+                    match data[0] {
                     STDIN => {
                         if let Some(s) = stdin.as_mut() {
                             if s.write_all(&data[1..]).await.is_err() {
@@ -195,6 +197,7 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
                         stdin = None;
                     }
                     _ => {}
+                }
                 },
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
                     // The client went away: the process goes too (kill_on_drop).
@@ -283,7 +286,9 @@ async fn run_attach(state: Arc<State>, mut ws: Ws, opts: Opts, rr: ResReq, uid: 
             _ = &mut notified => {}
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
             msg = ws.next() => match msg {
-                Some(Ok(Message::Binary(data))) if !data.is_empty() => match data[0] {
+                Some(Ok(m)) if ws::payload(&m).is_some() => {
+                    let data = ws::payload(&m).unwrap_or_default();
+                    match data[0] {
                     STDIN if opts.stdin => {
                         let text = String::from_utf8_lossy(&data[1..]).to_string();
                         state.logs.append(&opts.namespace, &opts.pod, &opts.container, &text);
@@ -294,6 +299,7 @@ async fn run_attach(state: Arc<State>, mut ws: Ws, opts: Opts, rr: ResReq, uid: 
                         return;
                     }
                     _ => {}
+                }
                 },
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
                 Some(Ok(_)) => {}

@@ -152,7 +152,8 @@ async fn run(ws: Ws2, ports: Vec<u16>, targets: Vec<Option<SocketAddr>>, uid: St
                 }
             }
             msg = stream.next() => match msg {
-                Some(Ok(Message::Binary(data))) if !data.is_empty() => {
+                Some(Ok(m)) if ws::payload(&m).is_some() => {
+                    let data = ws::payload(&m).unwrap_or_default();
                     let ch = data[0];
                     let idx = (ch / 2) as usize;
                     if ch % 2 == 0 {

@@ -528,7 +528,7 @@ impl Registry {
             }
         }
         for (_, vs) in out.iter_mut() {
-            vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+            vs.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         }
         out
     }

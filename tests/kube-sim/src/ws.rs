@@ -135,3 +135,13 @@ pub fn frame(channel: u8, data: &[u8]) -> tokio_tungstenite::tungstenite::Messag
     v.extend_from_slice(data);
     tokio_tungstenite::tungstenite::Message::Binary(v.into())
 }
+
+/// The payload of a data message. Text frames count too: the Python client sends stdin as
+/// text with the channel as the first character, and the kubelet reads both alike.
+pub fn payload(m: &tokio_tungstenite::tungstenite::Message) -> Option<&[u8]> {
+    match m {
+        tokio_tungstenite::tungstenite::Message::Binary(b) if !b.is_empty() => Some(b.as_ref()),
+        tokio_tungstenite::tungstenite::Message::Text(t) if !t.is_empty() => Some(t.as_bytes()),
+        _ => None,
+    }
+}

@@ -207,7 +207,7 @@ async fn pods_run_and_delete_with_grace() {
     let created = pods.create(&PostParams::default(), &p).await.unwrap();
     let status = created.status.unwrap();
     assert_eq!(status.phase.as_deref(), Some("Running"));
-    assert_eq!(status.container_statuses.unwrap()[0].ready, true);
+    assert!(status.container_statuses.unwrap()[0].ready);
     let bad: Pod =
         serde_json::from_value(json!({"metadata": {"name": "bad"}, "spec": {"containers": []}}))
             .unwrap();
