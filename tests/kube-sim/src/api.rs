@@ -566,7 +566,46 @@ fn prepare_new(
         m.remove("managedFields");
     }
     objects::stamp_new(obj);
-    Ok(())
+    if !objects::uses_generation(rt) {
+        if let Some(m) = obj["metadata"].as_object_mut() {
+            m.remove("generation");
+        }
+    }
+    validate_name(rt, obj)
+}
+
+/// Names must be DNS subdomains (namespaces: DNS labels), as the apiserver insists.
+fn validate_name(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+    let name = str_at(obj, "metadata.name").unwrap_or_default();
+    let label = rt.builtin && matches!(rt.kind.as_str(), "Namespace" | "Service");
+    let max = if label { 63 } else { 253 };
+    let ok_chars = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (c == '.' && !label));
+    let ends_ok = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok_chars && ends_ok && name.len() <= max {
+        return Ok(());
+    }
+    let message = if label {
+        format!(
+            "Invalid value: \"{name}\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        )
+    } else {
+        format!(
+            "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        )
+    };
+    Err(ApiError::invalid(
+        &rt.group,
+        &rt.kind,
+        name,
+        vec![FieldCause {
+            reason: "FieldValueInvalid",
+            message,
+            field: "metadata.name".into(),
+        }],
+    ))
 }
 
 /// Stores a prepared object and runs what follows a create (CRD registration).
@@ -758,7 +797,7 @@ fn commit_update(
         }
     }
     let warnings = validate(ctx, rt, &mut new)?;
-    if objects::spec_changed(old, &new) {
+    if objects::spec_changed(old, &new) && get_path(old, "metadata.generation").is_some() {
         let g = get_path(old, "metadata.generation")
             .and_then(Value::as_i64)
             .unwrap_or(1);
@@ -1189,7 +1228,7 @@ fn set_replicas(
         .unwrap_or_else(|| ".spec.replicas".into());
     let mut new = old.clone();
     set_path(&mut new, &path, json!(replicas));
-    if objects::spec_changed(old, &new) {
+    if objects::spec_changed(old, &new) && get_path(old, "metadata.generation").is_some() {
         let g = get_path(old, "metadata.generation")
             .and_then(Value::as_i64)
             .unwrap_or(1);

@@ -504,3 +504,17 @@ pub fn spec_changed(old: &Value, new: &Value) -> bool {
     };
     strip(old) != strip(new)
 }
+
+/// Kinds whose strategy maintains `metadata.generation` (custom resources always do).
+pub fn uses_generation(rt: &ResourceType) -> bool {
+    !rt.builtin
+        || matches!(
+            rt.kind.as_str(),
+            "Deployment"
+                | "StatefulSet"
+                | "ReplicaSet"
+                | "DaemonSet"
+                | "Job"
+                | "CustomResourceDefinition"
+        )
+}

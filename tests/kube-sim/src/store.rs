@@ -56,6 +56,9 @@ pub struct StoreEvent {
     pub etype: EventType,
     pub key: ObjKey,
     pub object: Arc<Value>,
+    /// The object before a MODIFIED event: a filtered watch turns a change that enters or
+    /// leaves its selector into ADDED or DELETED, as the apiserver does.
+    pub prev: Option<Arc<Value>>,
 }
 
 /// Why a write was refused.
@@ -165,12 +168,20 @@ impl Store {
             .collect()
     }
 
-    fn record(&self, inner: &mut Inner, etype: EventType, key: &ObjKey, obj: &Value) {
+    fn record(
+        &self,
+        inner: &mut Inner,
+        etype: EventType,
+        key: &ObjKey,
+        obj: &Value,
+        prev: Option<Value>,
+    ) {
         let ev = Arc::new(StoreEvent {
             rv: inner.rv,
             etype,
             key: key.clone(),
             object: Arc::new(obj.clone()),
+            prev: prev.map(Arc::new),
         });
         inner.log.push_back(ev.clone());
         while inner.log.len() > self.window {
@@ -191,7 +202,7 @@ impl Store {
         let rv = inner.rv;
         set_rv(&mut obj, rv);
         inner.objects.insert(key.clone(), obj.clone());
-        self.record(&mut inner, EventType::Added, key, &obj);
+        self.record(&mut inner, EventType::Added, key, &obj, None);
         Ok(obj)
     }
 
@@ -209,15 +220,18 @@ impl Store {
                 return Err(WriteError::Conflict);
             }
         }
-        if *cur == obj {
+        let mut same = obj.clone();
+        set_rv(&mut same, rv_of(cur).unwrap_or(0));
+        if *cur == same {
             // A no-op write keeps the resourceVersion and emits nothing, like the apiserver.
             return Ok(cur.clone());
         }
+        let prev = cur.clone();
         inner.rv += 1;
         let rv = inner.rv;
         set_rv(&mut obj, rv);
         inner.objects.insert(key.clone(), obj.clone());
-        self.record(&mut inner, EventType::Modified, key, &obj);
+        self.record(&mut inner, EventType::Modified, key, &obj, Some(prev));
         Ok(obj)
     }
 
@@ -234,7 +248,7 @@ impl Store {
         inner.rv += 1;
         let rv = inner.rv;
         set_rv(&mut obj, rv);
-        self.record(&mut inner, EventType::Deleted, key, &obj);
+        self.record(&mut inner, EventType::Deleted, key, &obj, None);
         Ok(obj)
     }
 
@@ -255,6 +269,7 @@ impl Store {
                         etype: EventType::Added,
                         key: k.clone(),
                         object: Arc::new(v.clone()),
+                        prev: None,
                     })
                 })
                 .collect(),

@@ -15,7 +15,7 @@ use crate::State;
 use crate::api::{partial_metadata, present, table, wants_metadata, wants_table};
 use crate::error::ApiError;
 use crate::http::{Body, Ctx, ResReq, channel_body};
-use crate::store::StoreEvent;
+use crate::store::{EventType, StoreEvent};
 use crate::util::{FieldSelector, LabelSelector, str_at};
 
 /// Longest watch when the client sets no timeout (the apiserver picks 30–60 minutes).
@@ -30,7 +30,25 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, ev: &StoreEvent) -> bool {
+    /// The event type this watch reports for a store event, if any.
+    fn classify(&self, ev: &StoreEvent) -> Option<&'static str> {
+        if !self.in_scope(ev) {
+            return None;
+        }
+        let now = self.selects(&ev.object);
+        match (ev.etype, ev.prev.as_deref().map(|p| self.selects(p))) {
+            (EventType::Modified, Some(false)) if now => Some("ADDED"),
+            (EventType::Modified, Some(true)) if !now => Some("DELETED"),
+            (_, _) if now => Some(ev.etype.as_str()),
+            _ => None,
+        }
+    }
+
+    fn selects(&self, obj: &Value) -> bool {
+        self.labels.matches_object(obj) && self.fields.matches_object(obj)
+    }
+
+    fn in_scope(&self, ev: &StoreEvent) -> bool {
         if ev.key.group != self.rr.rt.group || ev.key.plural != self.rr.rt.plural {
             return false;
         }
@@ -44,7 +62,7 @@ impl Filter {
                 return false;
             }
         }
-        self.labels.matches_object(&ev.object) && self.fields.matches_object(&ev.object)
+        true
     }
 
     fn render(&self, etype: &str, obj: &Value) -> Bytes {
@@ -158,8 +176,10 @@ pub(crate) fn watch(state: Arc<State>, ctx: &Ctx, rr: &ResReq) -> Result<Respons
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         for ev in &start.initial {
-            if filter.matches(ev) && tx.send(filter.render(ev.etype.as_str(), &ev.object)).await.is_err() {
-                return;
+            if let Some(t) = filter.classify(ev) {
+                if tx.send(filter.render(t, &ev.object)).await.is_err() {
+                    return;
+                }
             }
         }
         if send_initial == Some(true) && bookmarks && tx.send(filter.bookmark(last_rv, true)).await.is_err() {
@@ -181,8 +201,10 @@ pub(crate) fn watch(state: Arc<State>, ctx: &Ctx, rr: &ResReq) -> Result<Respons
                 ev = rx.recv() => match ev {
                     Ok(ev) => {
                         last_rv = last_rv.max(ev.rv);
-                        if filter.matches(&ev) && tx.send(filter.render(ev.etype.as_str(), &ev.object)).await.is_err() {
-                            return;
+                        if let Some(t) = filter.classify(&ev) {
+                            if tx.send(filter.render(t, &ev.object)).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     // A watcher that fell too far behind is ended; its client resumes from

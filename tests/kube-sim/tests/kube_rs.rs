@@ -1039,3 +1039,73 @@ async fn crds_serve_validated_custom_resources() {
     assert_eq!(api_err(w_api.get("w1").await.unwrap_err()).code, 404);
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn selector_watches_see_objects_enter_and_leave() {
+    let sim = common::start().await;
+    let client = common::admin(&sim).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let created = cms
+        .create(&PostParams::default(), &cm("sel", json!({})))
+        .await
+        .unwrap();
+    assert!(
+        created.metadata.generation.is_none(),
+        "configmaps carry no generation"
+    );
+    let rv = created.metadata.resource_version.unwrap();
+    let mut stream = cms
+        .watch(
+            &WatchParams::default()
+                .labels("tier=gold")
+                .timeout(5)
+                .disable_bookmarks(),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let pp = PatchParams::default();
+    cms.patch(
+        "sel",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": "gold"}}})),
+    )
+    .await
+    .unwrap();
+    cms.patch("sel", &pp, &Patch::Merge(json!({"data": {"x": "1"}})))
+        .await
+        .unwrap();
+    cms.patch(
+        "sel",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"tier": null}}})),
+    )
+    .await
+    .unwrap();
+    let mut kinds = Vec::new();
+    tokio::time::timeout(T, async {
+        while kinds.len() < 3 {
+            match stream.try_next().await.unwrap().expect("stream open") {
+                WatchEvent::Added(_) => kinds.push("ADDED"),
+                WatchEvent::Modified(_) => kinds.push("MODIFIED"),
+                WatchEvent::Deleted(_) => kinds.push("DELETED"),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(kinds, ["ADDED", "MODIFIED", "DELETED"]);
+    // A write that changes nothing keeps the resourceVersion.
+    let before = cms.get("sel").await.unwrap();
+    let after = cms
+        .replace("sel", &PostParams::default(), &before)
+        .await
+        .unwrap();
+    assert_eq!(
+        before.metadata.resource_version,
+        after.metadata.resource_version
+    );
+    sim.shutdown().await;
+}
