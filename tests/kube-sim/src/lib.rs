@@ -31,6 +31,7 @@
 //! - `discovery.rs`, `openapi.rs`: discovery documents and OpenAPI v3/v2.
 //! - `patch.rs`, `apply.rs`: patch formats; server-side apply and managedFields.
 //! - `schema.rs`: validation of custom resources against `openAPIV3Schema`.
+//! - `protobuf.rs`: protobuf request bodies of the kinds kubectl's typed clients send.
 //! - `rbac.rs`: tokens, impersonation, rules and 403s.
 //! - `logs.rs`: pod logs; `ws.rs`: WebSocket upgrade and channel framing;
 //!   `exec.rs`: exec and attach; `portforward.rs`: port-forward.
@@ -48,6 +49,7 @@ mod objects;
 mod openapi;
 mod patch;
 mod portforward;
+mod protobuf;
 mod rbac;
 mod resources;
 mod schema;

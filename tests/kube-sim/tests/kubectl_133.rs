@@ -510,3 +510,91 @@ async fn whoami_rbac_and_watch() {
     );
     sim.shutdown().await;
 }
+
+/// kubectl's typed clients send protobuf bodies: create ns/deployment/secret/configmap/
+/// service/serviceaccount, can-i, create token.
+#[tokio::test]
+async fn typed_create_commands_send_protobuf() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    assert_eq!(
+        k.ok(&["create", "namespace", "team-a"]).await.trim(),
+        "namespace/team-a created"
+    );
+    assert_eq!(
+        k.ok(&[
+            "-n",
+            "team-a",
+            "create",
+            "deployment",
+            "api",
+            "--image=api:1",
+            "--replicas=2",
+            "--port=8080"
+        ])
+        .await
+        .trim(),
+        "deployment.apps/api created"
+    );
+    let dep: Value = serde_json::from_str(
+        &k.ok(&["-n", "team-a", "get", "deploy", "api", "-o", "json"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(dep["spec"]["replicas"], 2);
+    assert_eq!(
+        dep["spec"]["selector"]["matchLabels"],
+        json!({"app": "api"})
+    );
+    assert_eq!(
+        dep["spec"]["template"]["spec"]["containers"][0],
+        json!({"name": "api", "image": "api:1", "ports": [{"containerPort": 8080}], "resources": {}})
+    );
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "pw",
+        "--from-literal=user=admin",
+    ])
+    .await;
+    assert_eq!(
+        k.ok(&["get", "secret", "pw", "-o", "jsonpath={.data.user}"])
+            .await,
+        "YWRtaW4="
+    );
+    k.ok(&[
+        "create",
+        "configmap",
+        "settings",
+        "--from-literal=mode=fast",
+    ])
+    .await;
+    assert_eq!(
+        k.ok(&["get", "cm", "settings", "-o", "jsonpath={.data.mode}"])
+            .await,
+        "fast"
+    );
+    k.ok(&["create", "service", "clusterip", "api", "--tcp=80:8080"])
+        .await;
+    assert_eq!(
+        k.ok(&[
+            "get",
+            "svc",
+            "api",
+            "-o",
+            "jsonpath={.spec.ports[0].port}/{.spec.ports[0].targetPort}"
+        ])
+        .await,
+        "80/8080"
+    );
+    assert_eq!(k.ok(&["auth", "can-i", "list", "pods"]).await.trim(), "yes");
+    let bob = run(k.cmd("bob", &["auth", "can-i", "list", "secrets"]), T).await;
+    assert_eq!(bob.stdout.trim(), "no");
+    assert!(
+        k.ok(&["create", "token", "default"])
+            .await
+            .starts_with("kube-sim-token-")
+    );
+    sim.shutdown().await;
+}
