@@ -277,14 +277,14 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bod
                 .map(|d| json_response(200, &d))
                 .ok_or_else(ApiError::path_not_found);
         }
-        ["openapi", "v2"] | ["swagger.json"] if get => {
-            if accept.contains("protobuf") {
-                // Only JSON is served; protobuf-only clients (kubectl <= 1.26 validation) are
-                // told plainly so they can run with --validate=false.
+        ["openapi", "v2"] | ["swagger.json"] | ["swagger-2.0.0.pb-v1"] if get => {
+            if accept.contains("protobuf") || seg[0] == "swagger-2.0.0.pb-v1" {
+                // Only JSON is served. kubectl <= 1.26 validates with the protobuf form and
+                // prints this message, which says what to do.
                 return Err(ApiError::new(
-                    406,
-                    "NotAcceptable",
-                    "only application/json is served for /openapi/v2",
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource (kube-sim serves OpenAPI v2 as JSON only: run kubectl 1.26 or older with --validate=false)",
                 ));
             }
             return Ok(json_response(200, &openapi::v2(&state.registry)));
