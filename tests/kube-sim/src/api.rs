@@ -631,6 +631,9 @@ fn store_new(
         .create(&k, obj)
         .map_err(|_| ApiError::already_exists(&rt.group, &rt.plural, &name))?;
     after_write(state, rt, &stored);
+    if rt.builtin && rt.kind == "Pod" {
+        seed_pod_logs(state, &stored);
+    }
     Ok(stored)
 }
 
@@ -711,11 +714,7 @@ pub(crate) fn create_direct(state: &State, mut obj: Value) -> Result<Value, ApiE
             now: &now,
         },
     );
-    let stored = store_new(state, &rt, obj, false)?;
-    if rt.kind == "Pod" && rt.builtin {
-        seed_pod_logs(state, &stored);
-    }
-    Ok(stored)
+    store_new(state, &rt, obj, false)
 }
 
 fn seed_pod_logs(state: &State, pod: &Value) {

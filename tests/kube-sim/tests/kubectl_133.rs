@@ -375,16 +375,16 @@ async fn logs_and_exec() {
         "{prev:?}"
     );
 
-    // Follow for a bounded time, feeding a line while it runs.
+    // Follow for a bounded time: once the tail has arrived the stream is live; then feed a
+    // line and wait for it.
     let mut follow = k.cmd("admin", &["logs", "-f", "p1", "--tail=1"]);
     follow
         .kill_on_drop(true)
         .stdout(std::process::Stdio::piped());
     let mut child = follow.spawn().unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    sim.append_log("default", "p1", "c1", "followed!");
     let mut stdout = child.stdout.take().unwrap();
     let mut seen = String::new();
+    let mut fed = false;
     tokio::time::timeout(T, async {
         use tokio::io::AsyncReadExt;
         let mut buf = [0u8; 256];
@@ -392,11 +392,15 @@ async fn logs_and_exec() {
             let n = stdout.read(&mut buf).await.unwrap();
             assert!(n > 0, "logs -f ended early: {seen}");
             seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if !fed && seen.contains("line 4\n") {
+                sim.append_log("default", "p1", "c1", "followed!");
+                fed = true;
+            }
         }
     })
     .await
     .expect("follow sees the new line");
-    assert!(seen.starts_with("line 4\n"), "{seen}");
+    assert_eq!(seen, "line 4\nfollowed!\n");
     child.kill().await.unwrap();
 
     let exec = k
@@ -484,7 +488,7 @@ async fn whoami_rbac_and_watch() {
         "{as_denied:?}"
     );
 
-    // get --watch for a bounded time while objects change.
+    // get --watch for a bounded time while objects change: read until the event shows up.
     let mut watch = k.cmd(
         "admin",
         &["get", "configmaps", "--watch", "--output-watch-events"],
@@ -492,22 +496,34 @@ async fn whoami_rbac_and_watch() {
     watch
         .kill_on_drop(true)
         .stdout(std::process::Stdio::piped());
-    let child = watch.spawn().unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut child = watch.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     sim.create_object(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "watched", "namespace": "default"}})).unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let mut child = child;
-    child.start_kill().unwrap();
-    let out = tokio::time::timeout(T, child.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let mut text = String::new();
+    tokio::time::timeout(T, async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 512];
+        while !text
+            .lines()
+            .any(|l| l.split_whitespace().take(2).eq(["ADDED", "watched"]))
+        {
+            let n = stdout.read(&mut buf).await.unwrap();
+            assert!(n > 0, "watch ended early: {text}");
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no ADDED event for the new config map: {text}"));
     assert!(
         text.lines()
-            .any(|l| l.split_whitespace().take(2).eq(["ADDED", "watched"])),
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .eq(["EVENT", "NAME", "DATA", "AGE"]),
         "{text}"
     );
+    child.kill().await.unwrap();
     sim.shutdown().await;
 }
 
