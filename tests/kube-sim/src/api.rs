@@ -1,30 +1,32 @@
-//! The resource handlers: list, get, create, update (PUT), patch (all four kinds), delete
-//! and deletecollection, `/status`, `/scale`, eviction, generic subresources, and the
-//! authentication/authorization review kinds. Watches are in `watch.rs`; logs, exec and
-//! port-forward have their own modules.
+//! The resource handlers: list, get, create, update (PUT) and patch (all four kinds), plus
+//! the request dispatch for every resource path. Deletion is in `delete.rs`, `/status`,
+//! `/scale` and other subresources in `subresources.rs`, output shapes in `output.rs`,
+//! watches in `watch.rs`; logs, exec and port-forward have their own modules.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::apply::{self, Writer};
+use crate::delete::{delete, delete_collection};
 use crate::error::{ApiError, FieldCause};
 use crate::http::{Body, Ctx, ResReq, json_response, json_response_warn, read_body};
 use crate::objects;
+use crate::output::{partial_metadata, present, table, wants_metadata, wants_table};
 use crate::patch;
 use crate::rbac;
 use crate::resources::{ResourceType, is_virtual};
 use crate::schema;
 use crate::store::{ObjKey, WriteError};
-use crate::util::{
-    FieldSelector, LabelSelector, format_time, get_path, now_rfc3339, random_suffix, set_path,
-    str_at,
+use crate::subresources::{
+    evict, generic_subresource, patch_scale, patch_status, put_scale, review, to_scale,
+    update_status,
 };
-use crate::{State, SubresourceCall, exec, logs, portforward, success_status, watch};
+use crate::util::{FieldSelector, LabelSelector, get_path, now_rfc3339, random_suffix, str_at};
+use crate::{State, exec, logs, portforward, watch};
 
 /// Which verb a request is, for authorisation.
 fn verb_of(ctx: &Ctx, rr: &ResReq) -> &'static str {
@@ -139,134 +141,12 @@ pub(crate) fn key(rr: &ResReq, name: &str) -> ObjKey {
     )
 }
 
-fn load(state: &State, rr: &ResReq) -> Result<Value, ApiError> {
+pub(crate) fn load(state: &State, rr: &ResReq) -> Result<Value, ApiError> {
     let name = rr.name.as_deref().unwrap_or_default();
     state
         .store
         .get(&key(rr, name))
         .ok_or_else(|| ApiError::not_found(&rr.rt.group, &rr.rt.plural, name))
-}
-
-/// An object as served at the request's version.
-pub(crate) fn present(rt: &ResourceType, obj: &Value) -> Value {
-    let mut o = obj.clone();
-    if let Some(m) = o.as_object_mut() {
-        m.insert("apiVersion".into(), json!(rt.api_version()));
-        m.insert("kind".into(), json!(rt.kind));
-    }
-    o
-}
-
-/// Does the Accept header ask for `PartialObjectMetadata`?
-pub(crate) fn wants_metadata(ctx: &Ctx) -> bool {
-    let a = ctx.header("accept");
-    a.contains("as=PartialObjectMetadata") && !a.starts_with("application/json,")
-}
-
-pub(crate) fn wants_table(ctx: &Ctx) -> bool {
-    ctx.header("accept")
-        .split(',')
-        .next()
-        .is_some_and(|first| first.contains("as=Table"))
-}
-
-pub(crate) fn partial_metadata(obj: &Value) -> Value {
-    json!({
-        "kind": "PartialObjectMetadata",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
-    })
-}
-
-fn age(obj: &Value) -> String {
-    let Some(t) = str_at(obj, "metadata.creationTimestamp").and_then(crate::util::parse_time)
-    else {
-        return "<unknown>".into();
-    };
-    let secs = (time::OffsetDateTime::now_utc() - t).whole_seconds().max(0);
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 3600 * 3 => format!("{}m", s / 60),
-        s if s < 86400 * 2 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
-}
-
-fn cell(rt: &ResourceType, obj: &Value, path: &str) -> Value {
-    match (rt.kind.as_str(), path) {
-        ("Pod", ".status.ready") => {
-            let cs = get_path(obj, "status.containerStatuses")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let ready = cs
-                .iter()
-                .filter(|c| c.get("ready") == Some(&json!(true)))
-                .count();
-            json!(format!(
-                "{ready}/{}",
-                get_path(obj, "spec.containers")
-                    .and_then(Value::as_array)
-                    .map_or(0, Vec::len)
-            ))
-        }
-        ("Pod", ".status.phase") => {
-            if get_path(obj, "metadata.deletionTimestamp").is_some() {
-                json!("Terminating")
-            } else {
-                get_path(obj, "status.phase")
-                    .cloned()
-                    .unwrap_or(json!("Pending"))
-            }
-        }
-        ("Pod", ".status.restarts") => json!(0),
-        ("Deployment", ".status.ready") => json!(format!(
-            "{}/{}",
-            get_path(obj, "status.readyReplicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(0),
-            get_path(obj, "spec.replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(0)
-        )),
-        (_, p) if p.ends_with("#count") => {
-            json!(
-                get_path(obj, p.trim_end_matches("#count"))
-                    .and_then(Value::as_object)
-                    .map_or(0, Map::len)
-            )
-        }
-        (_, p) => match get_path(obj, p) {
-            Some(Value::String(s)) => json!(s),
-            Some(Value::Number(n)) => json!(n),
-            Some(Value::Bool(b)) => json!(b.to_string()),
-            Some(other) => json!(other.to_string()),
-            None => json!("<none>"),
-        },
-    }
-}
-
-/// A `meta.k8s.io/v1` Table of the objects (what kubectl prints).
-pub(crate) fn table(rt: &ResourceType, objs: &[Value], meta: Value) -> Value {
-    let mut cols = vec![
-        json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
-    ];
-    for (name, _) in &rt.columns {
-        cols.push(json!({"name": name, "type": "string", "format": "", "description": name, "priority": 0}));
-    }
-    cols.push(json!({"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0}));
-    let rows: Vec<Value> = objs
-        .iter()
-        .map(|o| {
-            let mut cells = vec![json!(str_at(o, "metadata.name").unwrap_or_default())];
-            for (_, path) in &rt.columns {
-                cells.push(cell(rt, o, path));
-            }
-            cells.push(json!(age(o)));
-            json!({ "cells": cells, "object": partial_metadata(o) })
-        })
-        .collect();
-    json!({ "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": cols, "rows": rows })
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -275,7 +155,7 @@ struct ContinueToken {
     start: String,
 }
 
-fn list(state: &State, ctx: &Ctx, rr: &ResReq) -> Result<Response<Body>, ApiError> {
+pub(crate) fn list(state: &State, ctx: &Ctx, rr: &ResReq) -> Result<Response<Body>, ApiError> {
     let (items, rv) = list_filtered(state, ctx, rr)?;
     let limit = ctx
         .query
@@ -359,7 +239,7 @@ pub(crate) fn list_filtered(
     Ok((items, rv))
 }
 
-fn get(state: &State, ctx: &Ctx, rr: &ResReq) -> Result<Response<Body>, ApiError> {
+pub(crate) fn get(state: &State, ctx: &Ctx, rr: &ResReq) -> Result<Response<Body>, ApiError> {
     let obj = load(state, rr)?;
     if wants_table(ctx) {
         let meta = json!({ "resourceVersion": str_at(&obj, "metadata.resourceVersion").unwrap_or_default() });
@@ -372,7 +252,7 @@ fn get(state: &State, ctx: &Ctx, rr: &ResReq) -> Result<Response<Body>, ApiError
 }
 
 /// Parses a request body: JSON, or YAML for apply patches and YAML content types.
-fn parse_body(ctx: &Ctx, body: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn parse_body(ctx: &Ctx, body: &[u8]) -> Result<Value, ApiError> {
     let ct = ctx.header("content-type");
     if ct.contains("protobuf") {
         return crate::protobuf::decode(body);
@@ -427,7 +307,11 @@ type Warnings = Vec<String>;
 
 /// Validates an object before it is written: built-in rules, CRD schemas (with pruning and
 /// `fieldValidation`), CRD definitions.
-fn validate(ctx: &Ctx, rt: &ResourceType, obj: &mut Value) -> Result<Warnings, ApiError> {
+pub(crate) fn validate(
+    ctx: &Ctx,
+    rt: &ResourceType,
+    obj: &mut Value,
+) -> Result<Warnings, ApiError> {
     let name = str_at(obj, "metadata.name").unwrap_or_default().to_string();
     let mut warnings = Vec::new();
     let mode = ctx
@@ -644,7 +528,12 @@ fn after_write(state: &State, rt: &ResourceType, obj: &Value) {
     }
 }
 
-fn create(state: &State, ctx: &Ctx, rr: &ResReq, body: &[u8]) -> Result<Response<Body>, ApiError> {
+pub(crate) fn create(
+    state: &State,
+    ctx: &Ctx,
+    rr: &ResReq,
+    body: &[u8],
+) -> Result<Response<Body>, ApiError> {
     let mut obj = parse_body(ctx, body)?;
     if is_virtual(&rr.rt) {
         return review(state, ctx, &rr.rt, obj);
@@ -834,7 +723,7 @@ fn commit_update(
     Ok((stored, warnings))
 }
 
-fn write_error(rt: &ResourceType, name: &str, e: WriteError) -> ApiError {
+pub(crate) fn write_error(rt: &ResourceType, name: &str, e: WriteError) -> ApiError {
     match e {
         WriteError::NotFound => ApiError::not_found(&rt.group, &rt.plural, name),
         WriteError::AlreadyExists => ApiError::already_exists(&rt.group, &rt.plural, name),
@@ -842,7 +731,7 @@ fn write_error(rt: &ResourceType, name: &str, e: WriteError) -> ApiError {
     }
 }
 
-fn body_rv(obj: &Value) -> Result<Option<u64>, ApiError> {
+pub(crate) fn body_rv(obj: &Value) -> Result<Option<u64>, ApiError> {
     match str_at(obj, "metadata.resourceVersion") {
         None | Some("") => Ok(None),
         Some(s) => s
@@ -852,7 +741,7 @@ fn body_rv(obj: &Value) -> Result<Option<u64>, ApiError> {
     }
 }
 
-fn check_name(rr: &ResReq, obj: &Value) -> Result<(), ApiError> {
+pub(crate) fn check_name(rr: &ResReq, obj: &Value) -> Result<(), ApiError> {
     let url_name = rr.name.as_deref().unwrap_or_default();
     if let Some(n) = str_at(obj, "metadata.name") {
         if n != url_name {
@@ -864,7 +753,12 @@ fn check_name(rr: &ResReq, obj: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn update(state: &State, ctx: &Ctx, rr: &ResReq, body: &[u8]) -> Result<Response<Body>, ApiError> {
+pub(crate) fn update(
+    state: &State,
+    ctx: &Ctx,
+    rr: &ResReq,
+    body: &[u8],
+) -> Result<Response<Body>, ApiError> {
     let new = parse_body(ctx, body)?;
     check_name(rr, &new)?;
     let old = load(state, rr)?;
@@ -893,60 +787,6 @@ fn update(state: &State, ctx: &Ctx, rr: &ResReq, body: &[u8]) -> Result<Response
         &present(&rr.rt, &stored),
         &warnings,
     ))
-}
-
-fn update_status(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    body: &[u8],
-) -> Result<Response<Body>, ApiError> {
-    let new = parse_body(ctx, body)?;
-    check_name(rr, &new)?;
-    let old = load(state, rr)?;
-    let expect = body_rv(&new)?;
-    let status = new.get("status").cloned().unwrap_or(Value::Null);
-    let stored = write_status(state, ctx, rr, &old, status, expect)?;
-    Ok(json_response(200, &present(&rr.rt, &stored)))
-}
-
-fn write_status(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    old: &Value,
-    status: Value,
-    expect: Option<u64>,
-) -> Result<Value, ApiError> {
-    let name = rr.name.as_deref().unwrap_or_default();
-    let mut new = old.clone();
-    if status.is_null() {
-        if let Some(m) = new.as_object_mut() {
-            m.remove("status");
-        }
-    } else {
-        new["status"] = status;
-    }
-    let manager = ctx.field_manager();
-    let now = now_rfc3339();
-    let api_version = rr.rt.api_version();
-    apply::record_update(
-        Some(old),
-        &mut new,
-        &Writer {
-            manager: &manager,
-            api_version: &api_version,
-            subresource: Some("status"),
-            now: &now,
-        },
-    );
-    if ctx.dry_run() {
-        return Ok(new);
-    }
-    state
-        .store
-        .update(&key(rr, name), new, expect.or(body_rv(old)?))
-        .map_err(|e| write_error(&rr.rt, name, e))
 }
 
 fn patch_handler(
@@ -1013,7 +853,12 @@ fn patch_sets_rv(p: &Value) -> bool {
     p.pointer("/metadata/resourceVersion").is_some()
 }
 
-fn apply_patch(rt: &ResourceType, ct: &str, target: &mut Value, p: &Value) -> Result<(), ApiError> {
+pub(crate) fn apply_patch(
+    rt: &ResourceType,
+    ct: &str,
+    target: &mut Value,
+    p: &Value,
+) -> Result<(), ApiError> {
     match ct {
         "application/json-patch+json" => patch::json_patch(target, p),
         "application/merge-patch+json" => {
@@ -1113,617 +958,6 @@ fn patch_main(
         &present(&rr.rt, &stored),
         &warnings,
     ))
-}
-
-fn patch_status(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    current: Option<Value>,
-    ct: &str,
-    p: &Value,
-) -> Result<Response<Body>, ApiError> {
-    let name = rr.name.clone().unwrap_or_default();
-    let old = current.ok_or_else(|| ApiError::not_found(&rr.rt.group, &rr.rt.plural, &name))?;
-    let mut new = old.clone();
-    if ct == "application/apply-patch+yaml" {
-        let manager = ctx
-            .query
-            .get("fieldManager")
-            .unwrap_or_default()
-            .to_string();
-        let api_version = rr.rt.api_version();
-        let now = now_rfc3339();
-        let w = Writer {
-            manager: &manager,
-            api_version: &api_version,
-            subresource: Some("status"),
-            now: &now,
-        };
-        let only_status = json!({ "status": p.get("status").cloned().unwrap_or(json!({})) });
-        new = apply::apply(&old, &only_status, ctx.query.flag("force"), &w)?;
-        let stored = state
-            .store
-            .update(&key(rr, &name), new, body_rv(&old)?)
-            .map_err(|e| write_error(&rr.rt, &name, e))?;
-        return Ok(json_response(200, &present(&rr.rt, &stored)));
-    }
-    apply_patch(&rr.rt, ct, &mut new, p)?;
-    let status = new.get("status").cloned().unwrap_or(Value::Null);
-    let stored = write_status(state, ctx, rr, &old, status, body_rv(&old)?)?;
-    Ok(json_response(200, &present(&rr.rt, &stored)))
-}
-
-/// The `autoscaling/v1` Scale view of an object.
-pub(crate) fn to_scale(rt: &ResourceType, obj: &Value) -> Value {
-    let paths = rt.scale.clone().unwrap_or(crate::resources::ScalePaths {
-        spec_replicas: ".spec.replicas".into(),
-        status_replicas: ".status.replicas".into(),
-        label_selector: None,
-    });
-    let spec = get_path(obj, &paths.spec_replicas)
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let status = get_path(obj, &paths.status_replicas)
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let mut scale = json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": get_path(obj, "metadata.name"),
-            "namespace": get_path(obj, "metadata.namespace"),
-            "uid": get_path(obj, "metadata.uid"),
-            "resourceVersion": get_path(obj, "metadata.resourceVersion"),
-            "creationTimestamp": get_path(obj, "metadata.creationTimestamp"),
-        },
-        "spec": { "replicas": spec },
-        "status": { "replicas": status },
-    });
-    if let Some(sel) = paths
-        .label_selector
-        .as_deref()
-        .and_then(|p| get_path(obj, p))
-        .and_then(Value::as_str)
-    {
-        scale["status"]["selector"] = json!(sel);
-    }
-    scale
-}
-
-fn set_replicas(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    old: &Value,
-    replicas: i64,
-    expect: Option<u64>,
-) -> Result<Value, ApiError> {
-    let name = rr.name.clone().unwrap_or_default();
-    if replicas < 0 {
-        return Err(ApiError::invalid(
-            "autoscaling",
-            "Scale",
-            &name,
-            vec![FieldCause {
-                reason: "FieldValueInvalid",
-                message: format!("Invalid value: {replicas}: must be greater than or equal to 0"),
-                field: "spec.replicas".into(),
-            }],
-        ));
-    }
-    let path = rr
-        .rt
-        .scale
-        .as_ref()
-        .map(|s| s.spec_replicas.clone())
-        .unwrap_or_else(|| ".spec.replicas".into());
-    let mut new = old.clone();
-    set_path(&mut new, &path, json!(replicas));
-    if objects::spec_changed(old, &new) && get_path(old, "metadata.generation").is_some() {
-        let g = get_path(old, "metadata.generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        new["metadata"]["generation"] = json!(g + 1);
-    }
-    objects::on_update(&rr.rt, &mut new);
-    let manager = ctx.field_manager();
-    let now = now_rfc3339();
-    let api_version = rr.rt.api_version();
-    apply::record_update(
-        Some(old),
-        &mut new,
-        &Writer {
-            manager: &manager,
-            api_version: &api_version,
-            subresource: Some("scale"),
-            now: &now,
-        },
-    );
-    if ctx.dry_run() {
-        return Ok(new);
-    }
-    state
-        .store
-        .update(&key(rr, &name), new, expect)
-        .map_err(|e| write_error(&rr.rt, &name, e))
-}
-
-fn put_scale(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    body: &[u8],
-) -> Result<Response<Body>, ApiError> {
-    let scale = parse_body(ctx, body)?;
-    let old = load(state, rr)?;
-    let replicas = get_path(&scale, "spec.replicas")
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let expect = body_rv(&scale)?;
-    if let Some(want) = expect {
-        if body_rv(&old)? != Some(want) {
-            return Err(ApiError::conflict(
-                &rr.rt.group,
-                &rr.rt.plural,
-                rr.name.as_deref().unwrap_or_default(),
-            ));
-        }
-    }
-    let stored = set_replicas(state, ctx, rr, &old, replicas, body_rv(&old)?)?;
-    Ok(json_response(200, &to_scale(&rr.rt, &stored)))
-}
-
-fn patch_scale(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    current: Option<Value>,
-    ct: &str,
-    p: &Value,
-) -> Result<Response<Body>, ApiError> {
-    let name = rr.name.clone().unwrap_or_default();
-    let old = current.ok_or_else(|| ApiError::not_found(&rr.rt.group, &rr.rt.plural, &name))?;
-    let mut scale = to_scale(&rr.rt, &old);
-    match ct {
-        "application/apply-patch+yaml" | "application/merge-patch+json" => {
-            patch::merge_patch(&mut scale, p)
-        }
-        "application/strategic-merge-patch+json" => patch::strategic_merge(&mut scale, p)?,
-        _ => patch::json_patch(&mut scale, p)?,
-    }
-    let replicas = get_path(&scale, "spec.replicas")
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let stored = set_replicas(state, ctx, rr, &old, replicas, body_rv(&old)?)?;
-    Ok(json_response(200, &to_scale(&rr.rt, &stored)))
-}
-
-/// DeleteOptions from the body, with query parameters taking precedence.
-#[derive(Debug, Default)]
-struct DeleteOpts {
-    grace: Option<i64>,
-    precondition_rv: Option<u64>,
-    precondition_uid: Option<String>,
-}
-
-fn delete_opts(ctx: &Ctx, body: &[u8]) -> Result<DeleteOpts, ApiError> {
-    let mut o = DeleteOpts::default();
-    if !body.iter().all(u8::is_ascii_whitespace) {
-        let v: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
-        o.grace = v.get("gracePeriodSeconds").and_then(Value::as_i64);
-        o.precondition_rv = v
-            .pointer("/preconditions/resourceVersion")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok());
-        o.precondition_uid = v
-            .pointer("/preconditions/uid")
-            .and_then(Value::as_str)
-            .map(String::from);
-    }
-    if let Some(g) = ctx.query.int("gracePeriodSeconds")? {
-        o.grace = Some(g);
-    }
-    Ok(o)
-}
-
-fn delete(
-    state: &Arc<State>,
-    ctx: &Ctx,
-    rr: &ResReq,
-    body: &[u8],
-) -> Result<Response<Body>, ApiError> {
-    let opts = delete_opts(ctx, body)?;
-    let name = rr.name.clone().unwrap_or_default();
-    let old = load(state, rr)?;
-    if let Some(uid) = &opts.precondition_uid {
-        if str_at(&old, "metadata.uid") != Some(uid.as_str()) {
-            return Err(ApiError::new(
-                409,
-                "Conflict",
-                format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    str_at(&old, "metadata.uid").unwrap_or_default()
-                ),
-            ));
-        }
-    }
-    if let Some(rv) = opts.precondition_rv {
-        if body_rv(&old)? != Some(rv) {
-            return Err(ApiError::conflict(&rr.rt.group, &rr.rt.plural, &name));
-        }
-    }
-    let (code, reply) = delete_object(state, rr, &name, old, opts.grace, ctx.dry_run())?;
-    Ok(json_response(code, &reply))
-}
-
-/// Deletes one object the way its kind is deleted; returns the HTTP code and the reply.
-fn delete_object(
-    state: &Arc<State>,
-    rr: &ResReq,
-    name: &str,
-    old: Value,
-    grace: Option<i64>,
-    dry_run: bool,
-) -> Result<(u16, Value), ApiError> {
-    let rt = &rr.rt;
-    let k = key(rr, name);
-    let now = time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .unwrap_or_else(|_| time::OffsetDateTime::now_utc());
-    let has_finalizers = get_path(&old, "metadata.finalizers")
-        .and_then(Value::as_array)
-        .is_some_and(|f| !f.is_empty());
-    if has_finalizers {
-        let mut new = old.clone();
-        if get_path(&new, "metadata.deletionTimestamp").is_none() {
-            new["metadata"]["deletionTimestamp"] = json!(format_time(now));
-            new["metadata"]["deletionGracePeriodSeconds"] = json!(grace.unwrap_or(0));
-        }
-        if dry_run {
-            return Ok((200, present(rt, &new)));
-        }
-        let stored = state
-            .store
-            .update(&k, new, None)
-            .map_err(|e| write_error(rt, name, e))?;
-        return Ok((200, present(rt, &stored)));
-    }
-    if rt.builtin && rt.kind == "Pod" {
-        let grace = grace
-            .or_else(|| {
-                get_path(&old, "spec.terminationGracePeriodSeconds").and_then(Value::as_i64)
-            })
-            .unwrap_or(30);
-        if dry_run {
-            return Ok((200, present(rt, &old)));
-        }
-        if grace > 0 {
-            if get_path(&old, "metadata.deletionTimestamp").is_some() {
-                return Ok((200, present(rt, &old)));
-            }
-            let mut new = old.clone();
-            new["metadata"]["deletionTimestamp"] =
-                json!(format_time(now + time::Duration::seconds(grace)));
-            new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
-            let stored = state
-                .store
-                .update(&k, new, None)
-                .map_err(|e| write_error(rt, name, e))?;
-            // The kubelet would stop the containers; ours stop after a short delay.
-            let delay = state
-                .cfg
-                .pod_termination_delay
-                .min(Duration::from_secs(grace as u64));
-            let st = state.clone();
-            let uid = str_at(&stored, "metadata.uid")
-                .unwrap_or_default()
-                .to_string();
-            let k2 = k.clone();
-            state.spawn(async move {
-                tokio::select! {
-                    _ = st.cancel.cancelled() => {}
-                    _ = tokio::time::sleep(delay) => {
-                        if st.store.get(&k2).is_some_and(|o| str_at(&o, "metadata.uid") == Some(uid.as_str())) {
-                            let _ = st.store.delete(&k2, None);
-                            st.logs.forget_pod(&k2.namespace, &k2.name);
-                        }
-                    }
-                }
-            });
-            return Ok((200, present(rt, &stored)));
-        }
-        let gone = state
-            .store
-            .delete(&k, None)
-            .map_err(|e| write_error(rt, name, e))?;
-        state.logs.forget_pod(&k.namespace, name);
-        return Ok((200, present(rt, &gone)));
-    }
-    if dry_run {
-        return Ok((
-            200,
-            success_status(
-                name,
-                &rt.group,
-                &rt.plural,
-                str_at(&old, "metadata.uid").unwrap_or_default(),
-            ),
-        ));
-    }
-    if rt.builtin && rt.kind == "Namespace" {
-        for k in state.store.keys_in_namespace(name) {
-            let _ = state.store.delete(&k, None);
-        }
-        let mut gone = state
-            .store
-            .delete(&k, None)
-            .map_err(|e| write_error(rt, name, e))?;
-        gone["status"] = json!({ "phase": "Terminating" });
-        return Ok((200, present(rt, &gone)));
-    }
-    if rt.builtin && rt.kind == "CustomResourceDefinition" {
-        let (group, plural, _) = objects::crd_resource_types(&old);
-        let (items, _) = state.store.list(&group, &plural, None);
-        for i in items {
-            let ik = ObjKey::new(
-                &group,
-                &plural,
-                str_at(&i, "metadata.namespace").unwrap_or_default(),
-                str_at(&i, "metadata.name").unwrap_or_default(),
-            );
-            let _ = state.store.delete(&ik, None);
-        }
-        state.registry.set_custom(&group, &plural, Vec::new());
-    }
-    let gone = state
-        .store
-        .delete(&k, None)
-        .map_err(|e| write_error(rt, name, e))?;
-    Ok((
-        200,
-        success_status(
-            name,
-            &rt.group,
-            &rt.plural,
-            str_at(&gone, "metadata.uid").unwrap_or_default(),
-        ),
-    ))
-}
-
-fn delete_collection(
-    state: &Arc<State>,
-    ctx: &Ctx,
-    rr: &ResReq,
-    body: &[u8],
-) -> Result<Response<Body>, ApiError> {
-    let opts = delete_opts(ctx, body)?;
-    let (items, rv) = list_filtered(state, ctx, rr)?;
-    let mut deleted = Vec::new();
-    for obj in items {
-        let name = str_at(&obj, "metadata.name")
-            .unwrap_or_default()
-            .to_string();
-        let mut one = rr.clone();
-        one.namespace = str_at(&obj, "metadata.namespace")
-            .map(String::from)
-            .filter(|s| !s.is_empty());
-        one.name = Some(name.clone());
-        if delete_object(state, &one, &name, obj.clone(), opts.grace, ctx.dry_run()).is_ok() {
-            deleted.push(present(&rr.rt, &obj));
-        }
-    }
-    Ok(json_response(
-        200,
-        &json!({ "kind": rr.rt.list_kind(), "apiVersion": rr.rt.api_version(), "metadata": { "resourceVersion": rv.to_string() }, "items": deleted }),
-    ))
-}
-
-fn evict(state: &Arc<State>, rr: &ResReq) -> Result<Response<Body>, ApiError> {
-    let name = rr.name.clone().unwrap_or_default();
-    let old = load(state, rr)?;
-    delete_object(state, rr, &name, old, None, false)?;
-    Ok(json_response(
-        201,
-        &json!({ "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201 }),
-    ))
-}
-
-/// Any other named subresource: the call is recorded and answered with what was sent.
-fn generic_subresource(
-    state: &State,
-    ctx: &Ctx,
-    rr: &ResReq,
-    sub: &str,
-    body: &[u8],
-) -> Result<Response<Body>, ApiError> {
-    let old = load(state, rr)?;
-    let v = if body.is_empty() {
-        json!({})
-    } else {
-        parse_body(ctx, body)?
-    };
-    if let Ok(mut calls) = state.subresource_calls.lock() {
-        calls.push(SubresourceCall {
-            method: ctx.method.to_string(),
-            path: ctx.path.clone(),
-            body: v.clone(),
-        });
-    }
-    let mut reply = v;
-    if !reply.is_object() {
-        reply = json!({ "value": reply });
-    }
-    let st = rr.rt.subresources.iter().find(|s| s.name == sub);
-    if let Some(st) = st {
-        if reply.get("kind").is_none() {
-            reply["kind"] = json!(st.kind);
-        }
-        if reply.get("apiVersion").is_none() {
-            let av = if st.group.is_empty() {
-                st.version.clone()
-            } else {
-                format!("{}/{}", st.group, st.version)
-            };
-            reply["apiVersion"] = json!(av);
-        }
-    }
-    if !reply.get("metadata").is_some_and(Value::is_object) {
-        reply["metadata"] = json!({});
-    }
-    if reply["metadata"].get("name").is_none() {
-        reply["metadata"]["name"] = json!(rr.name);
-    }
-    if let Some(ns) = &rr.namespace {
-        reply["metadata"]["namespace"] = json!(ns);
-    }
-    if sub == "token" {
-        let token = format!("kube-sim-token-{}", crate::util::new_uid());
-        let exp = format_time(time::OffsetDateTime::now_utc() + time::Duration::hours(1));
-        reply["status"] = json!({ "token": token, "expirationTimestamp": exp });
-    }
-    let _ = old;
-    let code = if ctx.method == Method::POST { 201 } else { 200 };
-    Ok(json_response(code, &reply))
-}
-
-/// SelfSubjectReview, SelfSubjectAccessReview, SelfSubjectRulesReview.
-fn review(
-    state: &State,
-    ctx: &Ctx,
-    rt: &ResourceType,
-    mut obj: Value,
-) -> Result<Response<Body>, ApiError> {
-    obj["apiVersion"] = json!(rt.api_version());
-    obj["kind"] = json!(rt.kind);
-    obj["metadata"] = json!({ "creationTimestamp": null });
-    match rt.kind.as_str() {
-        "SelfSubjectReview" => {
-            obj["status"] = json!({ "userInfo": ctx.who.user_info() });
-        }
-        "SelfSubjectAccessReview" => {
-            let ra = obj
-                .pointer("/spec/resourceAttributes")
-                .cloned()
-                .unwrap_or(json!({}));
-            let verb = ra.get("verb").and_then(Value::as_str).unwrap_or_default();
-            let mut resource = ra
-                .get("resource")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            if let Some(s) = ra
-                .get("subresource")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-            {
-                resource = format!("{resource}/{s}");
-            }
-            let ns = ra
-                .get("namespace")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty());
-            let allowed = rbac::allowed(&state.cfg, &ctx.who, verb, &resource, ns);
-            obj["status"] = json!({ "allowed": allowed, "reason": if allowed { "allowed by kube-sim rules" } else { "" } });
-        }
-        "SelfSubjectRulesReview" => {
-            let ns = obj
-                .pointer("/spec/namespace")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let rules: Vec<Value> = state
-                .cfg
-                .rules
-                .iter()
-                .filter(|r| match &r.subject {
-                    crate::Subject::User(u) => *u == ctx.who.user,
-                    crate::Subject::Group(g) => ctx.who.groups.contains(g),
-                })
-                .filter(|r| {
-                    r.namespaces.is_empty() || r.namespaces.iter().any(|n| n == "*" || *n == ns)
-                })
-                .map(|r| json!({ "verbs": r.verbs, "apiGroups": ["*"], "resources": r.resources }))
-                .collect();
-            obj["status"] =
-                json!({ "resourceRules": rules, "nonResourceRules": [], "incomplete": false });
-        }
-        _ => return Err(ApiError::method_not_supported(&rt.plural)),
-    }
-    Ok(json_response(201, &obj))
-}
-
-/// Creates what every cluster has, the configured pods, and the demo workload if asked.
-pub(crate) fn seed(state: &State) -> Result<(), crate::Error> {
-    let fail = |e: ApiError| crate::Error::Config(format!("seeding failed: {e}"));
-    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        create_direct(
-            state,
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        )
-        .map_err(fail)?;
-    }
-    create_direct(state, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": objects::NODE_NAME, "labels": {"kubernetes.io/hostname": objects::NODE_NAME, "kubernetes.io/os": "linux"}}})).map_err(fail)?;
-    create_direct(state, json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}}, "spec": {"ports": [{"name": "https", "port": 443, "targetPort": 6443}]}})).map_err(fail)?;
-    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-        create_direct(state, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})).map_err(fail)?;
-    }
-    let mut pods = state.cfg.pods.clone();
-    if state.cfg.demo_objects {
-        pods.push(crate::PodSeed {
-            namespace: "default".into(),
-            name: "web-0".into(),
-            containers: vec!["web".into()],
-            labels: vec![("app".into(), "web".into())],
-        });
-        pods.push(crate::PodSeed {
-            namespace: "default".into(),
-            name: "tools".into(),
-            containers: vec!["shell".into(), "sidecar".into()],
-            labels: vec![],
-        });
-        pods.push(crate::PodSeed {
-            namespace: "kube-system".into(),
-            name: "coredns-sim".into(),
-            containers: vec!["coredns".into()],
-            labels: vec![("k8s-app".into(), "kube-dns".into())],
-        });
-    }
-    for p in pods {
-        if state
-            .store
-            .get(&ObjKey::new("", "namespaces", "", &p.namespace))
-            .is_none()
-        {
-            create_direct(
-                state,
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": p.namespace}}),
-            )
-            .map_err(fail)?;
-        }
-        let containers: Vec<Value> = p
-            .containers
-            .iter()
-            .map(|c| json!({"name": c, "image": format!("registry.invalid/{c}:latest")}))
-            .collect();
-        let labels: Map<String, Value> = p
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        create_direct(state, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": p.name, "namespace": p.namespace, "labels": labels}, "spec": {"containers": containers}})).map_err(fail)?;
-    }
-    if state.cfg.demo_objects {
-        create_direct(state, json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "registry.invalid/web:latest"}]}}}
-        })).map_err(fail)?;
-        create_direct(state, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-config", "namespace": "default"}, "data": {"greeting": "hello"}})).map_err(fail)?;
-    }
-    Ok(())
 }
 
 /// Name of a pod's single container, or the requested one; 400 like the kubelet otherwise.

@@ -23,7 +23,9 @@
 //! - `lib.rs`: [`KubeSim`] (start, kubeconfig, fixtures for logs and ports, shutdown).
 //! - `config.rs`: [`SimConfig`]: users, rules, seeded pods, timing knobs.
 //! - `http.rs`: TLS accept loop, HTTP/1.1 + HTTP/2 serving, routing, authentication.
-//! - `api.rs`: list, get, create, update, patch, delete, subresources, reviews.
+//! - `api.rs`: dispatch; list, get, create, update, patch. `delete.rs`: deletion.
+//!   `subresources.rs`: status, scale, eviction, generic subresources, reviews.
+//!   `output.rs`: Table and metadata-only output. `seed.rs`: a fresh cluster's objects.
 //! - `watch.rs`: watch streams (initial events, bookmarks, timeouts, 410).
 //! - `store.rs`: objects, the resourceVersion counter, event history, watch fan-out.
 //! - `resources.rs`: the table of served kinds (built-ins plus CRD-defined ones).
@@ -40,6 +42,7 @@
 mod api;
 mod apply;
 mod config;
+mod delete;
 mod discovery;
 mod error;
 mod exec;
@@ -47,13 +50,16 @@ mod http;
 mod logs;
 mod objects;
 mod openapi;
+mod output;
 mod patch;
 mod portforward;
 mod protobuf;
 mod rbac;
 mod resources;
 mod schema;
+mod seed;
 mod store;
+mod subresources;
 mod tls;
 mod util;
 mod watch;
@@ -135,7 +141,7 @@ impl KubeSim {
             addr,
             cfg,
         });
-        api::seed(&state)?;
+        seed::seed(&state)?;
         let st = state.clone();
         state.spawn(http::serve(st, listener, tls.config));
         Ok(KubeSim {

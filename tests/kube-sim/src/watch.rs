@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::State;
-use crate::api::{partial_metadata, present, table, wants_metadata, wants_table};
 use crate::error::ApiError;
 use crate::http::{Body, Ctx, ResReq, channel_body};
+use crate::output::{partial_metadata, present, table, wants_metadata, wants_table};
 use crate::store::{EventType, StoreEvent};
 use crate::util::{FieldSelector, LabelSelector, str_at};
 
