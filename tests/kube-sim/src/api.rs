@@ -513,7 +513,7 @@ fn store_new(
     let stored = state
         .store
         .create(&k, obj)
-        .map_err(|_| ApiError::already_exists(&rt.group, &rt.plural, &name))?;
+        .map_err(|e| write_error(rt, &name, e))?;
     after_write(state, rt, &stored);
     if rt.builtin && rt.kind == "Pod" {
         seed_pod_logs(state, &stored);
@@ -728,6 +728,7 @@ pub(crate) fn write_error(rt: &ResourceType, name: &str, e: WriteError) -> ApiEr
         WriteError::NotFound => ApiError::not_found(&rt.group, &rt.plural, name),
         WriteError::AlreadyExists => ApiError::already_exists(&rt.group, &rt.plural, name),
         WriteError::Conflict => ApiError::conflict(&rt.group, &rt.plural, name),
+        WriteError::Full => ApiError::internal("etcdserver: mvcc: database space exceeded"),
     }
 }
 

@@ -67,6 +67,7 @@ pub struct SimConfig {
     pub(crate) event_window: usize,
     pub(crate) demo_objects: bool,
     pub(crate) exec_v4_only: bool,
+    pub(crate) max_store_bytes: usize,
 }
 
 impl Default for SimConfig {
@@ -83,6 +84,7 @@ impl Default for SimConfig {
             event_window: 1000,
             demo_objects: false,
             exec_v4_only: false,
+            max_store_bytes: crate::store::MAX_BYTES,
         }
     }
 }
@@ -173,6 +175,13 @@ impl SimConfig {
     /// kubelet older than 1.30.
     pub fn exec_v4_only(mut self, on: bool) -> Self {
         self.exec_v4_only = on;
+        self
+    }
+
+    /// Caps the total size (as JSON) of stored objects; writes beyond it fail like a full
+    /// etcd. The default is 512 MiB.
+    pub fn max_store_bytes(mut self, bytes: usize) -> Self {
+        self.max_store_bytes = bytes;
         self
     }
 

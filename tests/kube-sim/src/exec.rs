@@ -133,6 +133,10 @@ fn record_resize(state: &State, opts: &Opts, data: &[u8]) {
         let w = v.get("Width").and_then(Value::as_u64).unwrap_or(0) as u16;
         let h = v.get("Height").and_then(Value::as_u64).unwrap_or(0) as u16;
         if let Ok(mut r) = state.resizes.lock() {
+            // Only the latest ones are kept: a client may resize as often as it likes.
+            if r.len() >= crate::MAX_RECORDED {
+                r.remove(0);
+            }
             r.push((opts.pod.clone(), opts.container.clone(), w, h));
         }
     }

@@ -76,6 +76,9 @@ use tokio_util::task::TaskTracker;
 pub use config::{ADMIN_TOKEN, ADMIN_USER, PodSeed, Rule, SimConfig, Subject, UserEntry};
 pub use error::{ApiError, Error, FieldCause};
 
+/// How many subresource calls and terminal resizes are remembered for tests (the latest).
+pub(crate) const MAX_RECORDED: usize = 1000;
+
 /// A call to a generic subresource (PUT/POST/PATCH), recorded for tests.
 #[derive(Debug, Clone)]
 pub struct SubresourceCall {
@@ -130,7 +133,7 @@ impl KubeSim {
         let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
-            store: store::Store::new(cfg.event_window),
+            store: store::Store::new(cfg.event_window).with_max_bytes(cfg.max_store_bytes),
             registry: resources::Registry::new(),
             logs: logs::LogBook::default(),
             ports: Mutex::new(HashMap::new()),

@@ -68,6 +68,16 @@ pub enum WriteError {
     NotFound,
     /// The object's resourceVersion was not the expected one.
     Conflict,
+    /// The store holds [`MAX_BYTES`] already.
+    Full,
+}
+
+/// Total size of stored objects (as JSON) the store accepts: clients cannot grow it without
+/// bound, as etcd's quota stops a real cluster.
+pub const MAX_BYTES: usize = 512 * 1024 * 1024;
+
+fn size_of(obj: &Value) -> usize {
+    serde_json::to_vec(obj).map(|v| v.len()).unwrap_or(0)
 }
 
 /// A watch's starting point: either a list of current objects (as ADDED), or past events.
@@ -85,6 +95,8 @@ struct Inner {
     log: VecDeque<Arc<StoreEvent>>,
     /// Events at or below this resourceVersion are gone: resuming from there is 410.
     compacted: u64,
+    /// Sum of the JSON sizes of the stored objects.
+    bytes: usize,
 }
 
 /// The object store. See the module docs.
@@ -93,6 +105,7 @@ pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<StoreEvent>>,
     window: usize,
+    max_bytes: usize,
 }
 
 fn rv_of(obj: &Value) -> Option<u64> {
@@ -118,10 +131,18 @@ impl Store {
                 objects: BTreeMap::new(),
                 log: VecDeque::new(),
                 compacted: 0,
+                bytes: 0,
             }),
             tx,
             window: window.max(1),
+            max_bytes: MAX_BYTES,
         }
+    }
+
+    /// Lowers the size cap (tests of the cap itself).
+    pub fn with_max_bytes(mut self, max: usize) -> Self {
+        self.max_bytes = max;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -198,6 +219,11 @@ impl Store {
         if inner.objects.contains_key(key) {
             return Err(WriteError::AlreadyExists);
         }
+        let size = size_of(&obj);
+        if inner.bytes + size > self.max_bytes {
+            return Err(WriteError::Full);
+        }
+        inner.bytes += size;
         inner.rv += 1;
         let rv = inner.rv;
         set_rv(&mut obj, rv);
@@ -227,6 +253,11 @@ impl Store {
             return Ok(cur.clone());
         }
         let prev = cur.clone();
+        let (old_size, new_size) = (size_of(&prev), size_of(&obj));
+        if inner.bytes - old_size.min(inner.bytes) + new_size > self.max_bytes {
+            return Err(WriteError::Full);
+        }
+        inner.bytes = inner.bytes - old_size.min(inner.bytes) + new_size;
         inner.rv += 1;
         let rv = inner.rv;
         set_rv(&mut obj, rv);
@@ -245,6 +276,7 @@ impl Store {
             }
         }
         let mut obj = inner.objects.remove(key).ok_or(WriteError::NotFound)?;
+        inner.bytes -= size_of(&obj).min(inner.bytes);
         inner.rv += 1;
         let rv = inner.rv;
         set_rv(&mut obj, rv);
@@ -323,6 +355,22 @@ mod tests {
         let b2 = s.update(&k, b.clone(), Some(rv)).unwrap();
         assert!(rv_of(&b2).unwrap() > rv);
         assert_eq!(s.update(&k, b, Some(rv)), Err(WriteError::Conflict));
+    }
+
+    #[test]
+    fn size_cap() {
+        let s = Store::new(10).with_max_bytes(200);
+        let big = json!({"metadata": {"name": "a"}, "data": {"x": "y".repeat(150)}});
+        s.create(&ObjKey::new("", "configmaps", "ns", "a"), big.clone())
+            .unwrap();
+        assert_eq!(
+            s.create(&ObjKey::new("", "configmaps", "ns", "b"), big.clone()),
+            Err(WriteError::Full)
+        );
+        s.delete(&ObjKey::new("", "configmaps", "ns", "a"), None)
+            .unwrap();
+        s.create(&ObjKey::new("", "configmaps", "ns", "b"), big)
+            .unwrap();
     }
 
     #[test]

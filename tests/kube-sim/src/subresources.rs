@@ -283,6 +283,9 @@ pub(crate) fn generic_subresource(
         parse_body(ctx, body)?
     };
     if let Ok(mut calls) = state.subresource_calls.lock() {
+        if calls.len() >= crate::MAX_RECORDED {
+            calls.remove(0);
+        }
         calls.push(SubresourceCall {
             method: ctx.method.to_string(),
             path: ctx.path.clone(),

@@ -213,3 +213,32 @@ async fn refuses_non_loopback_and_stops_on_drop() {
     }
     assert!(refused, "listener still accepting after drop");
 }
+
+#[tokio::test]
+async fn store_size_is_capped() {
+    let sim = kube_sim::KubeSim::start(common::config().max_store_bytes(256 * 1024))
+        .await
+        .unwrap();
+    let client = common::admin(&sim).await;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, "default");
+    let mut refused = None;
+    for i in 0..20 {
+        let cm = serde_json::from_value(serde_json::json!({"metadata": {"name": format!("big-{i}")}, "data": {"x": "y".repeat(32 * 1024)}})).unwrap();
+        if let Err(kube::Error::Api(s)) = cms.create(&Default::default(), &cm).await {
+            refused = Some((i, s));
+            break;
+        }
+    }
+    let (i, status) = refused.expect("the cap stops writes");
+    assert!(i > 2, "some writes fit first");
+    assert_eq!(
+        (status.code, status.message.as_str()),
+        (500, "etcdserver: mvcc: database space exceeded")
+    );
+    // Deleting makes room again.
+    cms.delete("big-0", &Default::default()).await.unwrap();
+    let cm = serde_json::from_value(serde_json::json!({"metadata": {"name": "small"}})).unwrap();
+    cms.create(&Default::default(), &cm).await.unwrap();
+    sim.shutdown().await;
+}

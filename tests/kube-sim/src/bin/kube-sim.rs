@@ -72,6 +72,10 @@ async fn main() -> ExitCode {
     }
     let sim = match KubeSim::start(cfg).await {
         Ok(s) => s,
+        Err(e @ kube_sim::Error::Config(_)) => {
+            eprintln!("kube-sim: {e}");
+            return ExitCode::from(64);
+        }
         Err(e) => {
             eprintln!("kube-sim: {e}");
             return ExitCode::from(1);
