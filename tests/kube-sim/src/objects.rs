@@ -7,7 +7,7 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, FieldCause};
-use crate::resources::{ALL_VERBS, ResourceType, ScalePaths, SubresourceType};
+use crate::resources::{ALL_VERBS, Column, ResourceType, ScalePaths, SubresourceType};
 use crate::util::{get_path, new_uid, now_rfc3339, str_at};
 
 /// Name of the one simulated node.
@@ -453,10 +453,15 @@ pub fn crd_resource_types(crd: &Value) -> (String, String, Vec<ResourceType>) {
             .map(|cols| {
                 cols.iter()
                     .filter_map(|c| {
-                        Some((
-                            c.get("name")?.as_str()?.to_string(),
-                            c.get("jsonPath")?.as_str()?.to_string(),
-                        ))
+                        Some(Column {
+                            name: c.get("name")?.as_str()?.to_string(),
+                            path: c.get("jsonPath")?.as_str()?.to_string(),
+                            priority: c
+                                .get("priority")
+                                .and_then(Value::as_u64)
+                                .unwrap_or(0)
+                                .min(9) as u8,
+                        })
                     })
                     .collect()
             })

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::http::Ctx;
-use crate::resources::ResourceType;
+use crate::resources::{Column, ResourceType};
 use crate::util::{get_path, str_at};
 
 /// An object as served at the request's version.
@@ -89,6 +89,52 @@ fn cell(rt: &ResourceType, obj: &Value, path: &str) -> Value {
                 .and_then(Value::as_i64)
                 .unwrap_or(0)
         )),
+        ("Node", ".status.ready") => {
+            let ready = get_path(obj, "status.conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
+            json!(if ready { "Ready" } else { "NotReady" })
+        }
+        (_, ".metadata.creationTimestamp") => json!(age(obj)),
+        (_, p) if p.ends_with("#names") || p.ends_with("#images") => {
+            let (base, what) = p.split_once('#').unwrap_or((p, ""));
+            let field = if what == "names" { "name" } else { "image" };
+            let items = get_path(obj, base)
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            json!(
+                items
+                    .iter()
+                    .filter_map(|c| c.get(field).and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        }
+        (_, p) if p.ends_with("#ports") => {
+            let ports = get_path(obj, p.trim_end_matches("#ports"))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let text: Vec<String> = ports
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p.get("port").map(|v| v.to_string()).unwrap_or_default(),
+                        p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
+                    )
+                })
+                .collect();
+            json!(if text.is_empty() {
+                "<none>".to_string()
+            } else {
+                text.join(",")
+            })
+        }
         (_, p) if p.ends_with("#count") => {
             json!(
                 get_path(obj, p.trim_end_matches("#count"))
@@ -106,23 +152,40 @@ fn cell(rt: &ResourceType, obj: &Value, path: &str) -> Value {
     }
 }
 
-/// A `meta.k8s.io/v1` Table of the objects (what kubectl prints).
+/// A `meta.k8s.io/v1` Table of the objects (what kubectl prints): NAME, the kind's columns,
+/// AGE (built-ins, and custom resources without columns of their own), then the `-o wide`
+/// columns.
 pub(crate) fn table(rt: &ResourceType, objs: &[Value], meta: Value) -> Value {
+    let with_age = rt.builtin || rt.columns.is_empty();
+    let mut order: Vec<Option<&Column>> = rt
+        .columns
+        .iter()
+        .filter(|c| c.priority == 0)
+        .map(Some)
+        .collect();
+    if with_age {
+        order.push(None);
+    }
+    order.extend(rt.columns.iter().filter(|c| c.priority > 0).map(Some));
     let mut cols = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
     ];
-    for (name, _) in &rt.columns {
-        cols.push(json!({"name": name, "type": "string", "format": "", "description": name, "priority": 0}));
+    for c in &order {
+        cols.push(match c {
+            Some(c) => json!({"name": c.name, "type": "string", "format": "", "description": c.name, "priority": c.priority}),
+            None => json!({"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0}),
+        });
     }
-    cols.push(json!({"name": "Age", "type": "string", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0}));
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
             let mut cells = vec![json!(str_at(o, "metadata.name").unwrap_or_default())];
-            for (_, path) in &rt.columns {
-                cells.push(cell(rt, o, path));
+            for c in &order {
+                cells.push(match c {
+                    Some(c) => cell(rt, o, &c.path),
+                    None => json!(age(o)),
+                });
             }
-            cells.push(json!(age(o)));
             json!({ "cells": cells, "object": partial_metadata(o) })
         })
         .collect();

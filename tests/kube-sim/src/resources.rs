@@ -37,6 +37,23 @@ pub struct ScalePaths {
     pub label_selector: Option<String>,
 }
 
+/// A Table column: a title, the JSON path of its value, and its priority (0: always shown,
+/// 1: only with `-o wide`).
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: String,
+    pub path: String,
+    pub priority: u8,
+}
+
+fn col(name: &str, path: &str, priority: u8) -> Column {
+    Column {
+        name: name.into(),
+        path: path.into(),
+        priority,
+    }
+}
+
 /// One served resource at one group/version.
 #[derive(Debug, Clone)]
 pub struct ResourceType {
@@ -55,8 +72,8 @@ pub struct ResourceType {
     /// For custom resources: the version's `openAPIV3Schema`.
     pub schema: Option<Value>,
     pub scale: Option<ScalePaths>,
-    /// Printer columns for Table output (name, JSON path), beyond NAME and AGE.
-    pub columns: Vec<(String, String)>,
+    /// Printer columns for Table output, beyond NAME (and AGE for built-ins).
+    pub columns: Vec<Column>,
 }
 
 impl ResourceType {
@@ -169,19 +186,34 @@ fn builtin(s: Spec<'_>) -> ResourceType {
         status_replicas: ".status.replicas".into(),
         label_selector: Some(".status.selector".into()),
     });
-    let columns: Vec<(String, String)> = match s.kind {
+    let columns: Vec<Column> = match s.kind {
         "Pod" => vec![
-            ("Ready".into(), ".status.ready".into()),
-            ("Status".into(), ".status.phase".into()),
-            ("Restarts".into(), ".status.restarts".into()),
+            col("Ready", ".status.ready", 0),
+            col("Status", ".status.phase", 0),
+            col("Restarts", ".status.restarts", 0),
+            col("IP", ".status.podIP", 1),
+            col("Node", ".spec.nodeName", 1),
         ],
         "Deployment" => vec![
-            ("Ready".into(), ".status.ready".into()),
-            ("Up-to-date".into(), ".status.updatedReplicas".into()),
-            ("Available".into(), ".status.availableReplicas".into()),
+            col("Ready", ".status.ready", 0),
+            col("Up-to-date", ".status.updatedReplicas", 0),
+            col("Available", ".status.availableReplicas", 0),
+            col("Containers", ".spec.template.spec.containers#names", 1),
+            col("Images", ".spec.template.spec.containers#images", 1),
+            col("Selector", ".status.selector", 1),
         ],
-        "ConfigMap" => vec![("Data".into(), ".data#count".into())],
-        "Namespace" => vec![("Status".into(), ".status.phase".into())],
+        "Service" => vec![
+            col("Type", ".spec.type", 0),
+            col("Cluster-IP", ".spec.clusterIP", 0),
+            col("Ports", ".spec.ports#ports", 0),
+        ],
+        "Node" => vec![
+            col("Status", ".status.ready", 0),
+            col("Version", ".status.nodeInfo.kubeletVersion", 0),
+        ],
+        "ConfigMap" => vec![col("Data", ".data#count", 0)],
+        "Secret" => vec![col("Type", ".type", 0), col("Data", ".data#count", 0)],
+        "Namespace" => vec![col("Status", ".status.phase", 0)],
         _ => Vec::new(),
     };
     ResourceType {

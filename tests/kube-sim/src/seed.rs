@@ -60,7 +60,7 @@ pub(crate) fn seed(state: &State) -> Result<(), crate::Error> {
         let containers: Vec<Value> = p
             .containers
             .iter()
-            .map(|c| json!({"name": c, "image": format!("registry.invalid/{c}:latest")}))
+            .map(|c| json!({"name": c, "image": format!("sim/{c}:latest")}))
             .collect();
         let labels: Map<String, Value> = p
             .labels
@@ -74,7 +74,7 @@ pub(crate) fn seed(state: &State) -> Result<(), crate::Error> {
             "apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "registry.invalid/web:latest"}]}}}
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "sim/web:latest"}]}}}
         })).map_err(fail)?;
         create_direct(state, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-config", "namespace": "default"}, "data": {"greeting": "hello"}})).map_err(fail)?;
     }

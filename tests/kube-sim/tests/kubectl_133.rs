@@ -106,6 +106,16 @@ async fn get_apply_explain_patch() {
             .eq(["default", "p1", "1/1", "Running"])),
         "{pods}"
     );
+    let wide = k.ok(&["get", "pods", "-o", "wide"]).await;
+    assert!(
+        wide.lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .eq(["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]),
+        "{wide}"
+    );
+    assert!(wide.contains("sim-node"), "{wide}");
     let p1: Value = serde_json::from_str(&k.ok(&["get", "pod", "p1", "-o", "json"]).await).unwrap();
     assert_eq!(p1["status"]["phase"], "Running");
 
