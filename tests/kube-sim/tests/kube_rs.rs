@@ -1009,6 +1009,33 @@ async fn crds_serve_validated_custom_resources() {
         .await
         .unwrap();
     assert_eq!(merged.data["spec"]["size"], 4);
+    // Updates are validated too.
+    let too_big = api_err(
+        widgets
+            .patch(
+                "w1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"size": 99, "name": "UPPER"}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(too_big.code, 422);
+    assert!(
+        too_big.message.contains(
+            "spec.size: Invalid value: 99: spec.size in body should be less than or equal to 10"
+        ),
+        "{}",
+        too_big.message
+    );
+    assert!(
+        too_big.message.contains(
+            "spec.name: Invalid value: \"UPPER\": spec.name in body should match '^[a-z]+$'"
+        ),
+        "{}",
+        too_big.message
+    );
+    assert_eq!(widgets.get("w1").await.unwrap().data["spec"]["size"], 4);
     let applied = widgets
         .patch("w3", &PatchParams::apply("mgr"), &Patch::Apply(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w3"}, "spec": {"size": 1}})))
         .await
