@@ -122,8 +122,10 @@ pub(crate) fn delete_object(
                 return Ok((200, present(rt, &old)));
             }
             let mut new = old.clone();
-            new["metadata"]["deletionTimestamp"] =
-                json!(format_time(now + time::Duration::seconds(grace)));
+            new["metadata"]["deletionTimestamp"] = json!(format_time(
+                now.checked_add(time::Duration::seconds(grace))
+                    .unwrap_or(now)
+            ));
             new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
             let stored = state
                 .store

@@ -126,7 +126,14 @@ pub(crate) fn handle(
     let tail = q.int("tailLines")?;
     let mut limit = q.int("limitBytes")?.map(|n| n.max(0) as u64);
     let since = match (q.int("sinceSeconds")?, q.get("sinceTime")) {
-        (Some(s), _) => Some(OffsetDateTime::now_utc() - time::Duration::seconds(s)),
+        (Some(s), _) => {
+            // A huge value means "from the beginning"; it must not overflow the clock.
+            let now = OffsetDateTime::now_utc();
+            Some(
+                now.checked_sub(time::Duration::seconds(s.max(0)))
+                    .unwrap_or(OffsetDateTime::UNIX_EPOCH),
+            )
+        }
         (None, Some(t)) => Some(
             parse_time(t)
                 .ok_or_else(|| ApiError::bad_request(format!("invalid sinceTime {t:?}")))?,

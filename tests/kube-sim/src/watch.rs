@@ -133,7 +133,7 @@ pub(crate) fn watch(state: Arc<State>, ctx: &Ctx, rr: &ResReq) -> Result<Respons
     let timeout = q
         .int("timeoutSeconds")?
         .filter(|t| *t > 0)
-        .map(|t| Duration::from_secs(t as u64))
+        .map(|t| Duration::from_secs(t as u64).min(DEFAULT_TIMEOUT))
         .unwrap_or(DEFAULT_TIMEOUT);
     let start_from = if send_initial == Some(true) {
         None

@@ -167,6 +167,34 @@ async fn http2_and_http1_with_status_errors() {
         (code, v["reason"].as_str()),
         (405, Some("MethodNotAllowed"))
     );
+    // Extreme numbers from the client are answered, not fatal.
+    let (code, _) = body_json(h1.send_request(req("GET", "/api/v1/namespaces/default/pods/p1/log?sinceSeconds=9223372036854775807&tailLines=-5&limitBytes=-1", Some(kube_sim::ADMIN_TOKEN), vec![])).await.unwrap()).await;
+    assert_eq!(code, 200);
+    let (code, v) = body_json(
+        h1.send_request(req(
+            "DELETE",
+            "/api/v1/namespaces/default/pods/two?gracePeriodSeconds=9223372036854775807",
+            Some(kube_sim::ADMIN_TOKEN),
+            vec![],
+        ))
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert!(v["metadata"]["deletionTimestamp"].is_string());
+    let (code, v) = body_json(
+        h1.send_request(req(
+            "GET",
+            "/api/v1/pods?limit=abc",
+            Some(kube_sim::ADMIN_TOKEN),
+            vec![],
+        ))
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!((code, v["reason"].as_str()), (400, Some("BadRequest")));
     // Impersonating a group without a user is a 500, like the apiserver's filter.
     let mut r = req(
         "GET",
