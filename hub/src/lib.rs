@@ -1,1 +1,84 @@
-//! placeholder
+//! The OtterScale Link hub: agents in member clusters register here and dial
+//! in; users, dashboards and the `otter` CLI call here, and the hub forwards
+//! each Resource/Runtime call to the right cluster over that cluster's tunnel.
+//!
+//! # Layout
+//! - [`config`] — typed settings of `otter hub`.
+//! - [`store`] — what survives a restart (sled by default, behind a trait).
+//! - [`authority`] — the CA kept in the store; the hub's server certificate.
+//! - [`tokens`] — join tokens (agents) and API tokens (users), stored hashed.
+//! - [`registry`] — live tunnels by cluster: the routing table.
+//! - [`tunnels`] — accepts tunnel connections, checks certificates, keeps the
+//!   registry and the stored links in step.
+//! - [`link_service`] — `otterscale.link.v1.LinkService`.
+//! - [`forward`] — the front door for Resource/Runtime calls: authenticate,
+//!   route by cluster, one tunnel stream per call.
+//! - [`server`] — listeners and the request dispatch; [`Hub::start`].
+//! - [`cli`] — the `otter` command line (`main.rs` only calls it).
+
+pub mod auth;
+pub mod authority;
+pub mod cli;
+pub mod config;
+pub mod cors;
+pub mod forward;
+pub mod link_service;
+pub mod methods;
+pub mod metrics;
+pub mod oidc;
+pub mod protocol;
+pub mod registry;
+pub mod server;
+pub mod store;
+pub mod tokens;
+pub mod tunnels;
+
+pub use config::HubConfig;
+pub use server::Hub;
+
+/// Version of this build, reported to agents and in ListLinks.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Errors of the hub library. Handlers map them to gRPC codes in one place
+/// ([`HubError::into_status`]).
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    /// The store failed or holds something unreadable.
+    #[error("store: {0}")]
+    Store(String),
+    /// Certificates and keys.
+    #[error(transparent)]
+    Pki(#[from] otter_pki::PkiError),
+    /// Tunnel transport failure.
+    #[error(transparent)]
+    Tunnel(#[from] otter_tunnel::TunnelError),
+    /// A setting is wrong; said before anything is bound.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Binding or serving a listener failed.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl HubError {
+    /// The gRPC status a caller sees. Internal details stay in the log.
+    pub fn into_status(self) -> tonic::Status {
+        match self {
+            HubError::Pki(e) => tonic::Status::invalid_argument(e.to_string()),
+            other => {
+                tracing::error!(error = %other, "internal error");
+                tonic::Status::internal("internal error in the hub; see its log")
+            }
+        }
+    }
+}
+
+/// Result alias for the hub.
+pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}

@@ -6,15 +6,20 @@
 
 use std::{fs, path::Path};
 
-use prost::Message;
-
 #[test]
 fn generated_code_is_fresh() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = tempfile::tempdir().expect("temp dir");
 
-    let fds = protox::compile(otter_proto::PROTO_FILES, [root]).expect("protos compile");
-    let descriptor = fds.encode_to_vec();
+    // The encoded set keeps custom options (the feature extension); a
+    // round trip through prost_types would drop them as unknown fields.
+    let mut compiler = protox::Compiler::new([root]).expect("include path");
+    compiler.include_imports(true).include_source_info(true);
+    compiler
+        .open_files(otter_proto::PROTO_FILES)
+        .expect("protos compile");
+    let descriptor = compiler.encode_file_descriptor_set();
+    let fds = compiler.file_descriptor_set();
 
     tonic_prost_build::configure()
         .build_client(true)
@@ -45,7 +50,11 @@ fn generated_code_is_fresh() {
     }
     // Files left over from a proto that was removed are stale too.
     for entry in fs::read_dir(&gen_dir).expect("read src/gen") {
-        let name = entry.expect("dir entry").file_name().into_string().expect("utf-8 name");
+        let name = entry
+            .expect("dir entry")
+            .file_name()
+            .into_string()
+            .expect("utf-8 name");
         if !fresh_names.contains(&name) {
             if regen {
                 fs::remove_file(gen_dir.join(&name)).expect("remove stale");

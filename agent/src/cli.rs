@@ -1,0 +1,91 @@
+//! Command line of `otter-agent`; every flag has an `OTTER_*` variable so
+//! the manifest's Deployment can set them as env.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use otter_tunnel::TransportKind;
+use url::Url;
+
+use crate::{Agent, AgentConfig, config::Secret};
+
+/// OtterScale Link agent: joins this cluster to a hub.
+#[derive(Debug, Parser)]
+#[command(name = "otter-agent", version, about)]
+pub struct Cli {
+    /// The hub's API URL.
+    #[arg(long, env = "OTTER_HUB_URL")]
+    pub hub_url: Url,
+    /// This cluster's name at the hub (a DNS label).
+    #[arg(long, env = "OTTER_CLUSTER")]
+    pub cluster: String,
+    /// This agent's id; defaults to the pod name, then the host name.
+    #[arg(long, env = "OTTER_AGENT_ID")]
+    pub agent_id: Option<String>,
+    /// File holding the join token from the agent manifest.
+    #[arg(long, env = "OTTER_JOIN_TOKEN_FILE")]
+    pub join_token_file: Option<PathBuf>,
+    /// File holding the hub CA certificate (PEM).
+    #[arg(long, env = "OTTER_HUB_CA_FILE")]
+    pub hub_ca_file: PathBuf,
+    /// Where to keep the agent's key and certificate across restarts.
+    #[arg(long, env = "OTTER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Transports to try, in order.
+    #[arg(
+        long,
+        env = "OTTER_TRANSPORTS",
+        value_delimiter = ',',
+        default_value = "quic,h2"
+    )]
+    pub transports: Vec<TransportKind>,
+    /// Tunnel keepalive interval in seconds.
+    #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
+    pub keepalive_secs: u64,
+}
+
+/// Runs the agent until Ctrl-C or SIGTERM; returns the exit code.
+pub async fn run(cli: Cli) -> i32 {
+    match start(cli) {
+        Ok(agent) => {
+            wait_for_signal().await;
+            agent.shutdown().await;
+            0
+        }
+        Err(e) => {
+            eprintln!("otter-agent: {e}");
+            64
+        }
+    }
+}
+
+fn start(cli: Cli) -> anyhow::Result<Agent> {
+    let ca = std::fs::read_to_string(&cli.hub_ca_file)
+        .map_err(|e| anyhow::anyhow!("cannot read hub CA {}: {e}", cli.hub_ca_file.display()))?;
+    let agent_id = cli
+        .agent_id
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "agent".into());
+    let mut config = AgentConfig::new(cli.hub_url, &cli.cluster, &agent_id, &ca);
+    if let Some(path) = cli.join_token_file {
+        let token = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("cannot read join token {}: {e}", path.display()))?;
+        config.join_token = Secret(token.trim().to_owned());
+    }
+    config.state_dir = cli.state_dir;
+    config.transports = cli.transports;
+    config.keepalive =
+        otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
+    // The Kubernetes services are mounted here as they land; until then the
+    // agent answers every call with gRPC's own "unknown method".
+    Ok(Agent::start(config, tonic::service::Routes::default())?)
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+    }
+}

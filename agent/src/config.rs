@@ -1,0 +1,92 @@
+//! Settings of `otter-agent`.
+
+use std::{fmt, path::PathBuf, time::Duration};
+
+use otter_tunnel::{Keepalive, TransportKind};
+use url::Url;
+
+/// A secret that never shows in `Debug` output or logs.
+#[derive(Clone, Default)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "<empty>"
+        } else {
+            "<redacted>"
+        })
+    }
+}
+
+/// Everything the agent needs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The hub's API URL (Register).
+    pub hub_url: Url,
+    pub cluster: String,
+    pub agent_id: String,
+    pub agent_version: String,
+    /// From the agent manifest; needed only until the first certificate.
+    pub join_token: Secret,
+    /// The hub CA (PEM): the agent trusts nothing else for the hub.
+    pub hub_ca_pem: String,
+    pub rancher_project_id: String,
+    /// Transports in the order to try.
+    pub transports: Vec<TransportKind>,
+    /// Where key and certificate are kept across restarts; none keeps them
+    /// in memory only.
+    pub state_dir: Option<PathBuf>,
+    pub keepalive: Keepalive,
+    /// Bound of one transport's dial before the next is tried.
+    pub connect_timeout: Duration,
+    /// First reconnect delay ceiling and the cap.
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Renew when this fraction of the certificate's life has passed.
+    pub renew_at: f64,
+}
+
+impl AgentConfig {
+    pub fn new(hub_url: Url, cluster: &str, agent_id: &str, hub_ca_pem: &str) -> Self {
+        Self {
+            hub_url,
+            cluster: cluster.to_owned(),
+            agent_id: agent_id.to_owned(),
+            agent_version: crate::VERSION.to_owned(),
+            join_token: Secret::default(),
+            hub_ca_pem: hub_ca_pem.to_owned(),
+            rancher_project_id: String::new(),
+            transports: vec![TransportKind::Quic, TransportKind::H2],
+            state_dir: None,
+            keepalive: Keepalive::default(),
+            connect_timeout: Duration::from_secs(10),
+            backoff_base: Duration::from_millis(500),
+            backoff_cap: Duration::from_secs(30),
+            renew_at: 2.0 / 3.0,
+        }
+    }
+
+    /// Checks the settings before anything is dialled.
+    pub fn validate(&self) -> crate::Result<()> {
+        otter_pki::identity::AgentIdentity::new(&self.cluster, &self.agent_id)?;
+        if self.hub_url.scheme() != "https" {
+            return Err(crate::AgentError::Config(format!(
+                "hub URL {} must be https://",
+                self.hub_url
+            )));
+        }
+        if self.transports.is_empty() {
+            return Err(crate::AgentError::Config(
+                "at least one transport is needed".into(),
+            ));
+        }
+        otter_pki::tls::parse_certs(&self.hub_ca_pem)?;
+        if !(0.1..=0.95).contains(&self.renew_at) {
+            return Err(crate::AgentError::Config(
+                "renew_at must be between 0.1 and 0.95".into(),
+            ));
+        }
+        Ok(())
+    }
+}

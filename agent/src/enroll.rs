@@ -1,0 +1,189 @@
+//! Register with the hub: a fresh key and CSR each time, authenticated by the
+//! join token on first contact and by the current certificate on renewal.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use otter_pki::tls;
+use otter_proto::link::v1::{RegisterRequest, link_service_client::LinkServiceClient};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use url::Url;
+
+use crate::{AgentConfig, AgentError, Result};
+
+/// What Register gives the agent.
+#[derive(Clone)]
+pub struct Credentials {
+    pub key_pem: String,
+    pub cert_pem: String,
+    /// The CA the hub answered with; the agent keeps trusting the configured
+    /// one for the API and this one for tunnels (they are the same unless the
+    /// hub rotates its CA).
+    pub ca_pem: String,
+    pub serial: String,
+    /// Unix seconds.
+    pub issued_at: i64,
+    pub not_after: i64,
+    pub tunnel_urls: Vec<Url>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("serial", &self.serial)
+            .field("not_after", &self.not_after)
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// When to renew: `fraction` of the way through the certificate's life.
+    pub fn renew_at(&self, fraction: f64) -> i64 {
+        self.issued_at + ((self.not_after - self.issued_at) as f64 * fraction) as i64
+    }
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A gRPC channel to the hub's API over our own rustls config (the hub CA
+/// only, and the agent certificate when renewing).
+async fn channel(url: &Url, tls: rustls::ClientConfig) -> Result<tonic::transport::Channel> {
+    let host = url
+        .host_str()
+        .ok_or_else(|| AgentError::Config(format!("hub URL {url} has no host")))?
+        .to_owned();
+    let port = url.port_or_known_default().unwrap_or(443);
+    let bare_host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let server_name = rustls::pki_types::ServerName::try_from(bare_host.clone())
+        .map_err(|e| AgentError::Config(format!("hub host {host}: {e}")))?;
+    let connector = TlsConnector::from(Arc::new(tls));
+    // tonic only uses this URI for the request line; TLS is done below.
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
+        .map_err(|e| AgentError::Config(e.to_string()))?
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30));
+    endpoint
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let (connector, server_name, addr) = (
+                connector.clone(),
+                server_name.clone(),
+                (bare_host.clone(), port),
+            );
+            async move {
+                let tcp = TcpStream::connect(addr).await?;
+                let _ = tcp.set_nodelay(true);
+                let tls = connector.connect(server_name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|e| AgentError::Connect(format!("{url}: {e}")))
+}
+
+/// Registers (or, with `current`, renews) and returns the new credentials.
+pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Result<Credentials> {
+    let (key_pem, csr_pem) = otter_pki::csr::generate(&config.cluster, &config.agent_id)?;
+    let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
+    let tls = tls::client_config(&config.hub_ca_pem, client_cert, &[b"h2"])?;
+    let mut client = LinkServiceClient::new(channel(&config.hub_url, tls).await?);
+    let request = RegisterRequest {
+        cluster: Some(config.cluster.clone()),
+        csr: Some(csr_pem.into_bytes()),
+        agent_id: Some(config.agent_id.clone()),
+        agent_version: Some(config.agent_version.clone()),
+        rancher_project_id: Some(config.rancher_project_id.clone()),
+        join_token: current.is_none().then(|| config.join_token.0.clone()),
+    };
+    let resp = client.register(request).await?.into_inner();
+    let cert_pem = String::from_utf8(resp.certificate.unwrap_or_default())
+        .map_err(|_| AgentError::Connect("hub sent a certificate that is not PEM".into()))?;
+    let peer = otter_pki::tls::parse_certs(&cert_pem)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| AgentError::Connect("hub sent no certificate".into()))?;
+    let peer = otter_pki::identity::PeerCertificate::from_der(peer.as_ref())?;
+    let tunnel_urls = resp
+        .tunnel_urls
+        .iter()
+        .chain(resp.endpoint.iter())
+        .filter_map(|u| Url::parse(u).ok())
+        .fold(Vec::new(), |mut v: Vec<Url>, u| {
+            if !v.contains(&u) {
+                v.push(u);
+            }
+            v
+        });
+    let creds = Credentials {
+        key_pem,
+        cert_pem,
+        ca_pem: String::from_utf8(resp.ca_certificate.unwrap_or_default()).unwrap_or_default(),
+        serial: peer.serial,
+        issued_at: now(),
+        not_after: peer.not_after,
+        tunnel_urls,
+    };
+    if let Some(dir) = &config.state_dir {
+        save(dir, &creds)?;
+    }
+    Ok(creds)
+}
+
+/// Keeps the credentials so a restarted agent reconnects without a join token.
+fn save(dir: &Path, c: &Credentials) -> Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    std::fs::create_dir_all(dir)?;
+    let write = |name: &str, data: &str| -> std::io::Result<()> {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(data.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(tmp, dir.join(name))
+    };
+    write("agent.key", &c.key_pem)?;
+    write("agent.crt", &c.cert_pem)?;
+    write("hub-ca.crt", &c.ca_pem)?;
+    let urls: Vec<&str> = c.tunnel_urls.iter().map(Url::as_str).collect();
+    write("tunnel-urls", &urls.join("\n"))?;
+    Ok(())
+}
+
+/// Credentials saved by an earlier run, if they are complete and unexpired.
+pub fn load(dir: &Path) -> Option<Credentials> {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let (key_pem, cert_pem, ca_pem, urls) = (
+        read("agent.key")?,
+        read("agent.crt")?,
+        read("hub-ca.crt")?,
+        read("tunnel-urls")?,
+    );
+    let der = otter_pki::tls::parse_certs(&cert_pem)
+        .ok()?
+        .into_iter()
+        .next()?;
+    let peer = otter_pki::identity::PeerCertificate::from_der(der.as_ref()).ok()?;
+    if peer.not_after <= now() {
+        return None;
+    }
+    Some(Credentials {
+        key_pem,
+        cert_pem,
+        ca_pem,
+        serial: peer.serial,
+        // Unknown after a restart: renew as if issued now, which errs early.
+        issued_at: now().min(peer.not_after - 1),
+        not_after: peer.not_after,
+        tunnel_urls: urls.lines().filter_map(|l| Url::parse(l).ok()).collect(),
+    })
+}

@@ -1,0 +1,352 @@
+//! The agent's main loop: get credentials, dial the hub over the first
+//! transport that works, serve the streams the hub opens, renew the
+//! certificate before it expires, and reconnect with paced backoff when the
+//! tunnel goes away.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use otter_pki::tls;
+use otter_tunnel::{
+    Acceptor, TransportKind,
+    frame::Limits,
+    h2::{self, H2Settings},
+    quic::{self, QuicSettings},
+};
+use tokio::sync::watch;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use url::Url;
+
+use crate::{
+    AgentConfig, AgentError, Result,
+    backoff::Backoff,
+    enroll::{self, Credentials},
+};
+
+/// What the agent is doing, for tests, health and diagnosis.
+#[derive(Debug, Clone, Default)]
+pub struct AgentStatus {
+    /// Transport of the live tunnel, if one is up.
+    pub connected: Option<TransportKind>,
+    /// Registrations with a join token.
+    pub registrations: u32,
+    /// Renewals with the current certificate.
+    pub renewals: u32,
+    /// Tunnels established so far.
+    pub connects: u32,
+    /// Serial of the current certificate.
+    pub cert_serial: String,
+    /// Outcome of each transport tried in the last connect round.
+    pub attempts: Vec<(TransportKind, Result<(), String>)>,
+    pub last_error: String,
+}
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Agent {
+    status: watch::Receiver<AgentStatus>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Agent {
+    /// Starts the agent; `routes` serves every call the hub forwards.
+    pub fn start(config: AgentConfig, routes: tonic::service::Routes) -> Result<Agent> {
+        config.validate()?;
+        tls::install_default_provider();
+        let (tx, rx) = watch::channel(AgentStatus::default());
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(run(config, routes, tx, shutdown.clone(), tasks.clone()));
+        Ok(Agent {
+            status: rx,
+            shutdown,
+            tasks,
+        })
+    }
+
+    pub fn status(&self) -> AgentStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until `pred` holds for the status, or `timeout` passes.
+    pub async fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&AgentStatus) -> bool,
+    ) -> Option<AgentStatus> {
+        let mut rx = self.status.clone();
+        tokio::time::timeout(timeout, async {
+            loop {
+                if pred(&rx.borrow_and_update()) {
+                    return rx.borrow().clone();
+                }
+                if rx.changed().await.is_err() {
+                    return rx.borrow().clone();
+                }
+            }
+        })
+        .await
+        .ok()
+    }
+
+    /// Stops the agent: the tunnel closes and every stream task ends.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.tasks.wait()).await;
+    }
+}
+
+async fn run(
+    config: AgentConfig,
+    routes: tonic::service::Routes,
+    status: watch::Sender<AgentStatus>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let mut creds: Option<Credentials> = config.state_dir.as_deref().and_then(enroll::load);
+    let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        // Credentials: register on first contact, renew when due.
+        let due = creds
+            .as_ref()
+            .is_none_or(|c| unix_now() >= c.renew_at(config.renew_at));
+        if due {
+            match obtain(&config, creds.as_ref(), &status).await {
+                Ok(c) => creds = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "register failed");
+                    status.send_modify(|s| s.last_error = e.to_string());
+                    if !pause(&mut backoff, &shutdown).await {
+                        return;
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some(current) = creds.clone() else {
+            continue;
+        };
+
+        // Connect: transports in the configured order, first that works.
+        let mut attempts = Vec::new();
+        let mut acceptor: Option<Box<dyn AcceptorDyn>> = None;
+        for kind in &config.transports {
+            match dial(&config, &current, *kind).await {
+                Ok(a) => {
+                    attempts.push((*kind, Ok(())));
+                    acceptor = Some(a);
+                    break;
+                }
+                Err(e) => {
+                    tracing::info!(transport = %kind, error = %e, "transport failed");
+                    attempts.push((*kind, Err(e.to_string())));
+                }
+            }
+        }
+        let Some(mut acceptor) = acceptor else {
+            status.send_modify(|s| {
+                s.last_error = format!("no transport worked: {attempts:?}");
+                s.attempts = attempts;
+            });
+            if !pause(&mut backoff, &shutdown).await {
+                return;
+            }
+            continue;
+        };
+        let kind = acceptor.kind_dyn();
+        tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
+        status.send_modify(|s| {
+            s.connected = Some(kind);
+            s.connects += 1;
+            s.attempts = attempts;
+        });
+        backoff.reset();
+
+        // Serve until the tunnel ends; renew in the meantime without dropping it.
+        let why = loop {
+            let renew_in = Duration::from_secs(
+                creds
+                    .as_ref()
+                    .map_or(0, |c| (c.renew_at(config.renew_at) - unix_now()).max(0))
+                    as u64,
+            );
+            tokio::select! {
+                next = acceptor.accept_dyn() => match next {
+                    Ok(Some(stream)) => {
+                        let routes = routes.clone();
+                        tasks.spawn(async move {
+                            if let Err(e) = otter_tunnel::http::serve_stream(stream, routes, Limits::default()).await {
+                                tracing::debug!(error = %e, "stream ended with an error");
+                            }
+                        });
+                    }
+                    Ok(None) => break "hub closed the tunnel".to_owned(),
+                    Err(e) => break e.to_string(),
+                },
+                _ = tokio::time::sleep(renew_in) => {
+                    match obtain(&config, creds.as_ref(), &status).await {
+                        Ok(c) => creds = Some(c),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "renewal failed; retrying in a minute");
+                            status.send_modify(|s| s.last_error = e.to_string());
+                            // Retry soon but not in a spin.
+                            if let Some(c) = creds.as_mut() {
+                                c.issued_at = unix_now() - (c.renew_at(config.renew_at) - c.issued_at) + 60;
+                            }
+                        }
+                    }
+                }
+                _ = shutdown.cancelled() => return,
+            }
+        };
+        drop(acceptor);
+        tracing::info!(reason = %why, "tunnel down");
+        status.send_modify(|s| {
+            s.connected = None;
+            s.last_error = why;
+        });
+        // Even a clean close waits a little: the agent never spins.
+        if !pause(&mut backoff, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Registers or renews; a renewal the hub refuses falls back to the join
+/// token, when there is one.
+async fn obtain(
+    config: &AgentConfig,
+    current: Option<&Credentials>,
+    status: &watch::Sender<AgentStatus>,
+) -> Result<Credentials> {
+    let renewed = match current {
+        Some(c) => match enroll::register(config, Some(c)).await {
+            Ok(new) => {
+                status.send_modify(|s| {
+                    s.renewals += 1;
+                    s.cert_serial = new.serial.clone();
+                });
+                return Ok(new);
+            }
+            Err(e) => Some(e),
+        },
+        None => None,
+    };
+    if config.join_token.0.is_empty() {
+        return Err(renewed.unwrap_or_else(|| {
+            AgentError::Config("no join token and no saved certificate".into())
+        }));
+    }
+    let new = enroll::register(config, None).await?;
+    status.send_modify(|s| {
+        s.registrations += 1;
+        s.cert_serial = new.serial.clone();
+    });
+    Ok(new)
+}
+
+/// Sleeps for the next backoff delay; false when shutting down.
+async fn pause(backoff: &mut Backoff, shutdown: &CancellationToken) -> bool {
+    let delay = backoff.next_delay().max(Duration::from_millis(50));
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
+/// Object-safe view of the two acceptors.
+trait AcceptorDyn: Send {
+    fn accept_dyn(
+        &mut self,
+    ) -> otter_tunnel::transport::BoxFuture<
+        '_,
+        otter_tunnel::Result<Option<otter_tunnel::TunnelStream>>,
+    >;
+    fn kind_dyn(&self) -> TransportKind;
+}
+
+impl<A: Acceptor> AcceptorDyn for A {
+    fn accept_dyn(
+        &mut self,
+    ) -> otter_tunnel::transport::BoxFuture<
+        '_,
+        otter_tunnel::Result<Option<otter_tunnel::TunnelStream>>,
+    > {
+        self.accept()
+    }
+    fn kind_dyn(&self) -> TransportKind {
+        self.kind()
+    }
+}
+
+async fn dial(
+    config: &AgentConfig,
+    creds: &Credentials,
+    kind: TransportKind,
+) -> Result<Box<dyn AcceptorDyn>> {
+    let url = creds
+        .tunnel_urls
+        .iter()
+        .find(|u| u.scheme().parse::<TransportKind>().ok() == Some(kind))
+        .ok_or_else(|| AgentError::Config(format!("the hub offers no {kind} tunnel URL")))?;
+    let (host, addr) = resolve(url).await?;
+    let client = |alpn: &[u8]| {
+        tls::client_config(
+            &config.hub_ca_pem,
+            Some((&creds.cert_pem, &creds.key_pem)),
+            &[alpn],
+        )
+    };
+    match kind {
+        TransportKind::Quic => {
+            let settings = QuicSettings {
+                keepalive: config.keepalive,
+                ..Default::default()
+            };
+            Ok(Box::new(
+                quic::dial(addr, &host, client(quic::ALPN)?, &settings).await?,
+            ))
+        }
+        TransportKind::H2 => {
+            let settings = H2Settings {
+                keepalive: config.keepalive,
+                ..Default::default()
+            };
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| AgentError::Config(format!("tunnel host {host}: {e}")))?;
+            Ok(Box::new(
+                h2::dial(addr, name, Arc::new(client(h2::ALPN)?), settings).await?,
+            ))
+        }
+        other => Err(AgentError::Config(format!(
+            "transport {other} is not available in this build"
+        ))),
+    }
+}
+
+async fn resolve(url: &Url) -> Result<(String, SocketAddr)> {
+    let host = url
+        .host_str()
+        .ok_or_else(|| AgentError::Config(format!("tunnel URL {url} has no host")))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = url
+        .port()
+        .ok_or_else(|| AgentError::Config(format!("tunnel URL {url} has no port")))?;
+    let addr = tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .next()
+        .ok_or_else(|| AgentError::Connect(format!("{host} does not resolve")))?;
+    Ok((host, addr))
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}

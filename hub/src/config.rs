@@ -1,0 +1,115 @@
+//! Settings of `otter hub`.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use otter_tunnel::{Keepalive, TransportKind};
+use url::Url;
+
+use crate::{HubError, Result};
+
+/// Everything the hub needs to start. Built from flags by [`crate::cli`], or
+/// directly by tests.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// Where the store lives.
+    pub data_dir: PathBuf,
+    /// API listener (gRPC, Connect, gRPC-Web, manifest URLs), TLS.
+    pub api_listen: SocketAddr,
+    /// Tunnel listener: TCP (TLS + HTTP/2) and UDP (QUIC) on the same port.
+    pub tunnel_listen: SocketAddr,
+    /// How users and agents reach the API listener (names go into the server
+    /// certificate). Defaults to `https://localhost:<api port>`.
+    pub external_url: Option<Url>,
+    /// How agents reach the tunnel listener, in the order they should try.
+    /// Defaults to QUIC then HTTP/2 on `localhost:<tunnel port>`.
+    pub tunnel_urls: Vec<Url>,
+    /// Lifetime of agent certificates.
+    pub agent_cert_lifetime: Duration,
+    /// Lifetime of join tokens.
+    pub join_token_ttl: Duration,
+    /// Tunnel keepalive (both ways).
+    pub keepalive: Keepalive,
+    /// Concurrent calls per tunnel; more are refused with ResourceExhausted.
+    pub max_calls_per_tunnel: u32,
+    /// How long a replaced tunnel may finish its calls before it is closed.
+    pub drain_timeout: Duration,
+    /// Largest gRPC request message accepted at the front door.
+    pub max_request_message: usize,
+    /// Browser origins allowed by CORS (exact match; `*` allows any).
+    pub cors_origins: Vec<String>,
+    /// Features (`otterscale.api.feature` names) switched off.
+    pub disabled_features: Vec<String>,
+    /// Serve the API without TLS (HTTP/1.1 and h2c), for local development.
+    pub api_plaintext: bool,
+    /// Callers in this group may administer the hub (mint manifests, tokens).
+    pub admin_group: String,
+    /// OpenID Connect issuer for user tokens, if any.
+    pub oidc: Option<crate::oidc::OidcConfig>,
+}
+
+impl HubConfig {
+    /// Defaults for a hub with its data in `data_dir`, listening on loopback.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            api_listen: "127.0.0.1:8443".parse().expect("static address"),
+            tunnel_listen: "127.0.0.1:8444".parse().expect("static address"),
+            external_url: None,
+            tunnel_urls: Vec::new(),
+            agent_cert_lifetime: Duration::from_secs(24 * 3600),
+            join_token_ttl: Duration::from_secs(3600),
+            keepalive: Keepalive::default(),
+            max_calls_per_tunnel: 512,
+            drain_timeout: Duration::from_secs(30),
+            max_request_message: 16 * 1024 * 1024,
+            cors_origins: Vec::new(),
+            disabled_features: Vec::new(),
+            api_plaintext: false,
+            admin_group: crate::tokens::ADMIN_GROUP.to_owned(),
+            oidc: None,
+        }
+    }
+
+    /// Checks the settings before anything is bound.
+    pub fn validate(&self) -> Result<()> {
+        if self.agent_cert_lifetime < Duration::from_secs(60) {
+            return Err(HubError::Config(
+                "agent certificate lifetime must be at least 1 minute".into(),
+            ));
+        }
+        if self.max_calls_per_tunnel == 0 {
+            return Err(HubError::Config(
+                "max calls per tunnel must be at least 1".into(),
+            ));
+        }
+        for url in &self.tunnel_urls {
+            tunnel_transport(url)?;
+        }
+        Ok(())
+    }
+
+    /// The external URL, defaulting to localhost and the bound API port.
+    pub fn external_url(&self, api_port: u16) -> Url {
+        self.external_url.clone().unwrap_or_else(|| {
+            Url::parse(&format!("https://localhost:{api_port}")).expect("valid URL")
+        })
+    }
+
+    /// Tunnel URLs, defaulting to QUIC then HTTP/2 on localhost.
+    pub fn tunnel_urls(&self, tunnel_port: u16) -> Vec<Url> {
+        if !self.tunnel_urls.is_empty() {
+            return self.tunnel_urls.clone();
+        }
+        ["quic", "h2"]
+            .iter()
+            .map(|s| Url::parse(&format!("{s}://localhost:{tunnel_port}")).expect("valid URL"))
+            .collect()
+    }
+}
+
+/// The transport a tunnel URL names by its scheme.
+pub fn tunnel_transport(url: &Url) -> Result<TransportKind> {
+    url.scheme()
+        .parse()
+        .map_err(|e: String| HubError::Config(format!("tunnel URL {url}: {e}")))
+}

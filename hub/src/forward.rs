@@ -1,0 +1,331 @@
+//! The front door for ResourceService and RuntimeService: authenticate the
+//! caller, find the cluster's tunnel, and pass the gRPC call through on a
+//! stream of its own. Only the first request message is looked at (for the
+//! routing key); responses pass through without being decoded.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
+use otter_tunnel::{frame::Limits, http::ResponseBody};
+use prost::Message;
+use tonic::Status;
+
+use crate::{
+    auth,
+    link_service::LinkRecord,
+    metrics::Metrics,
+    server::HubState,
+    store::{StoreExt, tree},
+};
+
+/// Response body type of every handler of the API port.
+pub type HttpBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+const FORWARDED_SERVICES: [&str; 2] = [
+    "/otterscale.resource.v1.ResourceService/",
+    "/otterscale.runtime.v1.RuntimeService/",
+];
+
+/// Methods whose first field is a session id (`<cluster>:<random>`), not a
+/// cluster: the agent that made the session owns it.
+const SESSION_METHODS: [&str; 3] = [
+    "/otterscale.runtime.v1.RuntimeService/WriteTTY",
+    "/otterscale.runtime.v1.RuntimeService/ResizeTTY",
+    "/otterscale.runtime.v1.RuntimeService/WritePortForward",
+];
+
+/// Field 1 of every forwarded request: the cluster, or the session id.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RouteKey {
+    #[prost(string, optional, tag = "1")]
+    key: Option<String>,
+}
+
+/// Whether `path` is handled here.
+pub fn is_forwarded(path: &str) -> bool {
+    FORWARDED_SERVICES.iter().any(|p| path.starts_with(p))
+}
+
+/// A gRPC error as a trailers-only response.
+pub fn status_response(status: Status) -> http::Response<HttpBody> {
+    status.into_http()
+}
+
+/// Forwards one call; every failure becomes a gRPC status.
+pub async fn handle(
+    state: Arc<HubState>,
+    req: http::Request<HttpBody>,
+) -> http::Response<HttpBody> {
+    match route(state, req).await {
+        Ok(resp) => resp,
+        Err(status) => status_response(status),
+    }
+}
+
+async fn route(
+    state: Arc<HubState>,
+    req: http::Request<HttpBody>,
+) -> Result<http::Response<HttpBody>, Status> {
+    let caller = auth::authenticate(&state, req.headers()).await?;
+    let (mut parts, body) = req.into_parts();
+    let (prefix, rest) = read_first_message(body, state.config.max_request_message).await?;
+    if prefix[0] != 0 {
+        return Err(Status::invalid_argument(
+            "compressed request messages are not accepted; send them uncompressed",
+        ));
+    }
+    let key = RouteKey::decode(&prefix[5..])
+        .map_err(|e| Status::invalid_argument(format!("request message does not decode: {e}")))?
+        .key
+        .unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    let cluster = if SESSION_METHODS.contains(&path.as_str()) {
+        match key.split_once(':') {
+            Some((cluster, _)) => cluster.to_owned(),
+            None => {
+                return Err(Status::not_found(
+                    "session not found (malformed session id)",
+                ));
+            }
+        }
+    } else {
+        key
+    };
+    if cluster.is_empty() {
+        return Err(Status::invalid_argument("cluster is required"));
+    }
+
+    let Some(tunnel) = state.registry.get(&cluster) else {
+        return Err(match state.store.get::<LinkRecord>(tree::LINKS, &cluster) {
+            Ok(Some(link)) => Status::unavailable(format!(
+                "cluster {cluster} is offline (last seen {})",
+                format_time(link.last_seen)
+            )),
+            Ok(None) => Status::not_found(format!("cluster {cluster} is not registered")),
+            Err(e) => e.into_status(),
+        });
+    };
+    let permit = tunnel.calls.clone().try_acquire_owned().map_err(|_| {
+        Status::resource_exhausted(format!(
+            "cluster {cluster} has {} calls in flight, the most one tunnel carries; retry later",
+            tunnel.max_calls
+        ))
+    })?;
+    let stream = tunnel
+        .opener
+        .open()
+        .await
+        .map_err(|e| Status::unavailable(format!("cluster {cluster}: tunnel failed: {e}")))?;
+
+    strip_client_headers(&mut parts.headers);
+    let metrics = state.metrics.clone();
+    let req = http::Request::from_parts(
+        parts,
+        PrefixedBody {
+            prefix: Some(prefix),
+            rest,
+            metrics: metrics.clone(),
+        },
+    );
+    metrics.calls_in_flight.inc();
+    let guard = CallGuard {
+        _permit: permit,
+        metrics: metrics.clone(),
+    };
+    let resp = otter_tunnel::http::forward(
+        stream,
+        Some(caller),
+        req,
+        Limits::default(),
+        Some(Box::new(guard)),
+    )
+    .await
+    .map_err(|e| Status::unavailable(format!("cluster {cluster}: {e}")))?;
+    Ok(resp.map(|body| {
+        GrpcTunnelBody {
+            inner: body,
+            cluster,
+            failed: false,
+            metrics,
+        }
+        .boxed_unsync()
+    }))
+}
+
+/// Drops what a client must not pass to an agent: its credentials, anything
+/// that looks like identity, and connection-level headers.
+fn strip_client_headers(headers: &mut http::HeaderMap) {
+    let drop: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let n = name.as_str();
+            n == "authorization"
+                || n == "cookie"
+                || n.starts_with("impersonate-")
+                || n.starts_with("x-otter-")
+                || matches!(
+                    n,
+                    "connection"
+                        | "keep-alive"
+                        | "proxy-connection"
+                        | "transfer-encoding"
+                        | "upgrade"
+                        | "host"
+                )
+        })
+        .cloned()
+        .collect();
+    for name in drop {
+        headers.remove(name);
+    }
+}
+
+fn format_time(unix: i64) -> String {
+    let ago = crate::unix_now() - unix;
+    match ago {
+        i64::MIN..=59 => format!("{ago}s ago"),
+        60..=3599 => format!("{}m ago", ago / 60),
+        3600..=86399 => format!("{}h ago", ago / 3600),
+        _ => format!("{}d ago", ago / 86400),
+    }
+}
+
+/// Reads the body up to the end of the first gRPC message. Returns the bytes
+/// read (the first message and anything after it) and the rest of the body.
+async fn read_first_message(mut body: HttpBody, max: usize) -> Result<(Bytes, HttpBody), Status> {
+    let mut buf = BytesMut::new();
+    loop {
+        if buf.len() >= 5 {
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            if len > max {
+                return Err(Status::resource_exhausted(format!(
+                    "request message of {len} bytes is over the limit of {max}"
+                )));
+            }
+            if buf.len() >= 5 + len {
+                return Ok((buf.freeze(), body));
+            }
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+            }
+            Some(Err(e)) => {
+                return Err(Status::cancelled(format!("reading request: {e}")));
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "request ended before its first message",
+                ));
+            }
+        }
+    }
+}
+
+/// The request body as the agent gets it: what was read for routing, then
+/// the rest.
+struct PrefixedBody<B> {
+    prefix: Option<Bytes>,
+    rest: B,
+    metrics: Arc<Metrics>,
+}
+
+/// Held for as long as a forwarded call lives: its slot on the tunnel and
+/// its place in the in-flight gauge.
+struct CallGuard {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.metrics.calls_in_flight.dec();
+    }
+}
+
+fn count_bytes(metrics: &Metrics, direction: &str, n: usize) {
+    metrics
+        .tunnel_bytes
+        .get_or_create(&crate::metrics::DirectionLabel {
+            direction: direction.to_owned(),
+        })
+        .inc_by(n as u64);
+}
+
+impl Body for PrefixedBody<HttpBody> {
+    type Data = Bytes;
+    // A concrete error type: a boxed `dyn Error` here trips the compiler's
+    // higher-ranked lifetime checks once the call is boxed as a Send future.
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if let Some(prefix) = self.prefix.take() {
+            count_bytes(&self.metrics, "to_agent", prefix.len());
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        let frame = ready!(Pin::new(&mut self.rest).poll_frame(cx));
+        if let Some(Ok(f)) = &frame
+            && let Some(d) = f.data_ref()
+        {
+            count_bytes(&self.metrics, "to_agent", d.len());
+        }
+        Poll::Ready(frame.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))))
+    }
+}
+
+/// Response body of a forwarded call. A tunnel that breaks mid-call ends the
+/// call with gRPC status Unavailable instead of a bare stream reset, so the
+/// caller learns what happened.
+struct GrpcTunnelBody {
+    inner: ResponseBody,
+    cluster: String,
+    failed: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl Body for GrpcTunnelBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.failed {
+            return Poll::Ready(None);
+        }
+        match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
+            Some(Err(e)) => {
+                self.failed = true;
+                let status =
+                    Status::unavailable(format!("tunnel to cluster {} lost: {e}", self.cluster));
+                let mut trailers = http::HeaderMap::new();
+                let _ = status.add_header(&mut trailers);
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+            other => {
+                if let Some(Ok(f)) = &other
+                    && let Some(d) = f.data_ref()
+                {
+                    count_bytes(&self.metrics, "from_agent", d.len());
+                }
+                Poll::Ready(other.map(|r| r.map_err(Into::into)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || self.inner.is_end_stream()
+    }
+}

@@ -1,0 +1,296 @@
+//! `otterscale.link.v1.LinkService`: agents register, operators list links.
+
+use std::sync::Arc;
+
+use otter_pki::{AgentIdentity, PkiError, identity::PeerCertificate};
+use otter_proto::link::v1::{
+    GetAgentManifestRequest, GetAgentManifestResponse, Link, LinkState, ListLinksRequest,
+    ListLinksResponse, ListRancherProjectsRequest, ListRancherProjectsResponse, RegisterRequest,
+    RegisterResponse, link_service_server::LinkService,
+};
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    auth,
+    registry::drain,
+    server::{ConnInfo, HubState},
+    store::{StoreExt, tree},
+    tokens::{self, JoinTokenError},
+    unix_now,
+};
+
+/// Longest agent version string accepted.
+const MAX_VERSION_LEN: usize = 64;
+/// Longest Rancher project id accepted.
+const MAX_RANCHER_ID_LEN: usize = 253;
+
+/// A link as stored: one per cluster, the latest registered agent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LinkRecord {
+    pub cluster: String,
+    pub agent_id: String,
+    pub agent_version: String,
+    #[serde(default)]
+    pub rancher_project_id: String,
+    pub cert_serial: String,
+    /// Unix seconds.
+    pub cert_not_after: i64,
+    pub first_seen: i64,
+    pub last_seen: i64,
+    #[serde(default)]
+    pub last_transport: String,
+}
+
+/// The LinkService handlers.
+#[derive(Debug, Clone)]
+pub struct LinkSvc {
+    pub state: Arc<HubState>,
+}
+
+fn timestamp(secs: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: secs,
+        nanos: 0,
+    }
+}
+
+fn printable(s: &str) -> bool {
+    s.chars().all(|c| !c.is_control())
+}
+
+impl LinkSvc {
+    async fn register_inner(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let conn = request.extensions().get::<Arc<ConnInfo>>().cloned();
+        let req = request.into_inner();
+        let cluster = req.cluster.unwrap_or_default();
+        let agent_id = req.agent_id.unwrap_or_default();
+        let agent_version = req.agent_version.unwrap_or_default();
+        let rancher_project_id = req.rancher_project_id.unwrap_or_default();
+        let identity = AgentIdentity::new(&cluster, &agent_id)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if agent_version.is_empty()
+            || agent_version.len() > MAX_VERSION_LEN
+            || !printable(&agent_version)
+        {
+            return Err(Status::invalid_argument(format!(
+                "agent_version must be 1 to {MAX_VERSION_LEN} printable characters"
+            )));
+        }
+        if rancher_project_id.len() > MAX_RANCHER_ID_LEN || !printable(&rancher_project_id) {
+            return Err(Status::invalid_argument(
+                "rancher_project_id is too long or not printable",
+            ));
+        }
+        let csr = req.csr.unwrap_or_default();
+        if csr.is_empty() {
+            return Err(Status::invalid_argument(
+                "csr is empty: send a PEM PKCS#10 request for the agent's key",
+            ));
+        }
+        let csr = std::str::from_utf8(&csr)
+            .map_err(|_| Status::invalid_argument("csr must be PEM text"))?;
+
+        // Who may register: a join token for this cluster, or (renewal) the
+        // certificate of this cluster's current agent presented over mTLS.
+        match req.join_token.as_deref().filter(|t| !t.is_empty()) {
+            Some(token) => match tokens::use_join_token(&*self.state.store, token, &cluster)
+                .map_err(|e| e.into_status())?
+            {
+                Ok(()) => {}
+                Err(e @ JoinTokenError::WrongCluster(_)) => {
+                    return Err(Status::permission_denied(e.to_string()));
+                }
+                Err(e) => return Err(Status::unauthenticated(e.to_string())),
+            },
+            None => {
+                let peer = conn
+                    .as_ref()
+                    .and_then(|c| c.peer_cert.as_ref())
+                    .ok_or_else(|| {
+                        Status::unauthenticated(
+                            "Register needs a join token (from the agent manifest) or, to renew, the agent's current certificate",
+                        )
+                    })
+                    .and_then(|der| {
+                        PeerCertificate::from_der(der).map_err(|e| Status::unauthenticated(e.to_string()))
+                    })?;
+                if peer.identity.cluster != cluster {
+                    return Err(Status::permission_denied(format!(
+                        "certificate belongs to cluster {:?}, not {cluster:?}",
+                        peer.identity.cluster
+                    )));
+                }
+                let current = self
+                    .state
+                    .store
+                    .get::<LinkRecord>(tree::LINKS, &cluster)
+                    .map_err(|e| e.into_status())?;
+                if current.as_ref().map(|l| &l.agent_id) != Some(&peer.identity.agent_id)
+                    || peer.identity.agent_id != agent_id
+                {
+                    return Err(Status::permission_denied(
+                        "this certificate's agent has been replaced; register with a join token",
+                    ));
+                }
+            }
+        }
+
+        let issued = self
+            .state
+            .ca
+            .sign_agent_csr(csr, &identity, self.state.config.agent_cert_lifetime)
+            .map_err(|e| match e {
+                PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
+                    Status::invalid_argument(e.to_string())
+                }
+                other => crate::HubError::from(other).into_status(),
+            })?;
+
+        let now = unix_now();
+        let previous = self
+            .state
+            .store
+            .get::<LinkRecord>(tree::LINKS, &cluster)
+            .map_err(|e| e.into_status())?;
+        let record = LinkRecord {
+            cluster: cluster.clone(),
+            agent_id: agent_id.clone(),
+            agent_version,
+            rancher_project_id,
+            cert_serial: issued.serial.clone(),
+            cert_not_after: issued.not_after,
+            first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
+            last_seen: now,
+            last_transport: previous.map(|p| p.last_transport).unwrap_or_default(),
+        };
+        self.state
+            .store
+            .put(tree::LINKS, &cluster, &record)
+            .map_err(|e| e.into_status())?;
+        // Latest agent wins: a tunnel of the agent this one replaces is
+        // drained and closed.
+        if let Some(old) = self.state.registry.take_if_other_agent(&cluster, &agent_id) {
+            drain(
+                old,
+                self.state.config.drain_timeout,
+                "replaced by a newly registered agent",
+            );
+        }
+        tracing::info!(%cluster, %agent_id, serial = %issued.serial, "agent registered");
+
+        let tunnel_urls: Vec<String> = self
+            .state
+            .tunnel_urls
+            .iter()
+            .map(|u| u.to_string())
+            .collect();
+        Ok(Response::new(RegisterResponse {
+            endpoint: tunnel_urls.first().cloned(),
+            certificate: Some(issued.pem.into_bytes()),
+            ca_certificate: Some(self.state.ca.cert_pem().as_bytes().to_vec()),
+            server_version: Some(crate::VERSION.to_owned()),
+            tunnel_urls,
+            certificate_expires: Some(timestamp(issued.not_after)),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl LinkService for LinkSvc {
+    async fn list_links(
+        &self,
+        request: Request<ListLinksRequest>,
+    ) -> Result<Response<ListLinksResponse>, Status> {
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        let records = self
+            .state
+            .store
+            .scan::<LinkRecord>(tree::LINKS)
+            .map_err(|e| e.into_status())?;
+        let links = records
+            .into_iter()
+            .map(|r| {
+                let live = self
+                    .state
+                    .registry
+                    .get(&r.cluster)
+                    .filter(|t| t.agent_id == r.agent_id);
+                Link {
+                    cluster: Some(r.cluster),
+                    agent_version: Some(r.agent_version),
+                    rancher_project_id: Some(r.rancher_project_id),
+                    agent_id: Some(r.agent_id),
+                    state: Some(if live.is_some() {
+                        LinkState::Connected
+                    } else {
+                        LinkState::Offline
+                    } as i32),
+                    transport: Some(
+                        live.as_ref()
+                            .map(|t| t.transport.as_str().to_owned())
+                            .unwrap_or_default(),
+                    ),
+                    last_seen: Some(timestamp(if live.is_some() {
+                        unix_now()
+                    } else {
+                        r.last_seen
+                    })),
+                    first_seen: Some(timestamp(r.first_seen)),
+                    certificate_expires: Some(timestamp(r.cert_not_after)),
+                    certificate_serial: Some(r.cert_serial),
+                    remote_address: live.as_ref().map(|t| t.remote.to_string()),
+                    diagnosis: None,
+                }
+            })
+            .collect();
+        Ok(Response::new(ListLinksResponse { links }))
+    }
+
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let renewal = request
+            .get_ref()
+            .join_token
+            .as_deref()
+            .is_none_or(str::is_empty);
+        let result = self.register_inner(request).await;
+        let outcome = match &result {
+            Ok(_) if renewal => "renewed",
+            Ok(_) => "registered",
+            Err(s) => match s.code() {
+                tonic::Code::InvalidArgument => "invalid",
+                tonic::Code::Unauthenticated => "unauthenticated",
+                tonic::Code::PermissionDenied => "permission_denied",
+                _ => "error",
+            },
+        };
+        self.state.metrics.register_outcome(outcome);
+        result
+    }
+
+    async fn get_agent_manifest(
+        &self,
+        request: Request<GetAgentManifestRequest>,
+    ) -> Result<Response<GetAgentManifestResponse>, Status> {
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        Err(Status::unimplemented(
+            "agent manifests are not served by this build yet",
+        ))
+    }
+
+    async fn list_rancher_projects(
+        &self,
+        request: Request<ListRancherProjectsRequest>,
+    ) -> Result<Response<ListRancherProjectsResponse>, Status> {
+        auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        Err(Status::failed_precondition(
+            "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",
+        ))
+    }
+}

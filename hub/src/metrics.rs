@@ -1,0 +1,220 @@
+//! Prometheus metrics of the hub, in the text exposition format at
+//! `/metrics`: requests by method and code, latency until the response
+//! starts, live tunnels by transport, calls in flight, bytes through
+//! tunnels, and registration outcomes.
+
+use std::{
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, AtomicU64},
+    },
+    task::{Context, Poll, ready},
+    time::Instant,
+};
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::forward::HttpBody;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodCode {
+    pub method: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabel {
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabel {
+    pub transport: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+/// Every metric of the hub.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<MethodCode, Counter>,
+    pub latency: Family<MethodLabel, Histogram>,
+    pub tunnels: Family<TransportLabel, Gauge<i64, AtomicI64>>,
+    pub calls_in_flight: Gauge<i64, AtomicI64>,
+    pub tunnel_bytes: Family<DirectionLabel, Counter<u64, AtomicU64>>,
+    pub registers: Family<OutcomeLabel, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs … ~3 min, doubling.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0001, 2.0, 21,
+    ))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("otter_hub");
+        let requests = Family::<MethodCode, Counter>::default();
+        let latency = Family::<MethodLabel, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let tunnels = Family::<TransportLabel, Gauge<i64, AtomicI64>>::default();
+        let calls_in_flight = Gauge::<i64, AtomicI64>::default();
+        let tunnel_bytes = Family::<DirectionLabel, Counter<u64, AtomicU64>>::default();
+        let registers = Family::<OutcomeLabel, Counter>::default();
+        registry.register("requests", "RPCs by method and gRPC code", requests.clone());
+        registry.register(
+            "request_duration_seconds",
+            "Time until the response starts, by method",
+            latency.clone(),
+        );
+        registry.register(
+            "tunnels",
+            "Live agent tunnels by transport",
+            tunnels.clone(),
+        );
+        registry.register(
+            "calls_in_flight",
+            "Calls forwarded over tunnels right now",
+            calls_in_flight.clone(),
+        );
+        registry.register(
+            "tunnel_bytes",
+            "Bytes of forwarded calls, by direction",
+            tunnel_bytes.clone(),
+        );
+        registry.register("registers", "Register outcomes", registers.clone());
+        Self {
+            registry,
+            requests,
+            latency,
+            tunnels,
+            calls_in_flight,
+            tunnel_bytes,
+            registers,
+        }
+    }
+}
+
+impl Metrics {
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn register_outcome(&self, outcome: &str) {
+        self.registers
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a finished call.
+    pub fn request_done(&self, method: &str, code: tonic::Code) {
+        self.requests
+            .get_or_create(&MethodCode {
+                method: method.to_owned(),
+                code: format!("{code:?}"),
+            })
+            .inc();
+    }
+}
+
+/// Wraps a gRPC response body to record the call's code when its status
+/// arrives (headers for trailers-only responses, otherwise trailers), and
+/// the latency until the response started.
+pub fn observe(
+    metrics: Arc<Metrics>,
+    method: String,
+    started: Instant,
+    resp: http::Response<HttpBody>,
+) -> http::Response<HttpBody> {
+    metrics
+        .latency
+        .get_or_create(&MethodLabel {
+            method: method.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    if let Some(status) = tonic::Status::from_header_map(resp.headers()) {
+        metrics.request_done(&method, status.code());
+        return resp;
+    }
+    resp.map(|inner| {
+        http_body_util::BodyExt::boxed_unsync(Observed {
+            inner,
+            metrics,
+            method,
+            done: false,
+        })
+    })
+}
+
+struct Observed {
+    inner: HttpBody,
+    metrics: Arc<Metrics>,
+    method: String,
+    done: bool,
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        if !self.done {
+            // The caller went away before the status.
+            self.metrics
+                .request_done(&self.method, tonic::Code::Cancelled);
+        }
+    }
+}
+
+impl Body for Observed {
+    type Data = Bytes;
+    type Error = crate::protocol::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) if f.is_trailers() => {
+                let code = f
+                    .trailers_ref()
+                    .and_then(tonic::Status::from_header_map)
+                    .map_or(tonic::Code::Unknown, |s| s.code());
+                self.done = true;
+                self.metrics.request_done(&self.method, code);
+            }
+            Some(Err(_)) | None if !self.done => {
+                self.done = true;
+                self.metrics
+                    .request_done(&self.method, tonic::Code::Unavailable);
+            }
+            _ => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}

@@ -1,0 +1,138 @@
+//! gRPC-Web: gRPC's framing in an HTTP/1.1-friendly body, trailers sent as
+//! a last frame (flag 0x80), and the `-text` variant in base64.
+
+use base64::Engine;
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, header};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Incoming;
+
+use super::{BoxError, Inner, data_frame, err_frame, frames, pass_headers, status_of};
+use crate::forward::HttpBody;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// Serves one gRPC-Web call through the gRPC handlers.
+pub async fn call(
+    inner: Inner,
+    text: bool,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let (parts, body) = req.into_parts();
+    let body: HttpBody = if text {
+        // Decode base64 in whole 4-character groups, across chunk borders.
+        let s = futures::stream::unfold(
+            (body, BytesMut::new(), false),
+            |(mut body, mut pending, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    match body.frame().await {
+                        Some(Ok(frame)) => {
+                            let Ok(data) = frame.into_data() else {
+                                continue;
+                            };
+                            pending.extend(data.iter().filter(|b| !b.is_ascii_whitespace()));
+                            let whole = pending.len() / 4 * 4;
+                            if whole == 0 {
+                                continue;
+                            }
+                            let chunk = pending.split_to(whole);
+                            return Some(match B64.decode(&chunk) {
+                                Ok(d) => (data_frame(Bytes::from(d)), (body, pending, false)),
+                                Err(e) => (
+                                    err_frame(format!("grpc-web-text body is not base64: {e}")),
+                                    (body, pending, true),
+                                ),
+                            });
+                        }
+                        Some(Err(e)) => return Some((err_frame(e), (body, pending, true))),
+                        None if !pending.is_empty() => {
+                            return Some((
+                                err_frame("grpc-web-text body ends mid base64 group"),
+                                (body, pending, true),
+                            ));
+                        }
+                        None => return None,
+                    }
+                }
+            },
+        );
+        StreamBody::new(s).boxed_unsync()
+    } else {
+        body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync()
+    };
+    let mut grpc = http::Request::new(body);
+    *grpc.method_mut() = http::Method::POST;
+    *grpc.uri_mut() = parts.uri;
+    *grpc.headers_mut() = pass_headers(&parts.headers);
+    if let Some(t) = parts.headers.get("grpc-timeout") {
+        grpc.headers_mut().insert("grpc-timeout", t.clone());
+    }
+    *grpc.extensions_mut() = parts.extensions;
+
+    let resp = inner.call(grpc).await;
+    let (mut rparts, rbody) = resp.into_parts();
+    let encode = move |b: Bytes| if text { Bytes::from(B64.encode(&b)) } else { b };
+    let trailers_only = status_of(&rparts.headers).map(|_| rparts.headers.clone());
+    let s = futures::stream::unfold(
+        (rbody, trailers_only, false),
+        move |(mut body, trailers_only, done)| async move {
+            if done {
+                return None;
+            }
+            if let Some(headers) = trailers_only {
+                return Some((
+                    data_frame(encode(trailer_frame(&headers))),
+                    (body, None, true),
+                ));
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => Some((data_frame(encode(data)), (body, None, false))),
+                    Err(frame) => {
+                        let trailers = frame.into_trailers().unwrap_or_default();
+                        Some((
+                            data_frame(encode(trailer_frame(&trailers))),
+                            (body, None, true),
+                        ))
+                    }
+                },
+                Some(Err(e)) => {
+                    let status = tonic::Status::unavailable(format!("response stream broke: {e}"));
+                    let mut t = HeaderMap::new();
+                    let _ = status.add_header(&mut t);
+                    Some((data_frame(encode(trailer_frame(&t))), (body, None, true)))
+                }
+                None => None,
+            }
+        },
+    );
+    let content_type = if text {
+        "application/grpc-web-text+proto"
+    } else {
+        "application/grpc-web+proto"
+    };
+    rparts
+        .headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    rparts.headers.remove(header::CONTENT_LENGTH);
+    http::Response::from_parts(rparts, StreamBody::new(s).boxed_unsync())
+}
+
+/// Trailers as gRPC-Web's last frame: `name: value\r\n` lines.
+fn trailer_frame(trailers: &HeaderMap) -> Bytes {
+    let mut text = Vec::new();
+    for (name, value) in trailers {
+        let n = name.as_str();
+        if n == "content-type" || n == "date" || n == "content-length" {
+            continue;
+        }
+        text.extend_from_slice(n.as_bytes());
+        text.extend_from_slice(b": ");
+        text.extend_from_slice(value.as_bytes());
+        text.extend_from_slice(b"\r\n");
+    }
+    frames::encode(frames::FLAG_TRAILERS, &text)
+}

@@ -1,0 +1,273 @@
+//! The protocols of the API port, turned into gRPC for one set of handlers.
+//!
+//! Browsers speak Connect (JSON or binary, unary and server-streaming) and
+//! gRPC-Web; scripts speak gRPC. Every request is rewritten into a gRPC
+//! request for the same handlers (the tonic services and the forwarder), and
+//! the gRPC response is rewritten back. JSON uses the canonical proto3 JSON
+//! mapping through `prost-reflect` and the descriptor set.
+//!
+//! # Layout
+//! - [`frames`] — length-prefixed envelopes, sans IO.
+//! - [`connect`] — Connect unary (POST and GET) and streaming.
+//! - [`grpc_web`] — gRPC-Web, binary and text.
+//! - this file — detection, status mapping, JSON and gzip helpers.
+
+pub mod connect;
+pub mod frames;
+pub mod grpc_web;
+
+use std::io::Read;
+
+use base64::Engine;
+use bytes::Bytes;
+use http::HeaderMap;
+use prost::Message;
+use prost_reflect::{DynamicMessage, MessageDescriptor, SerializeOptions};
+use tonic::{Code, Status};
+
+/// Boxed error of bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A data frame of a rewritten body. Streams of the protocol layer build
+/// their items only through this and [`err_frame`], which pins the error to
+/// the `'static` boxed error (left to inference inside closures, the
+/// compiler picks a shorter object lifetime and the futures stop being Send).
+pub fn data_frame(data: Bytes) -> Result<http_body::Frame<Bytes>, BoxError> {
+    Ok(http_body::Frame::data(data))
+}
+
+/// An error of a rewritten body; see [`data_frame`].
+pub fn err_frame(e: impl std::fmt::Display) -> Result<http_body::Frame<Bytes>, BoxError> {
+    Err(e.to_string().into())
+}
+
+/// The gRPC handlers behind the protocol layer.
+pub type Inner = crate::server::GrpcHandler;
+
+/// How a request is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    GrpcWeb { text: bool },
+    ConnectUnary { json: bool },
+    ConnectStream { json: bool },
+    ConnectGet,
+}
+
+/// The protocol of a request, from its method and content type; `None` when
+/// it is none of ours (answered 415).
+pub fn detect(method: &http::Method, headers: &HeaderMap) -> Option<Protocol> {
+    if method == http::Method::GET {
+        return Some(Protocol::ConnectGet);
+    }
+    let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    let ct = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    Some(match ct.as_str() {
+        "application/grpc" | "application/grpc+proto" => Protocol::Grpc,
+        "application/grpc-web" | "application/grpc-web+proto" => Protocol::GrpcWeb { text: false },
+        "application/grpc-web-text" | "application/grpc-web-text+proto" => {
+            Protocol::GrpcWeb { text: true }
+        }
+        "application/json" => Protocol::ConnectUnary { json: true },
+        "application/proto" => Protocol::ConnectUnary { json: false },
+        "application/connect+json" => Protocol::ConnectStream { json: true },
+        "application/connect+proto" => Protocol::ConnectStream { json: false },
+        _ => return None,
+    })
+}
+
+/// Connect's name for a gRPC code.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "ok",
+        Code::Cancelled => "canceled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
+/// The HTTP status Connect gives a gRPC code.
+pub fn http_status(code: Code) -> http::StatusCode {
+    use http::StatusCode as S;
+    match code {
+        Code::Ok => S::OK,
+        Code::Cancelled => S::from_u16(499).unwrap_or(S::BAD_REQUEST),
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => S::BAD_REQUEST,
+        Code::DeadlineExceeded => S::GATEWAY_TIMEOUT,
+        Code::NotFound => S::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => S::CONFLICT,
+        Code::PermissionDenied => S::FORBIDDEN,
+        Code::ResourceExhausted => S::TOO_MANY_REQUESTS,
+        Code::Unimplemented => S::NOT_IMPLEMENTED,
+        Code::Unavailable => S::SERVICE_UNAVAILABLE,
+        Code::Unauthenticated => S::UNAUTHORIZED,
+        Code::Unknown | Code::Internal | Code::DataLoss => S::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// `google.rpc.Status`, to read the details of an error.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<prost_types::Any>,
+}
+
+/// The Connect error JSON of a status.
+pub fn error_json(status: &Status) -> serde_json::Value {
+    let mut err =
+        serde_json::json!({ "code": code_name(status.code()), "message": status.message() });
+    if !status.details().is_empty()
+        && let Ok(rpc) = RpcStatus::decode(status.details())
+        && !rpc.details.is_empty()
+    {
+        let b64 = base64::engine::general_purpose::STANDARD_NO_PAD;
+        err["details"] = rpc
+            .details
+            .iter()
+            .map(|a| {
+                serde_json::json!({
+                    "type": a.type_url.rsplit('/').next().unwrap_or(&a.type_url),
+                    "value": b64.encode(&a.value),
+                })
+            })
+            .collect();
+    }
+    err
+}
+
+/// Decodes JSON (canonical proto3 mapping) into the binary message.
+pub fn json_to_proto(desc: &MessageDescriptor, json: &[u8]) -> Result<Vec<u8>, Status> {
+    let json = if json.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        json
+    };
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let msg = DynamicMessage::deserialize(desc.clone(), &mut de)
+        .and_then(|m| de.end().map(|()| m))
+        .map_err(|e| {
+            Status::invalid_argument(format!(
+                "request is not a valid {} in JSON: {e}",
+                desc.full_name()
+            ))
+        })?;
+    Ok(msg.encode_to_vec())
+}
+
+/// Encodes a binary message as JSON (canonical proto3 mapping).
+pub fn proto_to_json(desc: &MessageDescriptor, bytes: &[u8]) -> Result<Vec<u8>, Status> {
+    let msg = DynamicMessage::decode(desc.clone(), bytes).map_err(|e| {
+        Status::internal(format!("response is not a valid {}: {e}", desc.full_name()))
+    })?;
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    msg.serialize_with_options(&mut ser, &SerializeOptions::new())
+        .map_err(|e| Status::internal(format!("JSON encoding: {e}")))?;
+    Ok(out)
+}
+
+/// Inflates gzip, refusing output over `max` bytes.
+pub fn gunzip(data: &[u8], max: usize) -> Result<Bytes, Status> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data)
+        .take(max as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| Status::invalid_argument(format!("gzip: {e}")))?;
+    if out.len() > max {
+        return Err(Status::resource_exhausted(format!(
+            "decompressed message is over the limit of {max} bytes"
+        )));
+    }
+    Ok(out.into())
+}
+
+/// Deflates with gzip.
+pub fn gzip(data: &[u8]) -> Bytes {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(data.len() / 2),
+        flate2::Compression::fast(),
+    );
+    let _ = enc.write_all(data);
+    enc.finish().unwrap_or_default().into()
+}
+
+/// Whether a comma-separated `*-encoding` header accepts gzip.
+pub fn accepts_gzip(value: Option<&http::HeaderValue>) -> bool {
+    value
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|e| e.trim().eq_ignore_ascii_case("gzip")))
+}
+
+/// Headers a protocol-rewritten request keeps: everything but the framing
+/// of the outer protocol.
+pub fn pass_headers(from: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(from.len());
+    for (name, value) in from {
+        let n = name.as_str();
+        if n.starts_with("connect-")
+            || n.starts_with("content-")
+            || matches!(
+                n,
+                "accept-encoding"
+                    | "grpc-accept-encoding"
+                    | "grpc-encoding"
+                    | "te"
+                    | "x-grpc-web"
+                    | "host"
+                    | "connection"
+            )
+        {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    out.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    out
+}
+
+/// The gRPC status carried in `headers` (trailers, or headers of a
+/// trailers-only response).
+pub fn status_of(headers: &HeaderMap) -> Option<Status> {
+    Status::from_header_map(headers)
+}
+
+/// `connect-timeout-ms` as a gRPC timeout header value.
+pub fn grpc_timeout_from_connect(headers: &HeaderMap) -> Option<http::HeaderValue> {
+    let ms: u64 = headers
+        .get("connect-timeout-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // gRPC allows at most 8 digits.
+    let ms = ms.min(99_999_999);
+    http::HeaderValue::from_str(&format!("{ms}m")).ok()
+}

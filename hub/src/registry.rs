@@ -1,0 +1,125 @@
+//! Live tunnels by cluster: the hub's routing table.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use otter_tunnel::{Opener, TransportKind};
+use tokio::sync::Semaphore;
+
+/// One live tunnel.
+pub struct TunnelEntry {
+    /// Unique per connection, so a stale close cannot remove its successor.
+    pub id: u64,
+    pub cluster: String,
+    pub agent_id: String,
+    pub opener: Arc<dyn Opener>,
+    pub transport: TransportKind,
+    pub remote: SocketAddr,
+    /// Unix seconds.
+    pub connected_at: i64,
+    /// One permit per call in flight; the bound on concurrent calls.
+    pub calls: Arc<Semaphore>,
+    pub max_calls: u32,
+}
+
+impl std::fmt::Debug for TunnelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelEntry")
+            .field("id", &self.id)
+            .field("cluster", &self.cluster)
+            .field("agent_id", &self.agent_id)
+            .field("transport", &self.transport)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+impl TunnelEntry {
+    /// Calls in flight right now.
+    pub fn calls_in_flight(&self) -> u32 {
+        self.max_calls - self.calls.available_permits() as u32
+    }
+}
+
+/// The routing table. Reads are frequent (every call), writes rare (tunnel up
+/// or down), so a read-write lock with short critical sections is enough.
+#[derive(Debug, Default)]
+pub struct Registry {
+    tunnels: RwLock<HashMap<String, Arc<TunnelEntry>>>,
+    next_id: AtomicU64,
+}
+
+impl Registry {
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn get(&self, cluster: &str) -> Option<Arc<TunnelEntry>> {
+        self.read().get(cluster).cloned()
+    }
+
+    /// Puts `entry` in place and returns the tunnel it replaced.
+    pub fn insert(&self, entry: Arc<TunnelEntry>) -> Option<Arc<TunnelEntry>> {
+        self.write().insert(entry.cluster.clone(), entry)
+    }
+
+    /// Removes the cluster's tunnel if it is still the one with `id`.
+    pub fn remove_if(&self, cluster: &str, id: u64) -> bool {
+        let mut map = self.write();
+        if map.get(cluster).is_some_and(|e| e.id == id) {
+            map.remove(cluster);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Removes and returns the cluster's tunnel if it belongs to another agent.
+    pub fn take_if_other_agent(&self, cluster: &str, agent_id: &str) -> Option<Arc<TunnelEntry>> {
+        let mut map = self.write();
+        if map.get(cluster).is_some_and(|e| e.agent_id != agent_id) {
+            map.remove(cluster)
+        } else {
+            None
+        }
+    }
+
+    pub fn all(&self) -> Vec<Arc<TunnelEntry>> {
+        self.read().values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<TunnelEntry>>> {
+        self.tunnels.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<TunnelEntry>>> {
+        self.tunnels.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Lets a tunnel that is out of the routing table finish its calls, then
+/// closes it; after `timeout` it is closed regardless. Nothing is leaked: the
+/// connection ends either way.
+pub fn drain(entry: Arc<TunnelEntry>, timeout: Duration, reason: &'static str) {
+    tokio::spawn(async move {
+        let all = entry.calls.acquire_many(entry.max_calls);
+        let _ = tokio::time::timeout(timeout, all).await;
+        tracing::info!(cluster = %entry.cluster, agent_id = %entry.agent_id, reason, "closing drained tunnel");
+        entry.opener.close(reason);
+    });
+}

@@ -1,0 +1,593 @@
+//! Listeners and request dispatch.
+//!
+//! One TLS port serves the API (gRPC today; Connect, gRPC-Web and the
+//! manifest URL share it). The tunnel port serves TLS + HTTP/2 tunnels on TCP
+//! and QUIC tunnels on UDP with the same number.
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use otter_pki::{CertificateAuthority, tls};
+use otter_proto::link::v1::link_service_server::LinkServiceServer;
+use otter_tunnel::{h2, quic};
+use tokio::{net::TcpListener, sync::mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use url::Url;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use tonic_health::ServingStatus;
+
+use crate::{
+    HubConfig, HubError, Result, authority, cors,
+    forward::{self, HttpBody},
+    link_service::LinkSvc,
+    methods::Methods,
+    metrics::Metrics,
+    oidc::OidcVerifier,
+    protocol::{self, Protocol},
+    registry::Registry,
+    store::{SledStore, Store},
+    tokens,
+};
+
+/// Bounds a TLS handshake on the API port.
+const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every handler shares.
+pub struct HubState {
+    pub config: HubConfig,
+    pub store: Arc<dyn Store>,
+    pub ca: CertificateAuthority,
+    pub registry: Registry,
+    pub external_url: Url,
+    pub tunnel_urls: Vec<Url>,
+    /// Every task the hub spawns, so shutdown can wait for all of them.
+    pub tasks: TaskTracker,
+    /// RPC table from the descriptor set: JSON mapping, feature gates.
+    pub methods: Methods,
+    /// Verifier of identity-provider tokens, when one is configured.
+    pub oidc: Option<Arc<OidcVerifier>>,
+    /// gRPC health: SERVING only while the store takes writes.
+    pub health: tonic_health::server::HealthReporter,
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for HubState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubState")
+            .field("external_url", &self.external_url)
+            .finish()
+    }
+}
+
+/// Facts about the connection a request came in on.
+#[derive(Debug)]
+pub struct ConnInfo {
+    pub remote: SocketAddr,
+    /// Client certificate (verified against the hub CA), if one was shown.
+    pub peer_cert: Option<Vec<u8>>,
+}
+
+/// A running hub.
+#[derive(Debug)]
+pub struct Hub {
+    pub state: Arc<HubState>,
+    pub api_addr: SocketAddr,
+    pub tunnel_addr: SocketAddr,
+    /// The admin token, when this start created it (first start only).
+    pub admin_token: Option<String>,
+    shutdown: CancellationToken,
+}
+
+impl Hub {
+    /// Opens the store, loads or creates the CA, binds every listener and
+    /// starts serving.
+    pub async fn start(config: HubConfig) -> Result<Hub> {
+        config.validate()?;
+        tls::install_default_provider();
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&config.data_dir)?);
+        let ca = authority::load_or_create_ca(&*store)?;
+        let admin_token = tokens::ensure_admin_token(&*store, &config.data_dir)?;
+        let pruned = tokens::prune_join_tokens(&*store)?;
+        if pruned > 0 {
+            tracing::info!(pruned, "removed long-expired join tokens");
+        }
+
+        let api = TcpListener::bind(config.api_listen).await?;
+        let api_addr = api.local_addr()?;
+        let (tunnel_tcp, endpoint_udp) = bind_tunnel_port(config.tunnel_listen).await?;
+        let tunnel_addr = tunnel_tcp.local_addr()?;
+
+        let external_url = config.external_url(api_addr.port());
+        let tunnel_urls = config.tunnel_urls(tunnel_addr.port());
+        let names =
+            authority::server_names(std::iter::once(&external_url).chain(tunnel_urls.iter()));
+        let (cert, key) = ca.issue_server_cert(&names)?;
+        let api_tls = tls::server_config(
+            &cert,
+            &key,
+            ca.cert_pem(),
+            tls::ClientAuth::Optional,
+            &[b"h2", b"http/1.1"],
+        )?;
+        let tunnel_tls = tls::server_config(
+            &cert,
+            &key,
+            ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[h2::ALPN],
+        )?;
+        let quic_tls = tls::server_config(
+            &cert,
+            &key,
+            ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[quic::ALPN],
+        )?;
+
+        let quic_settings = quic::QuicSettings {
+            keepalive: config.keepalive,
+            ..Default::default()
+        };
+        let h2_settings = h2::H2Settings {
+            keepalive: config.keepalive,
+            ..Default::default()
+        };
+        let endpoint = {
+            // Reuse the UDP socket reserved alongside the TCP port.
+            let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(quic_tls)
+                .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
+            let _ = &quic_settings;
+            let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+            server.transport_config(Arc::new(quic::transport_config(&quic_settings)));
+            quinn::Endpoint::new(
+                quinn::EndpointConfig::default(),
+                Some(server),
+                endpoint_udp,
+                Arc::new(quinn::TokioRuntime),
+            )?
+        };
+
+        let methods = Methods::load_with(
+            otter_proto::FILE_DESCRIPTOR_SET,
+            &[
+                tonic_health::pb::FILE_DESCRIPTOR_SET,
+                tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            ],
+            &config.disabled_features,
+        )?;
+        let oidc = config.oidc.clone().map(OidcVerifier::new).transpose()?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let tasks = TaskTracker::new();
+        let state = Arc::new(HubState {
+            config,
+            store,
+            ca,
+            registry: Registry::default(),
+            external_url,
+            tunnel_urls,
+            tasks: tasks.clone(),
+            methods,
+            oidc,
+            health,
+            metrics: Arc::new(Metrics::default()),
+        });
+        let shutdown = CancellationToken::new();
+        let (accepted_tx, accepted_rx) = mpsc::channel(256);
+        tasks.spawn(crate::tunnels::run(
+            state.clone(),
+            accepted_rx,
+            shutdown.clone(),
+        ));
+        tasks.spawn(h2::accept_loop(
+            tunnel_tcp,
+            Arc::new(tunnel_tls),
+            h2_settings,
+            accepted_tx.clone(),
+            shutdown.clone(),
+        ));
+        tasks.spawn(quic::accept_loop(endpoint, accepted_tx, shutdown.clone()));
+        let routes = api_routes(&state, health_service)?;
+        let api_tls = (!state.config.api_plaintext).then(|| Arc::new(api_tls));
+        tasks.spawn(serve_api(
+            state.clone(),
+            routes,
+            api,
+            api_tls,
+            shutdown.clone(),
+        ));
+        tasks.spawn(watch_health(state.clone(), shutdown.clone()));
+        tracing::info!(%api_addr, %tunnel_addr, external_url = %state.external_url, "hub serving");
+        Ok(Hub {
+            state,
+            api_addr,
+            tunnel_addr,
+            admin_token,
+            shutdown,
+        })
+    }
+
+    /// The CA certificate agents and clients trust.
+    pub fn ca_pem(&self) -> &str {
+        self.state.ca.cert_pem()
+    }
+
+    /// Mints a join token for `cluster` with the configured lifetime.
+    pub fn mint_join_token(&self, cluster: &str) -> Result<String> {
+        tokens::mint_join_token(
+            &*self.state.store,
+            cluster,
+            self.state.config.join_token_ttl,
+        )
+    }
+
+    /// Mints an API token for a user.
+    pub fn mint_api_token(&self, user: &str, groups: &[String]) -> Result<String> {
+        tokens::mint_api_token(&*self.state.store, user, groups)
+    }
+
+    /// Stops every listener, closes every tunnel, and waits (bounded) for all
+    /// tasks, so the store is released when this returns.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for t in self.state.registry.all() {
+            t.opener.close("hub shutting down");
+        }
+        self.state.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(10), self.state.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some hub tasks did not stop within 10 s");
+        }
+        let _ = self.state.store.flush();
+    }
+}
+
+/// Binds TCP and UDP on the same port. With port 0 the kernel picks the TCP
+/// port; if that UDP port is taken, try again.
+async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::UdpSocket)> {
+    let mut last_err = None;
+    for _ in 0..16 {
+        let tcp = TcpListener::bind(addr).await?;
+        let port = tcp.local_addr()?.port();
+        match std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), port)) {
+            Ok(udp) => return Ok((tcp, udp)),
+            Err(e) if addr.port() == 0 => last_err = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last_err.map_or_else(
+        || HubError::Config("no free tunnel port".into()),
+        HubError::from,
+    ))
+}
+
+/// The gRPC services the hub itself implements (the forwarded services
+/// are routed before these).
+fn api_routes(
+    state: &Arc<HubState>,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<tonic::service::Routes> {
+    let reflection_sets = [
+        otter_proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ];
+    let mut v1 = tonic_reflection::server::Builder::configure();
+    let mut v1alpha = tonic_reflection::server::Builder::configure();
+    for set in reflection_sets {
+        v1 = v1.register_encoded_file_descriptor_set(set);
+        v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
+    }
+    let v1 = v1
+        .build_v1()
+        .map_err(|e| HubError::Config(format!("reflection: {e}")))?;
+    let v1alpha = v1alpha
+        .build_v1alpha()
+        .map_err(|e| HubError::Config(format!("reflection: {e}")))?;
+    Ok(tonic::service::Routes::new(LinkServiceServer::new(LinkSvc {
+        state: state.clone(),
+    }))
+    .add_service(health)
+    .add_service(v1)
+    .add_service(v1alpha))
+}
+
+/// Keeps the health status in step with the store: SERVING only while
+/// writes succeed (listeners are bound before this starts).
+async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
+    let mut last = None;
+    loop {
+        let ok = state.store.writable();
+        if last != Some(ok) {
+            let status = if ok {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for service in [
+                "",
+                "otterscale.link.v1.LinkService",
+                "otterscale.resource.v1.ResourceService",
+                "otterscale.runtime.v1.RuntimeService",
+            ] {
+                state.health.set_service_status(service, status).await;
+            }
+            if !ok {
+                tracing::error!("store is not writable; health is NOT_SERVING");
+            }
+            last = Some(ok);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Accepts API connections; each handshake and connection runs in its own
+/// task. Without TLS (local development) HTTP/1.1 and h2c are served.
+async fn serve_api(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tls.map(TlsAcceptor::from);
+    loop {
+        let (tcp, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "API accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let (acceptor, routes, state2, shutdown) = (
+            acceptor.clone(),
+            routes.clone(),
+            state.clone(),
+            shutdown.clone(),
+        );
+        state.tasks.spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            match acceptor {
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout(
+                        API_HANDSHAKE_TIMEOUT,
+                        acceptor.accept(tcp),
+                    )
+                    .await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(e)) => {
+                            return tracing::debug!(%remote, error = %e, "API TLS handshake failed");
+                        }
+                        Err(_) => return tracing::debug!(%remote, "API TLS handshake timed out"),
+                    };
+                    let peer_cert = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| c.to_vec());
+                    let conn = Arc::new(ConnInfo { remote, peer_cert });
+                    serve_connection(state2, routes, conn, TokioIo::new(tls), shutdown).await;
+                }
+                None => {
+                    let conn = Arc::new(ConnInfo {
+                        remote,
+                        peer_cert: None,
+                    });
+                    serve_connection(state2, routes, conn, TokioIo::new(tcp), shutdown).await;
+                }
+            }
+        });
+    }
+}
+
+async fn serve_connection<I>(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    conn: Arc<ConnInfo>,
+    io: I,
+    shutdown: CancellationToken,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let remote = conn.remote;
+    let service = hyper::service::service_fn(move |req| {
+        dispatch(state.clone(), routes.clone(), conn.clone(), req)
+    });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .max_header_list_size(64 * 1024)
+        .max_concurrent_streams(1000);
+    builder.http1().max_buf_size(64 * 1024);
+    let serving = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(serving);
+    tokio::select! {
+        r = serving.as_mut() => if let Err(e) = r { tracing::debug!(%remote, error = %e, "API connection ended") },
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+async fn dispatch(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    conn: Arc<ConnInfo>,
+    req: http::Request<Incoming>,
+) -> std::result::Result<http::Response<HttpBody>, Infallible> {
+    let origins = &state.config.cors_origins;
+    if let Some(preflight) = cors::preflight(origins, &req) {
+        return Ok(preflight);
+    }
+    let origin = req.headers().get(http::header::ORIGIN).cloned();
+    let resp = route(state.clone(), routes, conn, req).await;
+    Ok(cors::decorate(resp, origin, &state.config.cors_origins))
+}
+
+fn plain(status: http::StatusCode, text: &str) -> http::Response<HttpBody> {
+    let mut resp = http::Response::new(
+        Full::new(Bytes::from(format!("{text}\n")))
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Picks the handler for a request and the protocol it speaks.
+async fn route(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    conn: Arc<ConnInfo>,
+    mut req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let path = req.uri().path().to_owned();
+    if path == "/metrics" && req.method() == http::Method::GET {
+        return match crate::auth::authenticate(&state, req.headers()).await {
+            Ok(_) => {
+                let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                resp
+            }
+            Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
+        };
+    }
+    let Some(method) = state.methods.get(&path).cloned() else {
+        return plain(
+            http::StatusCode::NOT_FOUND,
+            &format!("no such endpoint: {path}"),
+        );
+    };
+    let Some(proto) = protocol::detect(req.method(), req.headers()) else {
+        return plain(
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "use gRPC (application/grpc), gRPC-Web (application/grpc-web[-text]) or Connect (application/json, application/proto, application/connect+json, application/connect+proto)",
+        );
+    };
+    req.extensions_mut().insert(conn);
+    if let Err(status) = state.methods.check_enabled(&path) {
+        return protocol_error(proto, &status);
+    }
+    let max = state.config.max_request_message;
+    let inner = GrpcHandler {
+        state: state.clone(),
+        routes: routes.clone(),
+    };
+    match proto {
+        Protocol::Grpc => {
+            let req = req.map(|b| {
+                b.map_err(|e| -> protocol::BoxError { Box::new(e) })
+                    .boxed_unsync()
+            });
+            grpc_call(state, routes, req).await
+        }
+        Protocol::GrpcWeb { text } => protocol::grpc_web::call(inner, text, req).await,
+        Protocol::ConnectUnary { json } => {
+            protocol::connect::unary(inner, method, json, req, max).await
+        }
+        Protocol::ConnectGet => protocol::connect::unary(inner, method, true, req, max).await,
+        Protocol::ConnectStream { json } => {
+            protocol::connect::streaming(inner, method, json, req, max).await
+        }
+    }
+}
+
+/// An error before any handler ran, in the shape the protocol expects.
+fn protocol_error(proto: Protocol, status: &tonic::Status) -> http::Response<HttpBody> {
+    match proto {
+        Protocol::Grpc | Protocol::GrpcWeb { .. } => {
+            let mut resp: http::Response<HttpBody> = status.clone().into_http();
+            if let Protocol::GrpcWeb { text } = proto {
+                let ct = if text {
+                    "application/grpc-web-text+proto"
+                } else {
+                    "application/grpc-web+proto"
+                };
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(ct),
+                );
+            }
+            resp
+        }
+        Protocol::ConnectUnary { .. } | Protocol::ConnectGet => {
+            protocol::connect::unary_error(status, None)
+        }
+        Protocol::ConnectStream { json } => {
+            protocol::connect::end_stream_only(json, status, &http::HeaderMap::new())
+        }
+    }
+}
+
+/// The gRPC handlers the protocol layer calls into.
+#[derive(Clone)]
+pub struct GrpcHandler {
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+}
+
+impl std::fmt::Debug for GrpcHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GrpcHandler")
+    }
+}
+
+impl GrpcHandler {
+    pub async fn call(&self, req: http::Request<HttpBody>) -> http::Response<HttpBody> {
+        grpc_call(self.state.clone(), self.routes.clone(), req).await
+    }
+}
+
+/// One gRPC call: forwarded to a cluster, or served by the hub's own services.
+async fn grpc_call(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    req: http::Request<HttpBody>,
+) -> http::Response<HttpBody> {
+    let started = std::time::Instant::now();
+    let path = req.uri().path().to_owned();
+    let metrics = state.metrics.clone();
+    let resp = grpc_handlers(state, routes, req).await;
+    crate::metrics::observe(metrics, path, started, resp)
+}
+
+async fn grpc_handlers(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    req: http::Request<HttpBody>,
+) -> http::Response<HttpBody> {
+    if forward::is_forwarded(req.uri().path()) {
+        return forward::handle(state, req).await;
+    }
+    // Routes is always ready; calling it directly yields its concrete
+    // future type, which keeps the compiler's Send analysis simple.
+    let mut routes = routes;
+    let resp = match tower::Service::call(&mut routes, req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    resp.map(|b| {
+        b.map_err(|e| -> protocol::BoxError { Box::new(e) })
+            .boxed_unsync()
+    })
+}

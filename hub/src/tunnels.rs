@@ -1,0 +1,119 @@
+//! Admission of tunnel connections: the certificate says which cluster and
+//! agent a tunnel belongs to; the stored link says whether that agent is
+//! still the cluster's current one.
+
+use std::sync::Arc;
+
+use otter_pki::identity::PeerCertificate;
+use otter_tunnel::transport::Accepted;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    link_service::LinkRecord,
+    registry::{TunnelEntry, drain},
+    server::HubState,
+    store::{StoreExt, tree},
+    unix_now,
+};
+
+/// Takes accepted connections from every transport's listener until shutdown.
+pub async fn run(
+    state: Arc<HubState>,
+    mut accepted: mpsc::Receiver<Accepted>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let a = tokio::select! {
+            a = accepted.recv() => match a { Some(a) => a, None => return },
+            _ = shutdown.cancelled() => return,
+        };
+        let remote = a.remote;
+        if let Err(why) = admit(&state, a) {
+            tracing::warn!(%remote, reason = %why, "tunnel refused");
+        }
+    }
+}
+
+fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
+    let refuse = |why: String| {
+        a.opener.close(&why);
+        Err(why)
+    };
+    let Some(der) = a.peer_cert.as_ref() else {
+        return refuse("no client certificate".into());
+    };
+    let peer = match PeerCertificate::from_der(der) {
+        Ok(p) => p,
+        Err(e) => return refuse(format!("client certificate: {e}")),
+    };
+    let cluster = peer.identity.cluster.clone();
+    let link = match state.store.get::<LinkRecord>(tree::LINKS, &cluster) {
+        Ok(Some(l)) => l,
+        Ok(None) => return refuse(format!("cluster {cluster} is not registered")),
+        Err(e) => return refuse(format!("store: {e}")),
+    };
+    if link.agent_id != peer.identity.agent_id {
+        return refuse(format!(
+            "agent {} of cluster {cluster} was replaced by agent {}",
+            peer.identity.agent_id, link.agent_id
+        ));
+    }
+    let max_calls = state.config.max_calls_per_tunnel;
+    let entry = Arc::new(TunnelEntry {
+        id: state.registry.next_id(),
+        cluster: cluster.clone(),
+        agent_id: peer.identity.agent_id.clone(),
+        opener: a.opener.clone(),
+        transport: a.transport,
+        remote: a.remote,
+        connected_at: unix_now(),
+        calls: Arc::new(Semaphore::new(max_calls as usize)),
+        max_calls,
+    });
+    if let Some(old) = state.registry.insert(entry.clone()) {
+        drain(
+            old,
+            state.config.drain_timeout,
+            "replaced by a newer tunnel from the same agent",
+        );
+    }
+    touch(state, &cluster, a.transport.as_str());
+    let gauge = state
+        .metrics
+        .tunnels
+        .get_or_create(&crate::metrics::TransportLabel {
+            transport: a.transport.as_str().to_owned(),
+        })
+        .clone();
+    gauge.inc();
+    tracing::info!(%cluster, agent_id = %entry.agent_id, transport = %a.transport, remote = %a.remote, "tunnel up");
+
+    let state = state.clone();
+    state.tasks.clone().spawn(async move {
+        let reason = entry.opener.closed().await;
+        gauge.dec();
+        if state.registry.remove_if(&entry.cluster, entry.id) {
+            touch(&state, &entry.cluster, "");
+        }
+        tracing::info!(cluster = %entry.cluster, agent_id = %entry.agent_id, %reason, "tunnel down");
+    });
+    Ok(())
+}
+
+/// Records that the cluster was seen now (and on which transport).
+fn touch(state: &HubState, cluster: &str, transport: &str) {
+    let update = || -> crate::Result<()> {
+        if let Some(mut link) = state.store.get::<LinkRecord>(tree::LINKS, cluster)? {
+            link.last_seen = unix_now();
+            if !transport.is_empty() {
+                link.last_transport = transport.to_owned();
+            }
+            state.store.put(tree::LINKS, cluster, &link)?;
+        }
+        Ok(())
+    };
+    if let Err(e) = update() {
+        tracing::warn!(%cluster, error = %e, "could not record last seen");
+    }
+}

@@ -1,0 +1,505 @@
+//! TLS over TCP carrying HTTP/2: each tunnel stream is one HTTP/2 stream
+//! (a POST whose request body and response body are the two directions), so
+//! every call has its own flow-control window and a slow reader stalls only
+//! its own call.
+//!
+//! The agent is the TCP and TLS client; on top of the TLS connection the hub
+//! is the HTTP/2 client and the agent the HTTP/2 server.
+
+use std::{
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll, ready},
+    time::{Duration, Instant},
+};
+
+use std::future::Future;
+
+use bytes::Bytes;
+use h2::{RecvStream, SendStream, client, server};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{Semaphore, mpsc},
+};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Result, TunnelError,
+    transport::{Accepted, Acceptor, BoxFuture, Keepalive, Opener, TransportKind, TunnelStream},
+};
+
+/// ALPN protocol of this transport on the hub's tunnel port.
+pub const ALPN: &[u8] = b"otter-tunnel-h2";
+
+/// Bounds a TLS handshake; a client that stalls it is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in progress at once on one listener; more wait their turn, so
+/// a flood of half-open connections cannot exhaust memory.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
+
+/// Flow-control and concurrency settings of the HTTP/2 connection.
+#[derive(Debug, Clone, Copy)]
+pub struct H2Settings {
+    /// Per-stream receive window: how much one call may have in flight.
+    pub stream_window: u32,
+    /// Connection receive window, shared by all calls.
+    pub connection_window: u32,
+    pub max_frame_size: u32,
+    /// Streams the agent accepts at once (the hub bounds itself lower).
+    pub max_streams: u32,
+    pub keepalive: Keepalive,
+    /// Bound of the agent's dial: TCP connect, TLS and HTTP/2 handshakes.
+    pub connect_timeout: Duration,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        Self {
+            stream_window: 1024 * 1024,
+            connection_window: 8 * 1024 * 1024,
+            max_frame_size: 64 * 1024,
+            max_streams: 1024,
+            keepalive: Keepalive::default(),
+            connect_timeout: HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+/// Type-erased I/O, so openers and acceptors do not carry socket types.
+pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
+
+// ---------------------------------------------------------------- hub side
+
+/// Runs the HTTP/2 client on a connection the agent dialled.
+pub async fn hub_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2Opener> {
+    let (send, mut conn) = client::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_send_buffer_size(settings.stream_window as usize)
+        .max_header_list_size(64 * 1024)
+        .handshake::<_, Bytes>(io)
+        .await?;
+    let ping = conn.ping_pong();
+    let closed = CancellationToken::new();
+    let reason = Arc::new(Mutex::new(String::new()));
+    let rtt = Arc::new(Mutex::new(None));
+    let driver = {
+        let (closed, reason, rtt) = (closed.clone(), reason.clone(), rtt.clone());
+        async move {
+            let why = tokio::select! {
+                r = conn => match r { Ok(()) => "connection ended".to_owned(), Err(e) => e.to_string() },
+                why = keepalive(ping, settings.keepalive, rtt) => why,
+                _ = closed.cancelled() => String::new(),
+            };
+            let mut r = reason.lock().unwrap_or_else(|p| p.into_inner());
+            if r.is_empty() {
+                *r = why;
+            }
+            drop(r);
+            closed.cancel();
+        }
+    };
+    tokio::spawn(driver);
+    Ok(H2Opener {
+        send,
+        closed,
+        reason,
+        rtt,
+    })
+}
+
+/// The hub's handle on an HTTP/2 tunnel.
+pub struct H2Opener {
+    send: client::SendRequest<Bytes>,
+    closed: CancellationToken,
+    reason: Arc<Mutex<String>>,
+    rtt: Arc<Mutex<Option<Duration>>>,
+}
+
+impl std::fmt::Debug for H2Opener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("H2Opener")
+            .field("closed", &self.closed.is_cancelled())
+            .finish()
+    }
+}
+
+impl Opener for H2Opener {
+    fn open(&self) -> BoxFuture<'_, Result<TunnelStream>> {
+        Box::pin(async move {
+            if self.closed.is_cancelled() {
+                return Err(TunnelError::Closed(self.reason()));
+            }
+            let mut send = self.send.clone().ready().await?;
+            let request = http::Request::post("/")
+                .body(())
+                .expect("static request is valid");
+            let (response, stream) = send.send_request(request, false)?;
+            Ok(TunnelStream {
+                send: Box::new(H2Send {
+                    stream,
+                    closed: false,
+                }),
+                recv: Box::new(H2Recv {
+                    state: RecvState::Waiting(response),
+                    buf: Bytes::new(),
+                }),
+            })
+        })
+    }
+
+    fn closed(&self) -> BoxFuture<'static, String> {
+        let (closed, reason) = (self.closed.clone(), self.reason.clone());
+        Box::pin(async move {
+            closed.cancelled().await;
+            reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        })
+    }
+
+    fn close(&self, why: &str) {
+        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_empty() {
+            *r = why.to_owned();
+        }
+        drop(r);
+        self.closed.cancel();
+    }
+
+    fn rtt(&self) -> Option<Duration> {
+        *self.rtt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::H2
+    }
+}
+
+impl H2Opener {
+    fn reason(&self) -> String {
+        self.reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Accepts agents' TLS connections that negotiated [`ALPN`] and hands each,
+/// with its verified client certificate, to `out`. Each handshake runs in
+/// its own task with a timeout, so one slow client blocks nobody.
+pub async fn accept_loop(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    loop {
+        let (tcp, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off, keep serving.
+                    tracing::warn!(error = %e, "tunnel accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let Ok(permit) = pending.clone().acquire_owned().await else {
+            return;
+        };
+        let (acceptor, out, shutdown) = (acceptor.clone(), out.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _ = tcp.set_nodelay(true);
+            let handshake = async {
+                let tls = acceptor.accept(tcp).await?;
+                let (_, conn) = tls.get_ref();
+                if conn.alpn_protocol() != Some(ALPN) {
+                    return Err(TunnelError::protocol(
+                        "client did not negotiate the tunnel ALPN",
+                    ));
+                }
+                let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
+                let opener = hub_handshake(Box::new(tls), settings).await?;
+                Ok::<_, TunnelError>(Accepted {
+                    opener: Arc::new(opener),
+                    peer_cert,
+                    remote,
+                    transport: TransportKind::H2,
+                })
+            };
+            let accepted = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
+                _ = shutdown.cancelled() => return,
+            };
+            match accepted {
+                Ok(Ok(a)) => {
+                    let _ = out.send(a).await;
+                }
+                Ok(Err(e)) => tracing::info!(%remote, error = %e, "tunnel handshake refused"),
+                Err(_) => tracing::info!(%remote, "tunnel handshake timed out"),
+            }
+        });
+    }
+}
+
+// -------------------------------------------------------------- agent side
+
+/// Dials the hub, verifies it with `tls` and serves HTTP/2 on the result.
+pub async fn dial(
+    addr: SocketAddr,
+    server_name: rustls::pki_types::ServerName<'static>,
+    tls: Arc<rustls::ClientConfig>,
+    settings: H2Settings,
+) -> Result<H2Acceptor> {
+    let connect = async {
+        let tcp = TcpStream::connect(addr).await?;
+        let _ = tcp.set_nodelay(true);
+        let tls = TlsConnector::from(tls).connect(server_name, tcp).await?;
+        if tls.get_ref().1.alpn_protocol() != Some(ALPN) {
+            return Err(TunnelError::protocol(
+                "hub did not negotiate the tunnel ALPN",
+            ));
+        }
+        agent_handshake(Box::new(tls), settings).await
+    };
+    tokio::time::timeout(settings.connect_timeout, connect)
+        .await
+        .map_err(|_| TunnelError::Timeout("TLS tunnel handshake"))?
+}
+
+/// Runs the HTTP/2 server on a connection to the hub.
+pub async fn agent_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2Acceptor> {
+    let mut conn = server::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_concurrent_streams(settings.max_streams)
+        .max_send_buffer_size(settings.stream_window as usize)
+        .max_header_list_size(64 * 1024)
+        .handshake::<_, Bytes>(io)
+        .await?;
+    let dead = CancellationToken::new();
+    let reason = Arc::new(Mutex::new(String::new()));
+    let rtt = Arc::new(Mutex::new(None));
+    if let Some(ping) = conn.ping_pong() {
+        let (dead, reason, rtt) = (dead.clone(), reason.clone(), rtt.clone());
+        tokio::spawn(async move {
+            let why = tokio::select! {
+                why = keepalive(Some(ping), settings.keepalive, rtt) => why,
+                _ = dead.cancelled() => return,
+            };
+            *reason.lock().unwrap_or_else(|p| p.into_inner()) = why;
+            dead.cancel();
+        });
+    }
+    Ok(H2Acceptor {
+        conn,
+        dead,
+        reason,
+        rtt,
+    })
+}
+
+/// The agent's side of an HTTP/2 tunnel. Polling [`Acceptor::accept`] also
+/// drives the connection, so the agent keeps calling it.
+pub struct H2Acceptor {
+    conn: server::Connection<Box<dyn Io>, Bytes>,
+    dead: CancellationToken,
+    reason: Arc<Mutex<String>>,
+    rtt: Arc<Mutex<Option<Duration>>>,
+}
+
+impl std::fmt::Debug for H2Acceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("H2Acceptor")
+    }
+}
+
+impl Drop for H2Acceptor {
+    fn drop(&mut self) {
+        // Stops the keepalive task.
+        self.dead.cancel();
+    }
+}
+
+impl Acceptor for H2Acceptor {
+    fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
+        Box::pin(async move {
+            let next = tokio::select! {
+                n = self.conn.accept() => n,
+                _ = self.dead.cancelled() => {
+                    let why = self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    return Err(TunnelError::Closed(why));
+                }
+            };
+            match next {
+                None => Ok(None),
+                Some(Err(e)) => Err(e.into()),
+                Some(Ok((request, mut respond))) => {
+                    let send = respond.send_response(http::Response::new(()), false)?;
+                    Ok(Some(TunnelStream {
+                        send: Box::new(H2Send {
+                            stream: send,
+                            closed: false,
+                        }),
+                        recv: Box::new(H2Recv {
+                            state: RecvState::Ready(request.into_body()),
+                            buf: Bytes::new(),
+                        }),
+                    }))
+                }
+            }
+        })
+    }
+
+    fn rtt(&self) -> Option<Duration> {
+        *self.rtt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::H2
+    }
+}
+
+// ------------------------------------------------------------------ shared
+
+/// Pings every interval; returns why the connection is dead.
+async fn keepalive(
+    ping: Option<h2::PingPong>,
+    ka: Keepalive,
+    rtt: Arc<Mutex<Option<Duration>>>,
+) -> String {
+    let Some(mut ping) = ping else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(ka.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    // Worst case: the peer dies right after answering; the next ping goes
+    // out one interval later and is given the rest of the timeout.
+    let wait = ka
+        .timeout
+        .saturating_sub(ka.interval)
+        .max(Duration::from_millis(10));
+    loop {
+        tick.tick().await;
+        let start = Instant::now();
+        match tokio::time::timeout(wait, ping.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed()),
+            Ok(Err(e)) => return format!("keepalive ping failed: {e}"),
+            Err(_) => return format!("no keepalive answer within {wait:?}"),
+        }
+    }
+}
+
+fn h2_io_error(e: h2::Error) -> io::Error {
+    if e.is_io() {
+        e.into_io()
+            .unwrap_or_else(|| io::Error::other("h2 I/O error"))
+    } else {
+        io::Error::new(io::ErrorKind::ConnectionReset, e)
+    }
+}
+
+/// Write half of an HTTP/2 stream as `AsyncWrite`.
+struct H2Send {
+    stream: SendStream<Bytes>,
+    closed: bool,
+}
+
+impl AsyncWrite for H2Send {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        self.stream.reserve_capacity(buf.len());
+        loop {
+            match ready!(self.stream.poll_capacity(cx)) {
+                None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+                Some(Err(e)) => return Poll::Ready(Err(h2_io_error(e))),
+                Some(Ok(0)) => continue,
+                Some(Ok(n)) => {
+                    let n = n.min(buf.len());
+                    self.stream
+                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+                        .map_err(h2_io_error)?;
+                    return Poll::Ready(Ok(n));
+                }
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // h2 sends as soon as the connection task runs; nothing is held here.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.closed {
+            self.closed = true;
+            self.stream
+                .send_data(Bytes::new(), true)
+                .map_err(h2_io_error)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+enum RecvState {
+    Waiting(client::ResponseFuture),
+    Ready(RecvStream),
+}
+
+/// Read half of an HTTP/2 stream as `AsyncRead`. Window capacity is released
+/// as soon as a frame is taken, and at most one frame is held, so the peer
+/// can never have more than the stream window in flight to us.
+struct H2Recv {
+    state: RecvState,
+    buf: Bytes,
+}
+
+impl AsyncRead for H2Recv {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.buf.is_empty() {
+                let n = self.buf.len().min(out.remaining());
+                out.put_slice(&self.buf.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            match &mut self.state {
+                RecvState::Waiting(response) => {
+                    let response = ready!(Pin::new(response).poll(cx)).map_err(h2_io_error)?;
+                    self.state = RecvState::Ready(response.into_body());
+                }
+                RecvState::Ready(stream) => match ready!(stream.poll_data(cx)) {
+                    None => return Poll::Ready(Ok(())),
+                    Some(Err(e)) => return Poll::Ready(Err(h2_io_error(e))),
+                    Some(Ok(data)) => {
+                        let _ = stream.flow_control().release_capacity(data.len());
+                        self.buf = data;
+                    }
+                },
+            }
+        }
+    }
+}

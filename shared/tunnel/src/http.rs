@@ -1,0 +1,363 @@
+//! One HTTP exchange per tunnel stream.
+//!
+//! The hub side ([`forward`]) writes the request head, pumps the request
+//! body, and returns the response with a body that reads straight off the
+//! stream. The agent side ([`serve_stream`]) rebuilds the request, calls a
+//! tower service (the agent's tonic router), and writes the response back,
+//! trailers included. gRPC passes through unchanged.
+//!
+//! Cancellation: the hub keeps its half of the stream open until the
+//! response is done. When the caller goes away the hub drops the stream; the
+//! agent sees its read side end and drops the service future, which cancels
+//! the work (an upstream watch, a log follow, an exec session).
+
+use std::{
+    any::Any,
+    pin::Pin,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use http_body::{Body, Frame};
+use prost::Message;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    sync::{mpsc, oneshot},
+};
+use tokio_util::{
+    codec::{FramedRead, FramedWrite},
+    sync::CancellationToken,
+};
+
+use crate::{
+    Result, TunnelError,
+    frame::{
+        Caller, ChunkCodec, ChunkKind, HeaderList, Limits, RequestHead, ResponseHead, from_wire,
+        to_wire,
+    },
+    transport::TunnelStream,
+};
+
+/// Boxed error of bodies and services.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long the agent waits for the request head of a new stream.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Reader = FramedRead<Box<dyn AsyncRead + Send + Unpin>, ChunkCodec>;
+type Writer = FramedWrite<Box<dyn AsyncWrite + Send + Unpin>, ChunkCodec>;
+
+/// Sends every data frame of `body` as DATA chunks no larger than the limit.
+async fn write_data(writer: &mut Writer, mut data: Bytes, max: usize) -> Result<()> {
+    while data.len() > max {
+        writer.feed((ChunkKind::Data, data.split_to(max))).await?;
+    }
+    if !data.is_empty() {
+        writer.feed((ChunkKind::Data, data)).await?;
+    }
+    writer.flush().await
+}
+
+// ---------------------------------------------------------------- hub side
+
+/// Sends `req` over `stream` on behalf of `caller` and returns the agent's
+/// response. `guard` lives as long as the response body (a concurrency
+/// permit, a metrics gauge).
+pub async fn forward<B>(
+    stream: TunnelStream,
+    caller: Option<Caller>,
+    req: http::Request<B>,
+    limits: Limits,
+    guard: Option<Box<dyn Any + Send + Sync>>,
+) -> Result<http::Response<ResponseBody>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
+    let codec = ChunkCodec { limits };
+    let (parts, body) = req.into_parts();
+    let head = RequestHead {
+        method: parts.method.as_str().to_owned(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned(),
+        headers: to_wire(&parts.headers),
+        caller,
+    };
+    let mut writer: Writer = FramedWrite::new(stream.send, codec);
+    writer
+        .send((ChunkKind::Open, head.encode_to_vec().into()))
+        .await?;
+
+    let (done_tx, done_rx) = oneshot::channel();
+    tokio::spawn(pump_request(writer, body, done_rx, limits));
+
+    let mut reader: Reader = FramedRead::new(stream.recv, codec);
+    let (kind, payload) = reader
+        .next()
+        .await
+        .ok_or_else(|| TunnelError::Closed("stream ended before the response head".into()))??;
+    if kind != ChunkKind::Head {
+        return Err(TunnelError::protocol(format!(
+            "expected response head, got {kind:?}"
+        )));
+    }
+    let head = ResponseHead::decode(payload)
+        .map_err(|e| TunnelError::protocol(format!("response head: {e}")))?;
+    let status = http::StatusCode::from_u16(head.status as u16)
+        .ok()
+        .filter(|_| head.status <= 999)
+        .ok_or_else(|| TunnelError::protocol(format!("bad status {}", head.status)))?;
+    let mut response = http::Response::new(ResponseBody {
+        reader,
+        done: Some(done_tx),
+        finished: false,
+        _guard: guard,
+    });
+    *response.status_mut() = status;
+    *response.headers_mut() = from_wire(head.headers)?;
+    Ok(response)
+}
+
+/// Streams the request body to the agent, then holds the stream open until
+/// the response is finished (`done` fires) or abandoned (`done` dropped).
+async fn pump_request<B>(
+    mut writer: Writer,
+    body: B,
+    mut done: oneshot::Receiver<()>,
+    limits: Limits,
+) where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
+    let pump = async {
+        let mut body = std::pin::pin!(body);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+            if let Ok(data) = frame.into_data() {
+                write_data(&mut writer, data, limits.max_data).await?;
+            }
+        }
+        writer.send((ChunkKind::End, Bytes::new())).await
+    };
+    tokio::select! {
+        r = pump => if r.is_err() {
+            // Dropping the writer without END tells the agent the request was cut short.
+            return;
+        },
+        _ = &mut done => return,
+    }
+    if done.await.is_ok() {
+        let _ = writer.close().await;
+    }
+}
+
+/// Response body read straight off the tunnel stream.
+pub struct ResponseBody {
+    reader: Reader,
+    done: Option<oneshot::Sender<()>>,
+    finished: bool,
+    _guard: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
+
+impl ResponseBody {
+    fn finish(&mut self) {
+        self.finished = true;
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = TunnelError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        match ready!(self.reader.poll_next_unpin(cx)) {
+            None => {
+                self.finish();
+                Poll::Ready(None)
+            }
+            Some(Ok((ChunkKind::Data, data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            Some(Ok((ChunkKind::Trailers, payload))) => {
+                self.finish();
+                let trailers = HeaderList::decode(payload)
+                    .map_err(|e| TunnelError::protocol(format!("trailers: {e}")))
+                    .and_then(|t| from_wire(t.headers));
+                Poll::Ready(Some(trailers.map(Frame::trailers)))
+            }
+            Some(Ok((kind, _))) => {
+                self.finished = true;
+                Poll::Ready(Some(Err(TunnelError::protocol(format!(
+                    "unexpected {kind:?} in response"
+                )))))
+            }
+            Some(Err(e)) => {
+                self.finished = true;
+                Poll::Ready(Some(Err(e)))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished
+    }
+}
+
+// -------------------------------------------------------------- agent side
+
+/// Request body on the agent: DATA chunks handed over by the stream reader.
+/// The channel holds at most two chunks, so a service that reads slowly
+/// slows the hub down instead of growing memory.
+#[derive(Debug)]
+pub struct RequestBody {
+    rx: mpsc::Receiver<Result<Bytes>>,
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = TunnelError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>>>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+}
+
+/// Serves one stream: reads the request, calls `service`, writes the
+/// response. Returns when the exchange is over or the hub abandoned it.
+pub async fn serve_stream<S, B>(stream: TunnelStream, mut service: S, limits: Limits) -> Result<()>
+where
+    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let codec = ChunkCodec { limits };
+    let mut reader: Reader = FramedRead::new(stream.recv, codec);
+    let (kind, payload) = tokio::time::timeout(HEAD_TIMEOUT, reader.next())
+        .await
+        .map_err(|_| TunnelError::Timeout("request head"))?
+        .ok_or_else(|| TunnelError::Closed("stream ended before the request head".into()))??;
+    if kind != ChunkKind::Open {
+        return Err(TunnelError::protocol(format!(
+            "expected request head, got {kind:?}"
+        )));
+    }
+    let head = RequestHead::decode(payload)
+        .map_err(|e| TunnelError::protocol(format!("request head: {e}")))?;
+    let method = http::Method::from_bytes(head.method.as_bytes())
+        .map_err(|_| TunnelError::protocol(format!("bad method {:?}", head.method)))?;
+    let uri: http::Uri = head
+        .path
+        .parse()
+        .map_err(|_| TunnelError::protocol(format!("bad path {:?}", head.path)))?;
+
+    let (tx, rx) = mpsc::channel(2);
+    let mut request = http::Request::new(RequestBody { rx });
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = from_wire(head.headers)?;
+    if let Some(caller) = head.caller {
+        request.extensions_mut().insert(caller);
+    }
+
+    // The reader feeds the body, then watches for the hub closing its side,
+    // which means the caller is gone.
+    let abandoned = CancellationToken::new();
+    let finished = CancellationToken::new();
+    let reader_task = {
+        let (abandoned, finished) = (abandoned.clone(), finished.clone());
+        async move {
+            let mut tx = Some(tx);
+            loop {
+                let next = tokio::select! {
+                    n = reader.next() => n,
+                    _ = finished.cancelled() => return,
+                };
+                match (next, &tx) {
+                    (Some(Ok((ChunkKind::Data, data))), Some(sender)) => {
+                        // A service that stopped reading the body just gets no more of it.
+                        if sender.send(Ok(data)).await.is_err() {
+                            tx = None;
+                        }
+                    }
+                    (Some(Ok((ChunkKind::End, _))), Some(_)) => tx = None,
+                    (next, _) => {
+                        if let (Some(sender), Some(Err(e))) = (&tx, next) {
+                            let _ = sender.send(Err(e)).await;
+                        }
+                        abandoned.cancel();
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let reader_handle = tokio::spawn(reader_task);
+
+    let mut writer: Writer = FramedWrite::new(stream.send, codec);
+    let exchange = async {
+        std::future::poll_fn(|cx| service.poll_ready(cx))
+            .await
+            .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+        let response = service
+            .call(request)
+            .await
+            .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+        let (parts, body) = response.into_parts();
+        let head = ResponseHead {
+            status: u32::from(parts.status.as_u16()),
+            headers: to_wire(&parts.headers),
+        };
+        writer
+            .send((ChunkKind::Head, head.encode_to_vec().into()))
+            .await?;
+        let mut body = std::pin::pin!(body);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+            match frame.into_data() {
+                Ok(data) => write_data(&mut writer, data, limits.max_data).await?,
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        let list = HeaderList {
+                            headers: to_wire(&trailers),
+                        };
+                        writer
+                            .send((ChunkKind::Trailers, list.encode_to_vec().into()))
+                            .await?;
+                    }
+                }
+            }
+        }
+        writer.close().await
+    };
+    let result = tokio::select! {
+        r = exchange => r,
+        _ = abandoned.cancelled() => Err(TunnelError::Closed("the hub abandoned the call".into())),
+    };
+    finished.cancel();
+    let _ = reader_handle.await;
+    result
+}

@@ -1,0 +1,74 @@
+//! The reverse tunnel: an agent dials out, and the hub then opens one
+//! multiplexed stream per forwarded call over that connection.
+//!
+//! # Layout
+//! - [`transport`] — the two halves of a tunnel as traits: the hub's
+//!   [`Opener`] and the agent's [`Acceptor`], and the [`TunnelStream`] they
+//!   hand out; [`TransportKind`] and the keepalive settings.
+//! - [`quic`], [`h2`], [`mem`] — one file per transport: QUIC streams
+//!   (quinn), HTTP/2 streams over TLS/TCP (h2), and in-memory pipes for tests.
+//! - [`frame`] — sans-IO framing of a stream: typed, length-prefixed chunks
+//!   with hard size limits.
+//! - [`http`] — HTTP exchanges over one stream: the hub side
+//!   ([`http::forward`]) and the agent side ([`http::serve_stream`]). gRPC
+//!   calls ride this unchanged: headers, body frames and trailers pass
+//!   through without the hub decoding a message.
+//!
+//! Roles are reversed on purpose: the agent is the TCP/QUIC client (it dials
+//! out through NAT and firewalls), but the hub opens the streams and the agent
+//! serves them.
+
+pub mod frame;
+pub mod h2;
+pub mod http;
+pub mod mem;
+pub mod quic;
+pub mod transport;
+
+pub use frame::Caller;
+pub use transport::{Acceptor, Keepalive, Opener, TransportKind, TunnelStream};
+
+/// Everything that can go wrong on a tunnel or one of its streams.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    /// Reading or writing the underlying socket or stream failed.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer broke the stream framing; the stream is closed.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    /// A peer-declared size was over its limit.
+    #[error("{what} of {len} bytes is over the limit of {max}")]
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    /// HTTP/2 layer error.
+    #[error("HTTP/2: {0}")]
+    H2(#[from] ::h2::Error),
+    /// QUIC connection error.
+    #[error("QUIC: {0}")]
+    Quic(#[from] quinn::ConnectionError),
+    /// Could not start a QUIC connection.
+    #[error("QUIC connect: {0}")]
+    QuicConnect(#[from] quinn::ConnectError),
+    /// TLS configuration could not be used.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The tunnel is closed (or closing) and opens no more streams.
+    #[error("tunnel closed: {0}")]
+    Closed(String),
+    /// Something took longer than its bound.
+    #[error("timed out: {0}")]
+    Timeout(&'static str),
+}
+
+impl TunnelError {
+    pub(crate) fn protocol(msg: impl Into<String>) -> Self {
+        Self::Protocol(msg.into())
+    }
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = TunnelError> = std::result::Result<T, E>;

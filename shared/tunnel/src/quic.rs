@@ -1,0 +1,240 @@
+//! QUIC (quinn): each tunnel stream is one QUIC bidirectional stream, so
+//! calls are independent down to packet loss: a lost packet of one call does
+//! not hold up another.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use quinn::{
+    Endpoint, TransportConfig, VarInt,
+    crypto::rustls::{QuicClientConfig, QuicServerConfig},
+};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Result, TunnelError,
+    transport::{Accepted, Acceptor, BoxFuture, Keepalive, Opener, TransportKind, TunnelStream},
+};
+
+/// ALPN protocol of this transport.
+pub const ALPN: &[u8] = b"otter-tunnel-quic";
+
+/// Bounds a QUIC handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Flow-control and concurrency settings.
+#[derive(Debug, Clone, Copy)]
+pub struct QuicSettings {
+    /// Per-stream receive window.
+    pub stream_window: u32,
+    /// Connection receive window, shared by all streams.
+    pub connection_window: u32,
+    /// Streams the agent accepts at once (the hub bounds itself lower).
+    pub max_streams: u32,
+    pub keepalive: Keepalive,
+    /// Bound of the agent's dial (where UDP is dropped, this is how long
+    /// it takes to give up on QUIC and fall back).
+    pub connect_timeout: Duration,
+}
+
+impl Default for QuicSettings {
+    fn default() -> Self {
+        Self {
+            stream_window: 1024 * 1024,
+            connection_window: 8 * 1024 * 1024,
+            max_streams: 1024,
+            keepalive: Keepalive::default(),
+            connect_timeout: HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+pub fn transport_config(s: &QuicSettings) -> TransportConfig {
+    let mut t = TransportConfig::default();
+    t.max_concurrent_bidi_streams(VarInt::from_u32(s.max_streams))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .stream_receive_window(VarInt::from_u32(s.stream_window))
+        .receive_window(VarInt::from_u32(s.connection_window))
+        .send_window(u64::from(s.connection_window))
+        .keep_alive_interval(Some(s.keepalive.interval));
+    if let Ok(idle) = s.keepalive.timeout.try_into() {
+        t.max_idle_timeout(Some(idle));
+    }
+    t
+}
+
+fn quic_tls_error(e: impl std::fmt::Display) -> TunnelError {
+    TunnelError::Tls(format!("QUIC needs TLS 1.3 with AES-128-GCM: {e}"))
+}
+
+// ---------------------------------------------------------------- hub side
+
+/// Binds the hub's QUIC endpoint. `tls` must offer [`ALPN`].
+pub fn hub_endpoint(
+    addr: SocketAddr,
+    tls: rustls::ServerConfig,
+    settings: &QuicSettings,
+) -> Result<Endpoint> {
+    let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(Arc::new(transport_config(settings)));
+    // The agent is the QUIC client but opens no streams of its own.
+    Ok(Endpoint::server(config, addr)?)
+}
+
+/// Accepts QUIC connections and hands each, with its verified client
+/// certificate, to `out`.
+pub async fn accept_loop(
+    endpoint: Endpoint,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+) {
+    let pending = Arc::new(Semaphore::new(crate::h2::MAX_PENDING_HANDSHAKES));
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => match i { Some(i) => i, None => return },
+            _ = shutdown.cancelled() => {
+                endpoint.close(VarInt::from_u32(0), b"hub shutting down");
+                // The socket stays bound until closing connections drain;
+                // wait (bounded) so a restarted hub can bind the port again.
+                let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+                return;
+            }
+        };
+        let Ok(permit) = pending.clone().acquire_owned().await else {
+            return;
+        };
+        let (out, shutdown) = (out.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let remote = incoming.remote_address();
+            let handshake = async {
+                let conn = incoming.await?;
+                let peer_cert = conn
+                    .peer_identity()
+                    .and_then(|any| {
+                        any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                            .ok()
+                    })
+                    .and_then(|certs| certs.first().cloned());
+                Ok::<_, TunnelError>(Accepted {
+                    opener: Arc::new(QuicOpener { conn }),
+                    peer_cert,
+                    remote,
+                    transport: TransportKind::Quic,
+                })
+            };
+            let accepted = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
+                _ = shutdown.cancelled() => return,
+            };
+            match accepted {
+                Ok(Ok(a)) => {
+                    let _ = out.send(a).await;
+                }
+                Ok(Err(e)) => tracing::info!(%remote, error = %e, "QUIC tunnel handshake refused"),
+                Err(_) => tracing::info!(%remote, "QUIC tunnel handshake timed out"),
+            }
+        });
+    }
+}
+
+/// The hub's handle on a QUIC tunnel.
+#[derive(Debug)]
+pub struct QuicOpener {
+    conn: quinn::Connection,
+}
+
+impl Opener for QuicOpener {
+    fn open(&self) -> BoxFuture<'_, Result<TunnelStream>> {
+        Box::pin(async move {
+            let (send, recv) = self.conn.open_bi().await?;
+            Ok(TunnelStream {
+                send: Box::new(send),
+                recv: Box::new(recv),
+            })
+        })
+    }
+
+    fn closed(&self) -> BoxFuture<'static, String> {
+        let conn = self.conn.clone();
+        Box::pin(async move { conn.closed().await.to_string() })
+    }
+
+    fn close(&self, reason: &str) {
+        self.conn.close(VarInt::from_u32(0), reason.as_bytes());
+    }
+
+    fn rtt(&self) -> Option<Duration> {
+        Some(self.conn.rtt())
+    }
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::Quic
+    }
+}
+
+// -------------------------------------------------------------- agent side
+
+/// Dials the hub over QUIC, verifying it with `tls` (which must offer [`ALPN`]).
+pub async fn dial(
+    addr: SocketAddr,
+    server_name: &str,
+    tls: rustls::ClientConfig,
+    settings: &QuicSettings,
+) -> Result<QuicAcceptor> {
+    let crypto = QuicClientConfig::try_from(tls).map_err(quic_tls_error)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(Arc::new(transport_config(settings)));
+    let bind: SocketAddr = if addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    }
+    .parse()
+    .expect("static address");
+    let endpoint = Endpoint::client(bind)?;
+    let connecting = endpoint.connect_with(config, addr, server_name)?;
+    let conn = tokio::time::timeout(settings.connect_timeout, connecting)
+        .await
+        .map_err(|_| TunnelError::Timeout("QUIC handshake"))??;
+    Ok(QuicAcceptor { conn, endpoint })
+}
+
+/// The agent's side of a QUIC tunnel.
+#[derive(Debug)]
+pub struct QuicAcceptor {
+    conn: quinn::Connection,
+    endpoint: Endpoint,
+}
+
+impl Drop for QuicAcceptor {
+    fn drop(&mut self) {
+        self.conn
+            .close(VarInt::from_u32(0), b"agent closed the tunnel");
+        self.endpoint.close(VarInt::from_u32(0), b"");
+    }
+}
+
+impl Acceptor for QuicAcceptor {
+    fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
+        Box::pin(async move {
+            match self.conn.accept_bi().await {
+                Ok((send, recv)) => Ok(Some(TunnelStream {
+                    send: Box::new(send),
+                    recv: Box::new(recv),
+                })),
+                Err(quinn::ConnectionError::LocallyClosed) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    fn rtt(&self) -> Option<Duration> {
+        Some(self.conn.rtt())
+    }
+
+    fn kind(&self) -> TransportKind {
+        TransportKind::Quic
+    }
+}

@@ -1,0 +1,131 @@
+//! What every transport provides: the hub opens streams, the agent accepts
+//! them.
+
+use std::{future::Future, pin::Pin, time::Duration};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::Result;
+
+/// Boxed future, so the traits stay object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Which transport a tunnel runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    Quic,
+    H2,
+    Ws,
+    Mem,
+}
+
+impl TransportKind {
+    /// The name used in URLs, flags, metrics and ListLinks.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Quic => "quic",
+            Self::H2 => "h2",
+            Self::Ws => "ws",
+            Self::Mem => "mem",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "quic" => Ok(Self::Quic),
+            "h2" | "tls" => Ok(Self::H2),
+            "ws" | "wss" => Ok(Self::Ws),
+            other => Err(format!("unknown transport {other:?} (quic, h2 or ws)")),
+        }
+    }
+}
+
+/// One bidirectional stream of a tunnel. Dropping it ends the stream; the
+/// peer sees end-of-stream or a reset.
+pub struct TunnelStream {
+    pub send: Box<dyn AsyncWrite + Send + Unpin>,
+    pub recv: Box<dyn AsyncRead + Send + Unpin>,
+}
+
+impl std::fmt::Debug for TunnelStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TunnelStream")
+    }
+}
+
+/// The hub's handle on one tunnel connection.
+pub trait Opener: Send + Sync + 'static {
+    /// Opens a new stream. Never waits for the peer's stream credit: the hub
+    /// bounds concurrency itself and refuses beyond it.
+    fn open(&self) -> BoxFuture<'_, Result<TunnelStream>>;
+    /// Resolves, with the reason, once the connection is gone.
+    fn closed(&self) -> BoxFuture<'static, String>;
+    /// Closes the connection; streams in flight are ended.
+    fn close(&self, reason: &str);
+    /// Latest round-trip estimate, if the transport measures one.
+    fn rtt(&self) -> Option<Duration>;
+    fn kind(&self) -> TransportKind;
+}
+
+/// The agent's side of a tunnel connection.
+pub trait Acceptor: Send + 'static {
+    /// The next stream the hub opened; `None` once the connection closed
+    /// cleanly.
+    fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>>;
+    /// Latest round-trip estimate.
+    fn rtt(&self) -> Option<Duration>;
+    fn kind(&self) -> TransportKind;
+}
+
+/// Liveness settings, the same on both ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Keepalive {
+    /// A ping goes out this often (both ways).
+    pub interval: Duration,
+    /// A connection with no answer for this long is dead. Three intervals by
+    /// default, so one lost ping is not fatal.
+    pub timeout: Duration,
+}
+
+impl Keepalive {
+    pub fn every(interval: Duration) -> Self {
+        Self {
+            interval,
+            timeout: interval * 3,
+        }
+    }
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self::every(Duration::from_secs(5))
+    }
+}
+
+/// A tunnel connection the hub accepted, before it is routed: the caller
+/// checks the certificate and decides which cluster it serves.
+pub struct Accepted {
+    pub opener: std::sync::Arc<dyn Opener>,
+    /// The client certificate, already verified against the hub CA by TLS.
+    pub peer_cert: Option<rustls::pki_types::CertificateDer<'static>>,
+    pub remote: std::net::SocketAddr,
+    pub transport: TransportKind,
+}
+
+impl std::fmt::Debug for Accepted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Accepted")
+            .field("remote", &self.remote)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}

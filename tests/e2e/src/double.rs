@@ -1,0 +1,264 @@
+//! A test double of the agent's ResourceService and helpers to start agents
+//! that serve it. It answers with the cluster and agent it runs in and the
+//! caller the hub verified, so each answer shows where it came from and for
+//! whom. The real Kubernetes services are tested in their own suite.
+
+use std::{
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::Stream;
+use otter_agent::{Agent, AgentConfig, config::Secret};
+use otter_proto::{
+    link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
+    resource::v1::{
+        self as res, GetRequest, Resource, WatchEvent, WatchRequest,
+        resource_service_server::{ResourceService, ResourceServiceServer},
+    },
+};
+use otter_tunnel::{Caller, TransportKind};
+use prost_types::{Struct, Value, value::Kind};
+use tonic::{Request, Response, Status};
+
+use crate::{TestHub, with_token};
+
+/// Bound of every wait in the end-to-end tests.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Test double of the agent's ResourceService.
+#[derive(Debug, Clone)]
+pub struct Double {
+    pub cluster: String,
+    pub agent: String,
+    /// Watch streams currently alive on this agent.
+    pub live_watches: Arc<AtomicUsize>,
+}
+
+fn object(fields: &[(&str, String)]) -> Struct {
+    Struct {
+        fields: fields
+            .iter()
+            .map(|(k, v)| {
+                (
+                    (*k).to_owned(),
+                    Value {
+                        kind: Some(Kind::StringValue(v.clone())),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+struct LiveGuard(Arc<AtomicUsize>);
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ResourceService for Double {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<Resource>, Status> {
+        let caller = request
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or_default();
+        let req = request.into_inner();
+        Ok(Response::new(Resource {
+            object: Some(object(&[
+                ("cluster", self.cluster.clone()),
+                ("agent", self.agent.clone()),
+                ("user", caller.user),
+                ("groups", caller.groups.join(",")),
+                ("name", req.name.unwrap_or_default()),
+            ])),
+        }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(&self, request: Request<WatchRequest>) -> Result<Response<EventStream>, Status> {
+        let req = request.into_inner();
+        self.live_watches.fetch_add(1, Ordering::SeqCst);
+        let guard = Arc::new(LiveGuard(self.live_watches.clone()));
+        let bulk = req.resource.as_deref() == Some("bulk");
+        let cluster = self.cluster.clone();
+        let stream = futures::stream::unfold(0u64, move |i| {
+            let (guard, cluster) = (guard.clone(), cluster.clone());
+            async move {
+                let _keep = guard;
+                if !bulk && i >= 3 {
+                    // Stay open like a real watch, until the caller leaves.
+                    std::future::pending::<()>().await;
+                }
+                let payload = if bulk {
+                    "x".repeat(256 * 1024)
+                } else {
+                    format!("event-{i}")
+                };
+                let event = WatchEvent {
+                    r#type: Some(res::watch_event::Type::Added as i32),
+                    resource: Some(Resource {
+                        object: Some(object(&[("cluster", cluster), ("payload", payload)])),
+                    }),
+                    resource_version: Some(i.to_string()),
+                };
+                Some((Ok(event), i + 1))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn discovery(
+        &self,
+        _: Request<res::DiscoveryRequest>,
+    ) -> Result<Response<res::DiscoveryResponse>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn schema(
+        &self,
+        _: Request<res::SchemaRequest>,
+    ) -> Result<Response<res::SchemaResponse>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn list(
+        &self,
+        _: Request<res::ListRequest>,
+    ) -> Result<Response<res::ListResponse>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn describe(
+        &self,
+        _: Request<res::DescribeRequest>,
+    ) -> Result<Response<res::DescribeResponse>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn create(&self, _: Request<res::CreateRequest>) -> Result<Response<Resource>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn apply(&self, _: Request<res::ApplyRequest>) -> Result<Response<Resource>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn update(&self, _: Request<res::UpdateRequest>) -> Result<Response<Resource>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn delete(&self, _: Request<res::DeleteRequest>) -> Result<Response<()>, Status> {
+        Err(Status::unimplemented("test double"))
+    }
+}
+
+/// An agent serving the double.
+#[derive(Debug)]
+pub struct TestAgent {
+    pub agent: Agent,
+    pub live_watches: Arc<AtomicUsize>,
+}
+
+/// Starts an agent for `cluster` joined with `token`.
+pub fn start_agent(
+    hub: &TestHub,
+    cluster: &str,
+    agent_id: &str,
+    token: &str,
+    transport: TransportKind,
+) -> TestAgent {
+    start_agent_with(hub, cluster, agent_id, token, transport, |_| {})
+}
+
+/// Like [`start_agent`], with a chance to change the agent's config.
+pub fn start_agent_with(
+    hub: &TestHub,
+    cluster: &str,
+    agent_id: &str,
+    token: &str,
+    transport: TransportKind,
+    tweak: impl FnOnce(&mut AgentConfig),
+) -> TestAgent {
+    let mut config = AgentConfig::new(hub.api_url(), cluster, agent_id, hub.hub.ca_pem());
+    config.join_token = Secret(token.to_owned());
+    config.transports = vec![transport];
+    config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+    config.backoff_base = Duration::from_millis(100);
+    config.backoff_cap = Duration::from_millis(800);
+    tweak(&mut config);
+    let live_watches = Arc::new(AtomicUsize::new(0));
+    let double = Double {
+        cluster: cluster.into(),
+        agent: agent_id.into(),
+        live_watches: live_watches.clone(),
+    };
+    let routes = tonic::service::Routes::new(ResourceServiceServer::new(double));
+    TestAgent {
+        agent: Agent::start(config, routes).expect("agent starts"),
+        live_watches,
+    }
+}
+
+/// A Get for `name` in `cluster`.
+pub fn get(cluster: &str, name: &str) -> GetRequest {
+    GetRequest {
+        cluster: Some(cluster.into()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+/// A string field of the double's answer.
+pub fn field(r: &Resource, key: &str) -> String {
+    match &r
+        .object
+        .as_ref()
+        .and_then(|o| o.fields.get(key))
+        .and_then(|v| v.kind.clone())
+    {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("field {key} missing: {other:?}"),
+    }
+}
+
+/// Polls `check` until it holds; fails the test after [`WAIT`].
+pub async fn wait_until(mut check: impl AsyncFnMut() -> bool, what: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the hub has `n` links connected (the agent sees its side of
+/// the handshake a moment before the hub has admitted the tunnel).
+pub async fn wait_connected(channel: &tonic::transport::Channel, token: &str, n: usize) {
+    wait_until(
+        async || {
+            let mut links = LinkServiceClient::new(channel.clone());
+            links
+                .list_links(with_token(ListLinksRequest {}, token))
+                .await
+                .map(|r| {
+                    r.into_inner()
+                        .links
+                        .iter()
+                        .filter(|l| l.state == Some(LinkState::Connected as i32))
+                        .count()
+                        == n
+                })
+                .unwrap_or(false)
+        },
+        "the hub to list every link as connected",
+    )
+    .await;
+}

@@ -1,0 +1,254 @@
+//! Helpers for the end-to-end tests: start a hub in a temp dir, start
+//! agents joined the real way, and talk to the hub as a client would.
+//!
+//! # Layout
+//! - [`TestHub`] — a hub on loopback ports with its own data dir.
+//! - [`client_channel`] — a gRPC channel to the hub that trusts only its CA.
+//! - [`with_token`] — adds the bearer token to a request.
+
+pub mod double;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use otter_hub::{Hub, HubConfig};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// A hub for a test, with its data directory.
+#[derive(Debug)]
+pub struct TestHub {
+    pub hub: Hub,
+    pub dir: Arc<tempfile::TempDir>,
+    pub admin_token: String,
+}
+
+impl TestHub {
+    /// A hub on free loopback ports.
+    pub async fn start() -> TestHub {
+        let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+        Self::start_in(dir, None).await
+    }
+
+    /// A hub in `dir` (kept across restarts), on the ports of `previous`
+    /// when given so agents find it again.
+    pub async fn start_in(
+        dir: Arc<tempfile::TempDir>,
+        previous: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+    ) -> TestHub {
+        Self::start_with(dir, previous, |_| {}).await
+    }
+
+    /// Like [`TestHub::start_in`], with a chance to change the config.
+    pub async fn start_with(
+        dir: Arc<tempfile::TempDir>,
+        previous: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+        tweak: impl FnOnce(&mut HubConfig),
+    ) -> TestHub {
+        let mut config = HubConfig::new(dir.path());
+        config.api_listen = "127.0.0.1:0".parse().expect("address");
+        config.tunnel_listen = "127.0.0.1:0".parse().expect("address");
+        if let Some((api, tunnel)) = previous {
+            config.api_listen = api;
+            config.tunnel_listen = tunnel;
+        }
+        config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+        config.drain_timeout = Duration::from_secs(2);
+        tweak(&mut config);
+        let hub = Hub::start(config).await.expect("hub starts");
+        let admin_token = std::fs::read_to_string(dir.path().join("admin-token"))
+            .expect("admin token file")
+            .trim()
+            .to_owned();
+        TestHub {
+            hub,
+            dir,
+            admin_token,
+        }
+    }
+
+    pub fn api_url(&self) -> url::Url {
+        url::Url::parse(&format!("https://localhost:{}", self.hub.api_addr.port())).expect("URL")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        client_channel(self.hub.api_addr, self.hub.ca_pem(), None).await
+    }
+}
+
+/// A gRPC channel to `addr` over TLS, trusting only `ca_pem`, optionally
+/// with a client certificate (cert PEM, key PEM).
+pub async fn client_channel(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    client: Option<(&str, &str)>,
+) -> tonic::transport::Channel {
+    otter_pki::tls::install_default_provider();
+    let tls = otter_pki::tls::client_config(ca_pem, client, &[b"h2"]).expect("client TLS config");
+    let connector = TlsConnector::from(Arc::new(tls));
+    tonic::transport::Endpoint::from_shared(format!("http://localhost:{}", addr.port()))
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let connector = connector.clone();
+            async move {
+                let tcp = TcpStream::connect(addr).await?;
+                let tls = connector
+                    .connect("localhost".try_into().expect("name"), tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .expect("connect to hub")
+}
+
+/// Wraps a message in a request carrying `token`.
+pub fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header value"),
+    );
+    req
+}
+
+/// A loopback relay in front of the hub's tunnel port (TCP and UDP on the
+/// same port number) that a test can freeze: bytes and datagrams stop
+/// flowing but sockets stay open, as when a middlebox drops a connection
+/// without telling anyone. Only keepalives can notice that.
+#[derive(Debug, Clone)]
+pub struct Relay {
+    pub addr: std::net::SocketAddr,
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+    udp_blocked: Arc<std::sync::atomic::AtomicBool>,
+    target: Arc<std::sync::Mutex<Option<std::net::SocketAddr>>>,
+}
+
+impl Relay {
+    /// Binds TCP and UDP on one free loopback port.
+    pub async fn start() -> Relay {
+        use std::sync::atomic::AtomicBool;
+        let (tcp, udp) = loop {
+            let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind relay");
+            let port = tcp.local_addr().expect("addr").port();
+            if let Ok(udp) = tokio::net::UdpSocket::bind(("127.0.0.1", port)).await {
+                break (tcp, udp);
+            }
+        };
+        let relay = Relay {
+            addr: tcp.local_addr().expect("addr"),
+            frozen: Arc::new(AtomicBool::new(false)),
+            udp_blocked: Arc::new(AtomicBool::new(false)),
+            target: Arc::new(std::sync::Mutex::new(None)),
+        };
+        let r = relay.clone();
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = tcp.accept().await {
+                let Some(target) = r.target() else { continue };
+                let frozen = r.frozen.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut ir, mut iw) = inbound.into_split();
+                    let (mut or, mut ow) = outbound.into_split();
+                    let f2 = frozen.clone();
+                    tokio::join!(pump(&mut ir, &mut ow, frozen), pump(&mut or, &mut iw, f2));
+                });
+            }
+        });
+        let r = relay.clone();
+        tokio::spawn(udp_relay(Arc::new(udp), r));
+        relay
+    }
+
+    /// Where the relay forwards to (the hub's tunnel port).
+    pub fn set_target(&self, target: std::net::SocketAddr) {
+        *self.target.lock().expect("lock") = Some(target);
+    }
+
+    fn target(&self) -> Option<std::net::SocketAddr> {
+        *self.target.lock().expect("lock")
+    }
+
+    /// Drops (true) or passes (false) UDP only, like a firewall that lets
+    /// TCP through but not QUIC.
+    pub fn block_udp(&self, blocked: bool) {
+        self.udp_blocked
+            .store(blocked, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Stops (true) or resumes (false) all traffic.
+    pub fn freeze(&self, frozen: bool) {
+        self.frozen
+            .store(frozen, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn pump(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
+    frozen: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // Frozen: swallow the bytes, as a dead path would.
+        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// UDP: one upstream socket per client address.
+async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
+    use std::collections::HashMap;
+    let mut upstreams: HashMap<std::net::SocketAddr, Arc<tokio::net::UdpSocket>> = HashMap::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let Ok((n, client)) = socket.recv_from(&mut buf).await else {
+            return;
+        };
+        if relay.frozen.load(std::sync::atomic::Ordering::SeqCst)
+            || relay.udp_blocked.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            continue;
+        }
+        let Some(target) = relay.target() else {
+            continue;
+        };
+        let up = match upstreams.get(&client) {
+            Some(u) => u.clone(),
+            None => {
+                let Ok(u) = tokio::net::UdpSocket::bind("127.0.0.1:0").await else {
+                    continue;
+                };
+                let u = Arc::new(u);
+                upstreams.insert(client, u.clone());
+                let (down, up2, frozen) = (socket.clone(), u.clone(), relay.frozen.clone());
+                tokio::spawn(async move {
+                    let mut b = vec![0u8; 65536];
+                    while let Ok((n, _)) = up2.recv_from(&mut b).await {
+                        if !frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                            let _ = down.send_to(&b[..n], client).await;
+                        }
+                    }
+                });
+                u
+            }
+        };
+        let _ = up.send_to(&buf[..n], target).await;
+    }
+}

@@ -1,0 +1,262 @@
+//! Link core under stress: the per-tunnel call bound, a path that dies
+//! without telling anyone, and certificate renewal under a live tunnel.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use otter_e2e::{
+    Relay, TestHub,
+    double::{WAIT, field, get, start_agent, start_agent_with, wait_connected, wait_until},
+    with_token,
+};
+use otter_proto::{
+    link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
+    resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
+};
+use otter_tunnel::TransportKind;
+use tonic::Code;
+
+fn watch(cluster: &str) -> WatchRequest {
+    WatchRequest {
+        cluster: Some(cluster.into()),
+        ..Default::default()
+    }
+}
+
+/// Calls beyond a tunnel's bound are refused at once, not queued forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_beyond_the_tunnel_bound_get_resource_exhausted() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| c.max_calls_per_tunnel = 2).await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let _agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::Quic);
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let mut client = ResourceServiceClient::new(channel.clone());
+
+    let mut w1 = client
+        .watch(with_token(watch("edge-1"), &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut w2 = client
+        .watch(with_token(watch("edge-1"), &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner();
+    w1.next().await.unwrap().unwrap();
+    w2.next().await.unwrap().unwrap();
+    let e = client
+        .get(with_token(get("edge-1", "x"), &hub.admin_token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("calls in flight"), "{}", e.message());
+
+    // A slot frees when a call ends.
+    drop(w1);
+    wait_until(
+        async || {
+            let mut c = ResourceServiceClient::new(channel.clone());
+            c.get(with_token(get("edge-1", "x"), &hub.admin_token))
+                .await
+                .is_ok()
+        },
+        "a slot to free up",
+    )
+    .await;
+    drop(w2);
+    hub.hub.shutdown().await;
+}
+
+/// A path that silently stops carrying packets: keepalives notice on both
+/// ends within three intervals, and the tunnel comes back once the path does.
+async fn dead_path_is_noticed(transport: TransportKind) {
+    let relay = Relay::start().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let scheme = transport.as_str();
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.tunnel_urls =
+            vec![url::Url::parse(&format!("{scheme}://localhost:{}", relay.addr.port())).unwrap()];
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, transport);
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+
+    relay.freeze(true);
+    let frozen_at = tokio::time::Instant::now();
+    // Keepalive is 1 s on both ends: dead within 3 s, plus scheduling slack.
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_none())
+        .await
+        .expect("agent notices the dead tunnel");
+    wait_connected(&channel, &hub.admin_token, 0).await;
+    let noticed = frozen_at.elapsed();
+    assert!(
+        noticed < Duration::from_secs(15),
+        "took {noticed:?} to notice"
+    );
+
+    let connects = agent.agent.status().connects;
+    relay.freeze(false);
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some() && s.connects > connects)
+        .await
+        .expect("tunnel comes back");
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let r = ResourceServiceClient::new(channel)
+        .get(with_token(get("edge-1", "back"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "name"), "back");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_is_noticed_over_quic() {
+    dead_path_is_noticed(TransportKind::Quic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_path_is_noticed_over_h2() {
+    dead_path_is_noticed(TransportKind::H2).await;
+}
+
+/// With a one-minute certificate the agent renews early (here at a tenth of
+/// its life) over mTLS, and the tunnel it has stays up throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_is_renewed_without_dropping_the_tunnel() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.agent_cert_lifetime = Duration::from_secs(60)
+    })
+    .await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.renew_at = 0.1
+    });
+    let first = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    let channel = hub.channel().await;
+    let mut links = LinkServiceClient::new(channel.clone());
+    let serial_before = links
+        .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner()
+        .links[0]
+        .certificate_serial
+        .clone();
+
+    let renewed = agent
+        .agent
+        .wait_for(WAIT, |s| s.renewals >= 1)
+        .await
+        .expect("renews before expiry");
+    assert_eq!(
+        renewed.connects, first.connects,
+        "the tunnel was not dropped to renew"
+    );
+    assert_eq!(renewed.registrations, 1, "renewal needs no join token");
+    assert_ne!(renewed.cert_serial, first.cert_serial);
+    let link = links
+        .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner()
+        .links
+        .remove(0);
+    assert_ne!(link.certificate_serial, serial_before);
+    assert_eq!(link.state, Some(LinkState::Connected as i32));
+    let r = ResourceServiceClient::new(channel)
+        .get(with_token(get("edge-1", "x"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "cluster"), "edge-1");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// QUIC first; where UDP gets no answer the agent falls back to TLS +
+/// HTTP/2 on its own and says why in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_h2_when_udp_is_blocked() {
+    let relay = Relay::start().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        let port = relay.addr.port();
+        c.tunnel_urls = vec![
+            url::Url::parse(&format!("quic://localhost:{port}")).unwrap(),
+            url::Url::parse(&format!("h2://localhost:{port}")).unwrap(),
+        ];
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    relay.block_udp(true);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.transports = vec![TransportKind::Quic, TransportKind::H2];
+        c.connect_timeout = Duration::from_secs(1);
+    });
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    assert_eq!(s.connected, Some(TransportKind::H2));
+    assert_eq!(s.attempts.len(), 2);
+    assert_eq!(s.attempts[0].0, TransportKind::Quic);
+    assert!(
+        s.attempts[0].1.as_ref().unwrap_err().contains("timed out"),
+        "{:?}",
+        s.attempts
+    );
+    assert!(s.attempts[1].1.is_ok());
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let links = LinkServiceClient::new(channel)
+        .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(links.get_ref().links[0].transport.as_deref(), Some("h2"));
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// The agent dies mid-stream: the caller's stream ends with Unavailable
+/// naming the cluster, not a hang or a bare reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_gone_mid_stream_ends_the_call_with_unavailable() {
+    for transport in [TransportKind::Quic, TransportKind::H2] {
+        let hub = TestHub::start().await;
+        let token = hub.hub.mint_join_token("edge-1").unwrap();
+        let agent = start_agent(&hub, "edge-1", "a1", &token, transport);
+        let channel = hub.channel().await;
+        wait_connected(&channel, &hub.admin_token, 1).await;
+        let mut stream = ResourceServiceClient::new(channel)
+            .watch(with_token(watch("edge-1"), &hub.admin_token))
+            .await
+            .unwrap()
+            .into_inner();
+        for _ in 0..3 {
+            stream.next().await.unwrap().unwrap();
+        }
+        agent.agent.shutdown().await;
+        let end = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .expect("stream ends, no hang");
+        let e = end.expect("an error, not a clean end").unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable, "{transport}: {e:?}");
+        assert!(e.message().contains("edge-1"), "{}", e.message());
+        hub.hub.shutdown().await;
+    }
+}
