@@ -190,19 +190,19 @@ pub(crate) fn list(state: &State, ctx: &Ctx, rr: &ResReq) -> Result<Response<Bod
         .filter(|o| start_after.as_ref().is_none_or(|s| sort_key(o) > *s))
         .collect();
     let mut meta = json!({ "resourceVersion": list_rv.to_string() });
-    if let Some(l) = limit {
-        if rest.len() > l {
-            let remaining = rest.len() - l;
-            rest.truncate(l);
-            let last = rest.last().map(sort_key).unwrap_or_default();
-            let tok = serde_json::to_vec(&ContinueToken {
-                rv: list_rv,
-                start: last,
-            })
-            .unwrap_or_default();
-            meta["continue"] = json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tok));
-            meta["remainingItemCount"] = json!(remaining);
-        }
+    if let Some(l) = limit
+        && rest.len() > l
+    {
+        let remaining = rest.len() - l;
+        rest.truncate(l);
+        let last = rest.last().map(sort_key).unwrap_or_default();
+        let tok = serde_json::to_vec(&ContinueToken {
+            rv: list_rv,
+            start: last,
+        })
+        .unwrap_or_default();
+        meta["continue"] = json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tok));
+        meta["remainingItemCount"] = json!(remaining);
     }
     if wants_table(ctx) {
         return Ok(json_response(200, &table(&rr.rt, &rest, meta)));
@@ -267,16 +267,16 @@ pub(crate) fn parse_body(ctx: &Ctx, body: &[u8]) -> Result<Value, ApiError> {
 }
 
 fn check_type(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
-    if let Some(k) = obj.get("kind").and_then(Value::as_str) {
-        if k != rt.kind {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({}) does not match the expected API version ({})",
-                str_at(obj, "apiVersion").unwrap_or_default(),
-                rt.api_version()
-            ))
-            .with_details(json!({}))
-            .with_kind_message(k, &rt.kind));
-        }
+    if let Some(k) = obj.get("kind").and_then(Value::as_str)
+        && k != rt.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({}) does not match the expected API version ({})",
+            str_at(obj, "apiVersion").unwrap_or_default(),
+            rt.api_version()
+        ))
+        .with_details(json!({}))
+        .with_kind_message(k, &rt.kind));
     }
     if let Some(av) = obj.get("apiVersion").and_then(Value::as_str) {
         let group = av.split_once('/').map(|(g, _)| g).unwrap_or("");
@@ -335,19 +335,19 @@ pub(crate) fn validate(
         }
         handle_unknown(rt, &mode, out.unknown, &mut warnings)?;
     }
-    if let Some(meta) = obj.get("metadata") {
-        if !meta.is_object() {
-            return Err(ApiError::invalid(
-                &rt.group,
-                &rt.kind,
-                &name,
-                vec![FieldCause {
-                    reason: "FieldValueInvalid",
-                    message: "Invalid value: must be an object".into(),
-                    field: "metadata".into(),
-                }],
-            ));
-        }
+    if let Some(meta) = obj.get("metadata")
+        && !meta.is_object()
+    {
+        return Err(ApiError::invalid(
+            &rt.group,
+            &rt.kind,
+            &name,
+            vec![FieldCause {
+                reason: "FieldValueInvalid",
+                message: "Invalid value: must be an object".into(),
+                field: "metadata".into(),
+            }],
+        ));
     }
     Ok(warnings)
 }
@@ -413,12 +413,13 @@ fn prepare_new(
     if rt.namespaced {
         let ns = namespace
             .ok_or_else(|| ApiError::bad_request("the namespace of the object is required"))?;
-        if let Some(body_ns) = str_at(obj, "metadata.namespace") {
-            if !body_ns.is_empty() && body_ns != ns {
-                return Err(ApiError::bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request",
-                ));
-            }
+        if let Some(body_ns) = str_at(obj, "metadata.namespace")
+            && !body_ns.is_empty()
+            && body_ns != ns
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
         obj["metadata"]["namespace"] = json!(ns);
         namespace_exists(state, ns)?;
@@ -448,10 +449,10 @@ fn prepare_new(
         m.remove("managedFields");
     }
     objects::stamp_new(obj);
-    if !objects::uses_generation(rt) {
-        if let Some(m) = obj["metadata"].as_object_mut() {
-            m.remove("generation");
-        }
+    if !objects::uses_generation(rt)
+        && let Some(m) = obj["metadata"].as_object_mut()
+    {
+        m.remove("generation");
     }
     validate_name(rt, obj)
 }
@@ -744,12 +745,12 @@ pub(crate) fn body_rv(obj: &Value) -> Result<Option<u64>, ApiError> {
 
 pub(crate) fn check_name(rr: &ResReq, obj: &Value) -> Result<(), ApiError> {
     let url_name = rr.name.as_deref().unwrap_or_default();
-    if let Some(n) = str_at(obj, "metadata.name") {
-        if n != url_name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({n}) does not match the name on the URL ({url_name})"
-            )));
-        }
+    if let Some(n) = str_at(obj, "metadata.name")
+        && n != url_name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({n}) does not match the name on the URL ({url_name})"
+        )));
     }
     Ok(())
 }
@@ -764,14 +765,14 @@ pub(crate) fn update(
     check_name(rr, &new)?;
     let old = load(state, rr)?;
     let expect = body_rv(&new)?;
-    if let Some(want) = expect {
-        if str_at(&old, "metadata.resourceVersion") != Some(want.to_string().as_str()) {
-            return Err(ApiError::conflict(
-                &rr.rt.group,
-                &rr.rt.plural,
-                rr.name.as_deref().unwrap_or_default(),
-            ));
-        }
+    if let Some(want) = expect
+        && str_at(&old, "metadata.resourceVersion") != Some(want.to_string().as_str())
+    {
+        return Err(ApiError::conflict(
+            &rr.rt.group,
+            &rr.rt.plural,
+            rr.name.as_deref().unwrap_or_default(),
+        ));
     }
     let manager = ctx.field_manager();
     let (stored, warnings) = commit_update(
@@ -898,10 +899,10 @@ fn patch_main(
             now: &now,
         };
         let mut applied = p.clone();
-        if rr.rt.has_status() {
-            if let Some(m) = applied.as_object_mut() {
-                m.remove("status");
-            }
+        if rr.rt.has_status()
+            && let Some(m) = applied.as_object_mut()
+        {
+            m.remove("status");
         }
         return match current {
             None => {

@@ -461,11 +461,11 @@ pub fn apply(
 
     let mut merged = live.clone();
     let mut body = applied.clone();
-    if let Some(m) = body.as_object_mut() {
-        if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("managedFields");
-            meta.remove("resourceVersion");
-        }
+    if let Some(m) = body.as_object_mut()
+        && let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut)
+    {
+        meta.remove("managedFields");
+        meta.remove("resourceVersion");
     }
     strategic_merge(&mut merged, &body)?;
 

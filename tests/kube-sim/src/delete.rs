@@ -55,22 +55,22 @@ pub(crate) fn delete(
     let opts = delete_opts(ctx, body)?;
     let name = rr.name.clone().unwrap_or_default();
     let old = load(state, rr)?;
-    if let Some(uid) = &opts.precondition_uid {
-        if str_at(&old, "metadata.uid") != Some(uid.as_str()) {
-            return Err(ApiError::new(
-                409,
-                "Conflict",
-                format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    str_at(&old, "metadata.uid").unwrap_or_default()
-                ),
-            ));
-        }
+    if let Some(uid) = &opts.precondition_uid
+        && str_at(&old, "metadata.uid") != Some(uid.as_str())
+    {
+        return Err(ApiError::new(
+            409,
+            "Conflict",
+            format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                str_at(&old, "metadata.uid").unwrap_or_default()
+            ),
+        ));
     }
-    if let Some(rv) = opts.precondition_rv {
-        if body_rv(&old)? != Some(rv) {
-            return Err(ApiError::conflict(&rr.rt.group, &rr.rt.plural, &name));
-        }
+    if let Some(rv) = opts.precondition_rv
+        && body_rv(&old)? != Some(rv)
+    {
+        return Err(ApiError::conflict(&rr.rt.group, &rr.rt.plural, &name));
     }
     let (code, reply) = delete_object(state, rr, &name, old, opts.grace, ctx.dry_run())?;
     Ok(json_response(code, &reply))

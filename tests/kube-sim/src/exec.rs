@@ -189,11 +189,10 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
                     let data = ws::payload(&m).unwrap_or_default();
                     match data[0] {
                     STDIN => {
-                        if let Some(s) = stdin.as_mut() {
-                            if s.write_all(&data[1..]).await.is_err() {
+                        if let Some(s) = stdin.as_mut()
+                            && s.write_all(&data[1..]).await.is_err() {
                                 stdin = None;
                             }
-                        }
                     }
                     RESIZE => record_resize(&state, &opts, &data[1..]),
                     CLOSE if opts.v5 && data.get(1) == Some(&STDIN) => {

@@ -341,10 +341,10 @@ fn parse_resource(
     if namespace.is_some() && !rt.namespaced {
         return Err(ApiError::path_not_found());
     }
-    if let Some(s) = &sub {
-        if !rt.has_sub(s) {
-            return Err(ApiError::path_not_found());
-        }
+    if let Some(s) = &sub
+        && !rt.has_sub(s)
+    {
+        return Err(ApiError::path_not_found());
     }
     Ok(ResReq {
         rt,

@@ -59,14 +59,14 @@ pub fn validate_builtin(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> 
             {
                 causes.push(required("spec.template.spec.containers"));
             }
-            if let Some(r) = get_path(obj, "spec.replicas").and_then(Value::as_i64) {
-                if r < 0 {
-                    causes.push(FieldCause {
-                        reason: "FieldValueInvalid",
-                        message: format!("Invalid value: {r}: must be greater than or equal to 0"),
-                        field: "spec.replicas".into(),
-                    });
-                }
+            if let Some(r) = get_path(obj, "spec.replicas").and_then(Value::as_i64)
+                && r < 0
+            {
+                causes.push(FieldCause {
+                    reason: "FieldValueInvalid",
+                    message: format!("Invalid value: {r}: must be greater than or equal to 0"),
+                    field: "spec.replicas".into(),
+                });
             }
         }
         _ => {}

@@ -156,13 +156,11 @@ async fn run(ws: Ws2, ports: Vec<u16>, targets: Vec<Option<SocketAddr>>, uid: St
                     let data = ws::payload(&m).unwrap_or_default();
                     let ch = data[0];
                     let idx = (ch / 2) as usize;
-                    if ch % 2 == 0 {
-                        if let Some(Some(w)) = writers.get_mut(idx) {
-                            if w.write_all(&data[1..]).await.is_err() {
+                    if ch.is_multiple_of(2)
+                        && let Some(Some(w)) = writers.get_mut(idx)
+                            && w.write_all(&data[1..]).await.is_err() {
                                 writers[idx] = None;
                             }
-                        }
-                    }
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
                 Some(Ok(_)) => {}

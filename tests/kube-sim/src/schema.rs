@@ -97,10 +97,10 @@ fn apply_defaults_and_required(
 ) {
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
         for (k, s) in props {
-            if !m.contains_key(k) {
-                if let Some(d) = s.get("default") {
-                    m.insert(k.clone(), d.clone());
-                }
+            if !m.contains_key(k)
+                && let Some(d) = s.get("default")
+            {
+                m.insert(k.clone(), d.clone());
             }
         }
     }
@@ -146,19 +146,19 @@ fn node(schema: &Value, v: &mut Value, path: &str, out: &mut Outcome) {
             return;
         }
     }
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
-        if !allowed.contains(v) {
-            let list: Vec<String> = allowed.iter().map(show).collect();
-            out.causes.push(FieldCause {
-                reason: "FieldValueNotSupported",
-                message: format!(
-                    "Unsupported value: {}: supported values: {}",
-                    show(v),
-                    list.join(", ")
-                ),
-                field: path.into(),
-            });
-        }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(v)
+    {
+        let list: Vec<String> = allowed.iter().map(show).collect();
+        out.causes.push(FieldCause {
+            reason: "FieldValueNotSupported",
+            message: format!(
+                "Unsupported value: {}: supported values: {}",
+                show(v),
+                list.join(", ")
+            ),
+            field: path.into(),
+        });
     }
     if v.is_string() || v.is_number() {
         scalar(schema, v, path, out);
@@ -167,25 +167,25 @@ fn node(schema: &Value, v: &mut Value, path: &str, out: &mut Outcome) {
     match v {
         Value::Array(items) => {
             let n = items.len() as u64;
-            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
-                if n > max {
-                    out.causes.push(FieldCause {
-                        reason: "FieldValueTooMany",
-                        message: format!("Too many: {n}: must have at most {max} items"),
-                        field: path.into(),
-                    });
-                }
+            if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+                && n > max
+            {
+                out.causes.push(FieldCause {
+                    reason: "FieldValueTooMany",
+                    message: format!("Too many: {n}: must have at most {max} items"),
+                    field: path.into(),
+                });
             }
-            if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
-                if n < min {
-                    out.causes.push(FieldCause {
-                        reason: "FieldValueInvalid",
-                        message: format!(
-                            "Invalid value: {n}: {path} in body should have at least {min} items"
-                        ),
-                        field: path.into(),
-                    });
-                }
+            if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+                && n < min
+            {
+                out.causes.push(FieldCause {
+                    reason: "FieldValueInvalid",
+                    message: format!(
+                        "Invalid value: {n}: {path} in body should have at least {min} items"
+                    ),
+                    field: path.into(),
+                });
             }
             if let Some(item_schema) = schema.get("items") {
                 for (i, item) in items.iter_mut().enumerate() {
@@ -236,24 +236,24 @@ fn scalar(schema: &Value, v: &Value, path: &str, out: &mut Outcome) {
     match v {
         Value::String(s) => {
             let len = s.chars().count() as u64;
-            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
-                if len > max {
-                    out.causes.push(FieldCause {
-                        reason: "FieldValueTooLong",
-                        message: format!("Too long: may not be more than {max} bytes"),
-                        field: path.into(),
-                    });
-                }
+            if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+                && len > max
+            {
+                out.causes.push(FieldCause {
+                    reason: "FieldValueTooLong",
+                    message: format!("Too long: may not be more than {max} bytes"),
+                    field: path.into(),
+                });
             }
-            if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
-                if len < min {
-                    invalid(
-                        out,
-                        path,
-                        v,
-                        format!("{path} in body should be at least {min} chars long"),
-                    );
-                }
+            if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+                && len < min
+            {
+                invalid(
+                    out,
+                    path,
+                    v,
+                    format!("{path} in body should be at least {min} chars long"),
+                );
             }
             if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
                 match regex::Regex::new(p) {
@@ -268,35 +268,35 @@ fn scalar(schema: &Value, v: &Value, path: &str, out: &mut Outcome) {
             let x = n.as_f64().unwrap_or(0.0);
             let excl_min = schema.get("exclusiveMinimum") == Some(&json!(true));
             let excl_max = schema.get("exclusiveMaximum") == Some(&json!(true));
-            if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
-                if x < min || (excl_min && x == min) {
-                    let rel = if excl_min {
-                        "greater than"
-                    } else {
-                        "greater than or equal to"
-                    };
-                    invalid(
-                        out,
-                        path,
-                        v,
-                        format!("{path} in body should be {rel} {}", num(min)),
-                    );
-                }
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
+                && (x < min || (excl_min && x == min))
+            {
+                let rel = if excl_min {
+                    "greater than"
+                } else {
+                    "greater than or equal to"
+                };
+                invalid(
+                    out,
+                    path,
+                    v,
+                    format!("{path} in body should be {rel} {}", num(min)),
+                );
             }
-            if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
-                if x > max || (excl_max && x == max) {
-                    let rel = if excl_max {
-                        "less than"
-                    } else {
-                        "less than or equal to"
-                    };
-                    invalid(
-                        out,
-                        path,
-                        v,
-                        format!("{path} in body should be {rel} {}", num(max)),
-                    );
-                }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
+                && (x > max || (excl_max && x == max))
+            {
+                let rel = if excl_max {
+                    "less than"
+                } else {
+                    "less than or equal to"
+                };
+                invalid(
+                    out,
+                    path,
+                    v,
+                    format!("{path} in body should be {rel} {}", num(max)),
+                );
             }
         }
         _ => {}

@@ -241,10 +241,10 @@ impl Store {
     ) -> Result<Value, WriteError> {
         let mut inner = self.lock();
         let cur = inner.objects.get(key).ok_or(WriteError::NotFound)?;
-        if let Some(want) = expect_rv {
-            if rv_of(cur) != Some(want) {
-                return Err(WriteError::Conflict);
-            }
+        if let Some(want) = expect_rv
+            && rv_of(cur) != Some(want)
+        {
+            return Err(WriteError::Conflict);
         }
         let mut same = obj.clone();
         set_rv(&mut same, rv_of(cur).unwrap_or(0));
@@ -270,10 +270,10 @@ impl Store {
     pub fn delete(&self, key: &ObjKey, expect_rv: Option<u64>) -> Result<Value, WriteError> {
         let mut inner = self.lock();
         let cur = inner.objects.get(key).ok_or(WriteError::NotFound)?;
-        if let Some(want) = expect_rv {
-            if rv_of(cur) != Some(want) {
-                return Err(WriteError::Conflict);
-            }
+        if let Some(want) = expect_rv
+            && rv_of(cur) != Some(want)
+        {
+            return Err(WriteError::Conflict);
         }
         let mut obj = inner.objects.remove(key).ok_or(WriteError::NotFound)?;
         inner.bytes -= size_of(&obj).min(inner.bytes);

@@ -220,14 +220,14 @@ pub(crate) fn put_scale(
         .and_then(Value::as_i64)
         .unwrap_or(0);
     let expect = body_rv(&scale)?;
-    if let Some(want) = expect {
-        if body_rv(&old)? != Some(want) {
-            return Err(ApiError::conflict(
-                &rr.rt.group,
-                &rr.rt.plural,
-                rr.name.as_deref().unwrap_or_default(),
-            ));
-        }
+    if let Some(want) = expect
+        && body_rv(&old)? != Some(want)
+    {
+        return Err(ApiError::conflict(
+            &rr.rt.group,
+            &rr.rt.plural,
+            rr.name.as_deref().unwrap_or_default(),
+        ));
     }
     let stored = set_replicas(state, ctx, rr, &old, replicas, body_rv(&old)?)?;
     Ok(json_response(200, &to_scale(&rr.rt, &stored)))

@@ -52,15 +52,15 @@ impl Filter {
         if ev.key.group != self.rr.rt.group || ev.key.plural != self.rr.rt.plural {
             return false;
         }
-        if let Some(ns) = &self.rr.namespace {
-            if ev.key.namespace != *ns {
-                return false;
-            }
+        if let Some(ns) = &self.rr.namespace
+            && ev.key.namespace != *ns
+        {
+            return false;
         }
-        if let Some(name) = &self.rr.name {
-            if ev.key.name != *name {
-                return false;
-            }
+        if let Some(name) = &self.rr.name
+            && ev.key.name != *name
+        {
+            return false;
         }
         true
     }
@@ -176,11 +176,10 @@ pub(crate) fn watch(state: Arc<State>, ctx: &Ctx, rr: &ResReq) -> Result<Respons
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         for ev in &start.initial {
-            if let Some(t) = filter.classify(ev) {
-                if tx.send(filter.render(t, &ev.object)).await.is_err() {
+            if let Some(t) = filter.classify(ev)
+                && tx.send(filter.render(t, &ev.object)).await.is_err() {
                     return;
                 }
-            }
         }
         if send_initial == Some(true) && bookmarks && tx.send(filter.bookmark(last_rv, true)).await.is_err() {
             return;
@@ -201,11 +200,10 @@ pub(crate) fn watch(state: Arc<State>, ctx: &Ctx, rr: &ResReq) -> Result<Respons
                 ev = rx.recv() => match ev {
                     Ok(ev) => {
                         last_rv = last_rv.max(ev.rv);
-                        if let Some(t) = filter.classify(&ev) {
-                            if tx.send(filter.render(t, &ev.object)).await.is_err() {
+                        if let Some(t) = filter.classify(&ev)
+                            && tx.send(filter.render(t, &ev.object)).await.is_err() {
                                 return;
                             }
-                        }
                     }
                     // A watcher that fell too far behind is ended; its client resumes from
                     // the last resourceVersion it saw.

@@ -81,11 +81,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if let (Some(path), Some(token)) = (&args.write_kubeconfig, &first_token) {
-        if let Err(e) = std::fs::write(path, sim.kubeconfig_yaml(token)) {
-            eprintln!("kube-sim: writing {}: {e}", path.display());
-            return ExitCode::from(1);
-        }
+    if let (Some(path), Some(token)) = (&args.write_kubeconfig, &first_token)
+        && let Err(e) = std::fs::write(path, sim.kubeconfig_yaml(token))
+    {
+        eprintln!("kube-sim: writing {}: {e}", path.display());
+        return ExitCode::from(1);
     }
     println!("{}", sim.url());
     let _ = tokio::signal::ctrl_c().await;
