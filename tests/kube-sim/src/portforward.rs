@@ -99,7 +99,11 @@ async fn run(ws: Ws2, ports: Vec<u16>, targets: Vec<Option<SocketAddr>>, uid: St
         let data_ch = 2 * i as u8;
         let err_ch = data_ch + 1;
         let conn = match target {
-            Some(addr) => TcpStream::connect(addr).await.map_err(|e| e.to_string()),
+            // Forwarding stays on this machine's loopback, whatever a test registered.
+            Some(addr) if addr.ip().is_loopback() => {
+                TcpStream::connect(addr).await.map_err(|e| e.to_string())
+            }
+            Some(_) => Err("target is not a loopback address".to_string()),
             None => Err("connection refused".to_string()),
         };
         match conn {
