@@ -1,0 +1,312 @@
+//! `pods/exec` and `pods/attach` over WebSocket. Exec runs the requested command as a real
+//! local process (pipes, not a pty: with `tty=true` stderr is merged into stdout and resize
+//! messages are recorded); attach joins the container's log stream, and what is typed on
+//! stdin is echoed into that log, like a container whose main process is `cat`.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+use crate::State;
+use crate::api::{key, load_pod, pick_container};
+use crate::error::ApiError;
+use crate::http::{Body, Ctx, ResReq};
+use crate::util::str_at;
+use crate::ws::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT, Ws, frame};
+
+/// What the client asked for.
+#[derive(Debug, Clone)]
+struct Opts {
+    namespace: String,
+    pod: String,
+    container: String,
+    command: Vec<String>,
+    stdin: bool,
+    stdout: bool,
+    stderr: bool,
+    tty: bool,
+    v5: bool,
+}
+
+pub(crate) fn handle(
+    state: Arc<State>,
+    ctx: Ctx,
+    rr: ResReq,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let pod = load_pod(&state, &rr)?;
+    let q = &ctx.query;
+    let container = pick_container(&pod, q.get("container"))?;
+    let attach = rr.sub.as_deref() == Some("attach");
+    let command = q.all("command");
+    if !attach && command.is_empty() {
+        return Err(ApiError::bad_request("you must specify at least 1 command"));
+    }
+    let (stdin, stdout, stderr, tty) = (
+        q.flag("stdin"),
+        q.flag("stdout"),
+        q.flag("stderr"),
+        q.flag("tty"),
+    );
+    if !stdin && !stdout && !stderr {
+        return Err(ApiError::bad_request(
+            "you must specify at least one of stdin, stdout, stderr",
+        ));
+    }
+    if !ws::is_upgrade(req.headers()) {
+        return Err(ws::upgrade_required());
+    }
+    let supported: &[&'static str] = if state.cfg.exec_v4_only {
+        &[ws::V4]
+    } else {
+        &[ws::V5, ws::V4]
+    };
+    let protocol = ws::choose(req.headers(), supported).ok_or_else(|| {
+        ApiError::bad_request(format!("none of the offered subprotocols {:?} is supported (want v5.channel.k8s.io or v4.channel.k8s.io)", ws::offered(req.headers())))
+    })?;
+    let opts = Opts {
+        namespace: rr.namespace.clone().unwrap_or_default(),
+        pod: rr.name.clone().unwrap_or_default(),
+        container,
+        command,
+        stdin,
+        stdout,
+        stderr: stderr && !tty,
+        tty,
+        v5: protocol == ws::V5,
+    };
+    let st = state.clone();
+    let pod_uid = str_at(&pod, "metadata.uid").unwrap_or_default().to_string();
+    ws::accept(&state, req, protocol, move |ws| async move {
+        if attach {
+            run_attach(st, ws, opts, rr, pod_uid).await
+        } else {
+            run_exec(st, ws, opts).await
+        }
+    })
+}
+
+fn success() -> Value {
+    json!({ "metadata": {}, "status": "Success" })
+}
+
+fn exit_failure(command: &[String], code: i32) -> Value {
+    json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("command terminated with non-zero exit code: error executing command [{}], exit code {code}", command.join(" ")),
+        "reason": "NonZeroExitCode",
+        "details": { "causes": [{ "reason": "ExitCode", "message": code.to_string() }] }
+    })
+}
+
+async fn finish(ws: &mut Ws, status: &Value) {
+    let _ = ws.send(frame(ERROR, status.to_string().as_bytes())).await;
+    let _ = ws
+        .send(Message::Close(Some(CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        })))
+        .await;
+    // Give the client a moment to read the status and answer the close.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(m)) = ws.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+fn record_resize(state: &State, opts: &Opts, data: &[u8]) {
+    if let Ok(v) = serde_json::from_slice::<Value>(data) {
+        let w = v.get("Width").and_then(Value::as_u64).unwrap_or(0) as u16;
+        let h = v.get("Height").and_then(Value::as_u64).unwrap_or(0) as u16;
+        if let Ok(mut r) = state.resizes.lock() {
+            // Only the latest ones are kept: a client may resize as often as it likes.
+            if r.len() >= crate::MAX_RECORDED {
+                r.remove(0);
+            }
+            r.push((opts.pod.clone(), opts.container.clone(), w, h));
+        }
+    }
+}
+
+async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
+    let mut cmd = tokio::process::Command::new(&opts.command[0]);
+    cmd.args(&opts.command[1..])
+        .stdin(if opts.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("HOSTNAME", &opts.pod)
+        .env("KUBE_SIM_NAMESPACE", &opts.namespace)
+        .env("KUBE_SIM_POD", &opts.pod)
+        .env("KUBE_SIM_CONTAINER", &opts.container)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let status = json!({
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("OCI runtime exec failed: exec failed: unable to start container process: exec: \"{}\": {e}: unknown", opts.command[0]),
+                "reason": "InternalError",
+                "details": { "causes": [{ "message": format!("OCI runtime exec failed: exec: \"{}\": {e}", opts.command[0]) }] },
+                "code": 500
+            });
+            finish(&mut ws, &status).await;
+            return;
+        }
+    };
+    let mut stdin = child.stdin.take();
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let err_channel = if opts.tty { STDOUT } else { STDERR };
+    let mut out_buf = vec![0u8; 32 * 1024];
+    let mut err_buf = vec![0u8; 32 * 1024];
+    let mut exit: Option<std::process::ExitStatus> = None;
+    loop {
+        if out.is_none() && err.is_none() && exit.is_some() {
+            break;
+        }
+        tokio::select! {
+            msg = ws.next() => match msg {
+                Some(Ok(m)) if ws::payload(&m).is_some() => {
+                    let data = ws::payload(&m).unwrap_or_default();
+                    match data[0] {
+                    STDIN => {
+                        if let Some(s) = stdin.as_mut()
+                            && s.write_all(&data[1..]).await.is_err() {
+                                stdin = None;
+                            }
+                    }
+                    RESIZE => record_resize(&state, &opts, &data[1..]),
+                    CLOSE if opts.v5 && data.get(1) == Some(&STDIN) => {
+                        // Dropping the pipe is the process's EOF.
+                        stdin = None;
+                    }
+                    _ => {}
+                }
+                },
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                    // The client went away: the process goes too (kill_on_drop).
+                    return;
+                }
+                Some(Ok(_)) => {}
+            },
+            n = read_some(&mut out, &mut out_buf) => match n {
+                Some(n) => {
+                    if opts.stdout && ws.send(frame(STDOUT, &out_buf[..n])).await.is_err() {
+                        return;
+                    }
+                }
+                None => out = None,
+            },
+            n = read_some(&mut err, &mut err_buf) => match n {
+                Some(n) => {
+                    if (opts.stderr || opts.tty) && ws.send(frame(err_channel, &err_buf[..n])).await.is_err() {
+                        return;
+                    }
+                }
+                None => err = None,
+            },
+            status = child.wait(), if exit.is_none() => {
+                exit = Some(status.unwrap_or_else(|_| std::process::ExitStatus::default()));
+                stdin = None;
+            }
+        }
+    }
+    let code = exit.and_then(|s| s.code()).unwrap_or(1);
+    let status = if code == 0 {
+        success()
+    } else {
+        exit_failure(&opts.command, code)
+    };
+    finish(&mut ws, &status).await;
+}
+
+/// Reads once from an optional pipe; `None` at EOF. Pends forever once the pipe is gone,
+/// so `select!` simply stops polling it.
+async fn read_some<R: tokio::io::AsyncRead + Unpin>(
+    pipe: &mut Option<R>,
+    buf: &mut [u8],
+) -> Option<usize> {
+    match pipe {
+        Some(p) => match p.read(buf).await {
+            Ok(0) | Err(_) => None,
+            Ok(n) => Some(n),
+        },
+        None => std::future::pending().await,
+    }
+}
+
+async fn run_attach(state: Arc<State>, mut ws: Ws, opts: Opts, rr: ResReq, uid: String) {
+    let k = (
+        opts.namespace.clone(),
+        opts.pod.clone(),
+        opts.container.clone(),
+    );
+    let mut pos = state.logs.len(&k);
+    let pod_key = key(&rr, &opts.pod);
+    loop {
+        let notified = state.logs.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let fresh = state.logs.since(&k, pos);
+        if !fresh.is_empty() {
+            pos += fresh.len();
+            if opts.stdout {
+                let text: String = fresh.iter().map(|l| format!("{}\n", l.text)).collect();
+                if ws.send(frame(STDOUT, text.as_bytes())).await.is_err() {
+                    return;
+                }
+            }
+            continue;
+        }
+        let alive = state
+            .store
+            .get(&pod_key)
+            .is_some_and(|p| str_at(&p, "metadata.uid") == Some(uid.as_str()));
+        if !alive {
+            finish(&mut ws, &success()).await;
+            return;
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            msg = ws.next() => match msg {
+                Some(Ok(m)) if ws::payload(&m).is_some() => {
+                    let data = ws::payload(&m).unwrap_or_default();
+                    match data[0] {
+                    STDIN if opts.stdin => {
+                        let text = String::from_utf8_lossy(&data[1..]).to_string();
+                        state.logs.append(&opts.namespace, &opts.pod, &opts.container, &text);
+                    }
+                    RESIZE => record_resize(&state, &opts, &data[1..]),
+                    CLOSE if opts.v5 && data.get(1) == Some(&STDIN) => {
+                        finish(&mut ws, &success()).await;
+                        return;
+                    }
+                    _ => {}
+                }
+                },
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+}
