@@ -6,15 +6,22 @@
 
 use std::{fs, path::Path};
 
-use prost::Message;
-
 #[test]
 fn generated_code_is_fresh() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = tempfile::tempdir().expect("temp dir");
 
-    let fds = protox::compile(otter_proto::PROTO_FILES, [root]).expect("protos compile");
-    let descriptor = fds.encode_to_vec();
+    let mut compiler = protox::Compiler::new([root]).expect("include root");
+    compiler
+        .include_imports(true)
+        .include_source_info(true)
+        .open_files(otter_proto::PROTO_FILES)
+        .expect("protos compile");
+    let fds = compiler.file_descriptor_set();
+    // Encoded by the compiler, not from `fds`: prost-types' option messages
+    // have no room for extensions, so `fds.encode_to_vec()` would lose the
+    // `(otterscale.api.feature)` method options.
+    let descriptor = compiler.encode_file_descriptor_set();
 
     tonic_prost_build::configure()
         .build_client(true)
