@@ -22,12 +22,15 @@ setup:
 	scripts/setup.sh
 
 ## proto: regenerate every output of proto/*.proto: the Rust code and descriptor
-## set (proto/src/gen) and the TypeScript package's sources (ts/src/gen, by
-## protoc-gen-es through buf)
+## set (proto/src/gen), the TypeScript package's sources (ts/src/gen, by
+## protoc-gen-es through buf) and openapi/openapi.yaml (Connect endpoints)
 proto:
 	OTTER_PROTO_REGEN=1 $(CARGO) test -q -p otter-proto --test bootstrap
 	scripts/setup.sh npm
 	$(BUF) generate --template ts/buf.gen.yaml
+	mkdir -p openapi
+	$(CARGO) run -q -p otter-openapi > openapi/openapi.yaml.tmp
+	mv openapi/openapi.yaml.tmp openapi/openapi.yaml
 
 ## manifests: regenerate manifests/crds.yaml from the CRD types in shared/crds
 manifests:
