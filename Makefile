@@ -10,18 +10,27 @@ SHELL := bash
 CARGO_TARGET_DIR ?= $(HOME)/.cache/otterscale-link/target
 export CARGO_TARGET_DIR
 CARGO ?= cargo
+# npm packages of ts/ (installed by `scripts/setup.sh npm`): buf, protoc-gen-es, tsc
+BUF := ts/node_modules/.bin/buf
 
 .PHONY: all setup proto manifests generate lint build test demo bench fuzz clean
 
 all: proto manifests lint test
 
-## setup: apt packages, Python venv, Debian kubectl 1.20 (idempotent)
+## setup: apt packages, Python venv, Debian kubectl 1.20, npm packages of ts/ (idempotent)
 setup:
 	scripts/setup.sh
 
-## proto: regenerate proto/src/gen (Rust code + descriptor set) from proto/*.proto
+## proto: regenerate every output of proto/*.proto: the Rust code and descriptor
+## set (proto/src/gen), the TypeScript package's sources (ts/src/gen, by
+## protoc-gen-es through buf) and openapi/openapi.yaml (Connect endpoints)
 proto:
 	OTTER_PROTO_REGEN=1 $(CARGO) test -q -p otter-proto --test bootstrap
+	scripts/setup.sh npm
+	$(BUF) generate --template ts/buf.gen.yaml
+	mkdir -p openapi
+	$(CARGO) run -q -p otter-openapi > openapi/openapi.yaml.tmp
+	mv openapi/openapi.yaml.tmp openapi/openapi.yaml
 
 ## manifests: regenerate manifests/crds.yaml from the CRD types in shared/crds
 manifests:
@@ -32,10 +41,14 @@ manifests:
 ## compile time and need none; the protos do)
 generate: proto
 
-## lint: formatting and clippy, warnings are errors
+## lint: formatting and clippy, warnings are errors; buf lint over proto/ (rules
+## in buf.yaml) and buf breaking against the previous commit's protos
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy -q --workspace --all-targets -- -D warnings
+	scripts/setup.sh npm
+	$(BUF) lint
+	scripts/buf-breaking.sh
 
 ## build: debug build of every crate and binary
 build:

@@ -5,12 +5,16 @@
 #
 #   scripts/setup.sh            everything
 #   scripts/setup.sh python     only the Python venv
+#   scripts/setup.sh npm        only the npm packages of ts/
 #
 # What it provides:
 #   .venv/                  Python venv with the pinned packages of scripts/requirements.txt
 #   .tools/kubectl-1.20     Debian's kubectl 1.20 (extracted, not installed: it clashes
 #                           with the image's kubectl package)
 #   apt packages            listed in APT_PACKAGES below
+#   ts/node_modules/        npm packages of ts/package-lock.json (`npm ci`): the
+#                           TypeScript compiler, protoc-gen-es, the buf CLI
+#                           (its binary ships in the npm package), connect
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -72,10 +76,27 @@ setup_python() {
     echo "$sum" >"$stamp"
 }
 
+setup_npm() {
+    local dir="$root/ts"
+    local stamp="$dir/node_modules/.package-lock.sha256"
+    local sum
+    sum=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then return; fi
+    if ! command -v npm >/dev/null; then
+        log "installing Node.js and npm (apt)"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+    fi
+    log "installing npm packages of ts/ (npm ci)"
+    ( cd "$dir" && npm ci --no-audit --no-fund --loglevel=error )
+    echo "$sum" >"$stamp"
+}
+
 case "$want" in
-    all) setup_apt; setup_kubectl_120; setup_python ;;
+    all) setup_apt; setup_kubectl_120; setup_python; setup_npm ;;
     apt) setup_apt ;;
     kubectl) setup_kubectl_120 ;;
     python) setup_python ;;
-    *) echo "usage: $0 [all|apt|kubectl|python]" >&2; exit 2 ;;
+    npm) setup_npm ;;
+    *) echo "usage: $0 [all|apt|kubectl|python|npm]" >&2; exit 2 ;;
 esac
