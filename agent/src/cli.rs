@@ -42,12 +42,34 @@ pub struct Cli {
     /// Tunnel keepalive interval in seconds.
     #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
     pub keepalive_secs: u64,
+    /// SHA-256 of the hub CA certificate (hex); the CA file must match it.
+    #[arg(long, env = "OTTER_HUB_CA_FINGERPRINT")]
+    pub hub_ca_fingerprint: Option<String>,
+    /// Rancher project to file this cluster under ("<cluster-id>:<project>").
+    #[arg(long, env = "OTTER_RANCHER_PROJECT_ID", default_value = "")]
+    pub rancher_project_id: String,
+    /// Address for the /healthz and /readyz probes (off when unset).
+    #[arg(long, env = "OTTER_HEALTH_LISTEN")]
+    pub health_listen: Option<std::net::SocketAddr>,
 }
 
 /// Runs the agent until Ctrl-C or SIGTERM; returns the exit code.
 pub async fn run(cli: Cli) -> i32 {
+    let health = match cli.health_listen {
+        Some(addr) => match crate::health::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("otter-agent: cannot listen on {addr} for health probes: {e}");
+                return 64;
+            }
+        },
+        None => None,
+    };
     match start(cli) {
         Ok(agent) => {
+            if let Some(listener) = health {
+                agent.serve_health(listener);
+            }
             wait_for_signal().await;
             agent.shutdown().await;
             0
@@ -62,6 +84,17 @@ pub async fn run(cli: Cli) -> i32 {
 fn start(cli: Cli) -> anyhow::Result<Agent> {
     let ca = std::fs::read_to_string(&cli.hub_ca_file)
         .map_err(|e| anyhow::anyhow!("cannot read hub CA {}: {e}", cli.hub_ca_file.display()))?;
+    // Pin the hub: the CA handed over with the manifest must be the one the
+    // manifest's fingerprint names.
+    if let Some(expected) = cli.hub_ca_fingerprint.as_deref().filter(|f| !f.is_empty()) {
+        let actual = otter_pki::ca::fingerprint_pem(&ca)?;
+        if !actual.eq_ignore_ascii_case(expected.trim()) {
+            anyhow::bail!(
+                "hub CA {} has fingerprint {actual}, not the pinned {expected}",
+                cli.hub_ca_file.display()
+            );
+        }
+    }
     let agent_id = cli
         .agent_id
         .or_else(|| std::env::var("POD_NAME").ok())
@@ -74,6 +107,7 @@ fn start(cli: Cli) -> anyhow::Result<Agent> {
         config.join_token = Secret(token.trim().to_owned());
     }
     config.state_dir = cli.state_dir;
+    config.rancher_project_id = cli.rancher_project_id;
     config.transports = cli.transports;
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));

@@ -14,6 +14,7 @@ pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod enroll;
+pub mod health;
 pub mod tunnel;
 
 pub use config::AgentConfig;

@@ -68,6 +68,20 @@ impl Agent {
         self.status.borrow().clone()
     }
 
+    /// A receiver of status changes (for the health endpoint).
+    pub fn status_watch(&self) -> watch::Receiver<AgentStatus> {
+        self.status.clone()
+    }
+
+    /// Serves `/healthz` and `/readyz` on `listener` for as long as the agent runs.
+    pub fn serve_health(&self, listener: tokio::net::TcpListener) {
+        self.tasks.spawn(crate::health::serve(
+            listener,
+            self.status.clone(),
+            self.shutdown.clone(),
+        ));
+    }
+
     /// Waits until `pred` holds for the status, or `timeout` passes.
     pub async fn wait_for(
         &self,

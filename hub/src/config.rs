@@ -45,6 +45,12 @@ pub struct HubConfig {
     pub admin_group: String,
     /// OpenID Connect issuer for user tokens, if any.
     pub oidc: Option<crate::oidc::OidcConfig>,
+    /// How long a manifest URL serves its YAML.
+    pub manifest_ttl: Duration,
+    /// Namespace the agent manifest installs into.
+    pub agent_namespace: String,
+    /// Agent image the manifest runs.
+    pub agent_image: String,
 }
 
 impl HubConfig {
@@ -67,6 +73,9 @@ impl HubConfig {
             api_plaintext: false,
             admin_group: crate::tokens::ADMIN_GROUP.to_owned(),
             oidc: None,
+            manifest_ttl: Duration::from_secs(3600),
+            agent_namespace: crate::manifest::DEFAULT_NAMESPACE.to_owned(),
+            agent_image: format!("{}:v{}", crate::manifest::DEFAULT_IMAGE, crate::VERSION),
         }
     }
 
@@ -85,6 +94,12 @@ impl HubConfig {
         for url in &self.tunnel_urls {
             tunnel_transport(url)?;
         }
+        otter_pki::validate_cluster_name(&self.agent_namespace).map_err(|_| {
+            HubError::Config(format!(
+                "agent namespace {:?} is not a valid name",
+                self.agent_namespace
+            ))
+        })?;
         Ok(())
     }
 

@@ -24,6 +24,7 @@ pub mod cors;
 pub mod deadline;
 pub mod forward;
 pub mod link_service;
+pub mod manifest;
 pub mod methods;
 pub mod metrics;
 pub mod oidc;

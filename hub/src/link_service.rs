@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    auth,
+    auth, manifest,
     registry::drain,
     server::{ConnInfo, HubState},
     store::{StoreExt, tree},
@@ -278,10 +278,43 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<GetAgentManifestRequest>,
     ) -> Result<Response<GetAgentManifestResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata()).await?;
-        Err(Status::unimplemented(
-            "agent manifests are not served by this build yet",
-        ))
+        let caller = auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        auth::require_admin(&self.state, &caller)?;
+        let req = request.into_inner();
+        let cluster = req.cluster.unwrap_or_default();
+        otter_pki::validate_cluster_name(&cluster)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        manifest::validate_users(&req.extra_users).map_err(Status::invalid_argument)?;
+        let rancher = req.rancher_project_id.unwrap_or_default();
+        if rancher.len() > MAX_RANCHER_ID_LEN || !printable(&rancher) {
+            return Err(Status::invalid_argument(
+                "rancher_project_id is too long or not printable",
+            ));
+        }
+        let mut admins = vec![caller.user.clone()];
+        for u in req.extra_users {
+            if !admins.contains(&u) {
+                admins.push(u);
+            }
+        }
+        let claims = manifest::claims(
+            &cluster,
+            &admins,
+            &rancher,
+            self.state.config.manifest_ttl,
+            &self.state.ca.fingerprint(),
+        );
+        let token = manifest::sign(&self.state.manifest_key, &claims);
+        let url = format!(
+            "{}/link/manifest/{token}",
+            self.state.external_url.as_str().trim_end_matches('/')
+        );
+        let yaml = render_manifest(&self.state, &claims).map_err(|e| e.into_status())?;
+        tracing::info!(%cluster, user = %caller.user, "agent manifest issued");
+        Ok(Response::new(GetAgentManifestResponse {
+            manifest: Some(yaml),
+            url: Some(url),
+        }))
     }
 
     async fn list_rancher_projects(
@@ -293,4 +326,37 @@ impl LinkService for LinkSvc {
             "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",
         ))
     }
+}
+
+/// Mints a join token and renders the manifest the claims describe.
+fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Result<String> {
+    let join_token =
+        tokens::mint_join_token(&*state.store, &claims.cluster, state.config.join_token_ttl)?;
+    Ok(manifest::render(&manifest::ManifestSpec {
+        cluster: claims.cluster.clone(),
+        admins: claims.admins.clone(),
+        rancher_project_id: claims.rancher_project_id.clone(),
+        join_token,
+        hub_url: state.external_url.as_str().trim_end_matches('/').to_owned(),
+        ca_pem: state.ca.cert_pem().to_owned(),
+        ca_fingerprint: state.ca.fingerprint(),
+        namespace: state.config.agent_namespace.clone(),
+        image: state.config.agent_image.clone(),
+    }))
+}
+
+/// Serves a manifest URL: the YAML, or the status and a plain message.
+pub fn manifest_from_url(
+    state: &HubState,
+    token: &str,
+) -> Result<String, (http::StatusCode, String)> {
+    let claims = manifest::verify(&state.manifest_key, token, &state.ca.fingerprint())
+        .map_err(|e| (http::StatusCode::UNAUTHORIZED, e.to_string()))?;
+    render_manifest(state, &claims).map_err(|e| {
+        tracing::error!(error = %e, "rendering a manifest failed");
+        (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "the hub could not render the manifest; see its log".to_owned(),
+        )
+    })
 }

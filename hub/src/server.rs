@@ -53,6 +53,8 @@ pub struct HubState {
     /// gRPC health: SERVING only while the store takes writes.
     pub health: tonic_health::server::HealthReporter,
     pub metrics: Arc<Metrics>,
+    /// Signs and verifies manifest URLs.
+    pub manifest_key: ring::hmac::Key,
 }
 
 impl std::fmt::Debug for HubState {
@@ -160,6 +162,10 @@ impl Hub {
             &config.disabled_features,
         )?;
         let oidc = config.oidc.clone().map(OidcVerifier::new).transpose()?;
+        let manifest_key = crate::manifest::url_key(&*store)?;
+        // The CA certificate is public: written out so `otter login --ca-file`
+        // and kubeconfigs can point at it.
+        std::fs::write(config.data_dir.join("ca.crt"), ca.cert_pem())?;
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
         let state = Arc::new(HubState {
@@ -174,6 +180,7 @@ impl Hub {
             oidc,
             health,
             metrics: Arc::new(Metrics::default()),
+            manifest_key,
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
@@ -470,6 +477,26 @@ async fn route(
                 resp
             }
             Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
+        };
+    }
+    if let Some(token) = path.strip_prefix("/link/manifest/") {
+        if req.method() != http::Method::GET {
+            return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use GET");
+        }
+        return match crate::link_service::manifest_from_url(&state, token) {
+            Ok(yaml) => {
+                let mut resp = plain(http::StatusCode::OK, yaml.trim_end());
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/yaml; charset=utf-8"),
+                );
+                resp.headers_mut().insert(
+                    http::header::CACHE_CONTROL,
+                    http::HeaderValue::from_static("no-store"),
+                );
+                resp
+            }
+            Err((status, text)) => plain(status, &text),
         };
     }
     let Some(method) = state.methods.get(&path).cloned() else {

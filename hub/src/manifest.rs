@@ -1,0 +1,440 @@
+//! Agent manifests: the YAML that joins a member cluster, and the signed,
+//! expiring URL that serves it to `kubectl apply -f <url>`.
+//!
+//! The URL token is `<payload>.<mac>`, both base64url: the payload names the
+//! cluster, the admins to bind, the expiry and the CA fingerprint; the MAC is
+//! HMAC-SHA256 under a key kept in the store (so URLs survive a restart). A
+//! GET verifies it, mints a join token for the cluster (its only side
+//! effect) and renders the YAML. Every value in the YAML goes through a YAML
+//! serializer, so a name cannot inject structure.
+
+use std::time::Duration;
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use ring::hmac;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::{
+    Result,
+    store::{Store, StoreExt, tree},
+    unix_now,
+};
+
+/// Namespace the agent runs in by default.
+pub const DEFAULT_NAMESPACE: &str = "otterscale-system";
+/// Image of the agent by default (tag = this build's version).
+pub const DEFAULT_IMAGE: &str = "otterscale/otter-agent";
+/// Longest manifest URL token accepted.
+pub const MAX_TOKEN_LEN: usize = 4096;
+/// Most extra admin users in one manifest.
+pub const MAX_EXTRA_USERS: usize = 32;
+
+/// What goes into one agent manifest.
+#[derive(Debug, Clone)]
+pub struct ManifestSpec {
+    pub cluster: String,
+    /// Users made cluster-admin of the member cluster (the caller first).
+    pub admins: Vec<String>,
+    pub rancher_project_id: String,
+    pub join_token: String,
+    pub hub_url: String,
+    pub ca_pem: String,
+    pub ca_fingerprint: String,
+    pub namespace: String,
+    pub image: String,
+}
+
+/// The signed content of a manifest URL.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UrlClaims {
+    #[serde(rename = "c")]
+    pub cluster: String,
+    #[serde(rename = "a")]
+    pub admins: Vec<String>,
+    #[serde(rename = "r", default)]
+    pub rancher_project_id: String,
+    /// Unix seconds.
+    #[serde(rename = "e")]
+    pub expires: i64,
+    /// CA fingerprint the URL was minted under.
+    #[serde(rename = "f")]
+    pub ca_fingerprint: String,
+}
+
+/// Why a manifest URL was refused (answered 401 with this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("this manifest link is malformed; ask for a new one with `otter agent-manifest`")]
+    Malformed,
+    #[error(
+        "this manifest link's signature is not valid; ask for a new one with `otter agent-manifest`"
+    )]
+    BadSignature,
+    #[error("this manifest link has expired; ask for a new one with `otter agent-manifest`")]
+    Expired,
+    #[error(
+        "this manifest link was made for another hub CA; ask for a new one with `otter agent-manifest`"
+    )]
+    OtherCa,
+}
+
+/// The HMAC key of manifest URLs, created once and kept in the store.
+pub fn url_key(store: &dyn Store) -> Result<hmac::Key> {
+    let secret: Vec<u8> = match store.get::<String>(tree::META, "manifest-url-key")? {
+        Some(hex_key) => hex::decode(hex_key)
+            .map_err(|e| crate::HubError::Store(format!("manifest-url-key: {e}")))?,
+        None => {
+            let k: [u8; 32] = rand::random();
+            store.put(tree::META, "manifest-url-key", &hex::encode(k))?;
+            k.to_vec()
+        }
+    };
+    Ok(hmac::Key::new(hmac::HMAC_SHA256, &secret))
+}
+
+/// Signs claims into a URL token.
+pub fn sign(key: &hmac::Key, claims: &UrlClaims) -> String {
+    let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims).expect("claims serialize"));
+    let mac = URL_SAFE_NO_PAD.encode(hmac::sign(key, payload.as_bytes()).as_ref());
+    format!("{payload}.{mac}")
+}
+
+/// Verifies a URL token (signature in constant time, then expiry and CA).
+pub fn verify(key: &hmac::Key, token: &str, ca_fingerprint: &str) -> Result<UrlClaims, UrlError> {
+    if token.len() > MAX_TOKEN_LEN {
+        return Err(UrlError::Malformed);
+    }
+    let (payload, mac) = token.split_once('.').ok_or(UrlError::Malformed)?;
+    let mac = URL_SAFE_NO_PAD
+        .decode(mac)
+        .map_err(|_| UrlError::Malformed)?;
+    hmac::verify(key, payload.as_bytes(), &mac).map_err(|_| UrlError::BadSignature)?;
+    let raw = URL_SAFE_NO_PAD
+        .decode(payload)
+        .map_err(|_| UrlError::Malformed)?;
+    let claims: UrlClaims = serde_json::from_slice(&raw).map_err(|_| UrlError::Malformed)?;
+    if unix_now() >= claims.expires {
+        return Err(UrlError::Expired);
+    }
+    if claims.ca_fingerprint != ca_fingerprint {
+        return Err(UrlError::OtherCa);
+    }
+    Ok(claims)
+}
+
+/// Claims for a URL valid for `ttl`.
+pub fn claims(
+    cluster: &str,
+    admins: &[String],
+    rancher_project_id: &str,
+    ttl: Duration,
+    ca_fingerprint: &str,
+) -> UrlClaims {
+    UrlClaims {
+        cluster: cluster.to_owned(),
+        admins: admins.to_vec(),
+        rancher_project_id: rancher_project_id.to_owned(),
+        expires: unix_now() + ttl.as_secs() as i64,
+        ca_fingerprint: ca_fingerprint.to_owned(),
+    }
+}
+
+/// A Kubernetes object name for a user's binding: readable part plus a hash
+/// of the exact name, so two users never share (and overwrite) a binding.
+pub fn admin_binding_name(user: &str) -> String {
+    let readable: String = user
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .split('-')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("-");
+    // 17 + 35 + 1 + 10 = 63: a DNS label, though binding names may be longer.
+    let readable: String = readable
+        .chars()
+        .take(35)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_owned();
+    let digest = ring::digest::digest(&ring::digest::SHA256, user.as_bytes());
+    let hash = hex::encode(&digest.as_ref()[..5]);
+    if readable.is_empty() {
+        format!("otterscale-admin-{hash}")
+    } else {
+        format!("otterscale-admin-{readable}-{hash}")
+    }
+}
+
+/// Checks what goes into a manifest that the caller supplied.
+pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
+    if users.len() > MAX_EXTRA_USERS {
+        return Err(format!("at most {MAX_EXTRA_USERS} extra users"));
+    }
+    for u in users {
+        if u.is_empty() || u.len() > 253 || u.chars().any(char::is_control) {
+            return Err(format!(
+                "user name {u:?} must be 1 to 253 printable characters"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Renders the multi-document YAML.
+pub fn render(spec: &ManifestSpec) -> String {
+    let ns = spec.namespace.as_str();
+    let labels = json!({ "app.kubernetes.io/name": "otter-agent", "app.kubernetes.io/part-of": "otterscale" });
+    let mut docs: Vec<Value> = vec![
+        json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": { "name": ns, "labels": {
+                "app.kubernetes.io/part-of": "otterscale",
+                // Talos enforces Pod Security; the agent passes `restricted`.
+                "pod-security.kubernetes.io/enforce": "restricted",
+            }},
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": { "name": "otter-agent", "namespace": ns, "labels": labels },
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": "otterscale:agent", "labels": labels },
+            // The agent acts only as its callers: impersonation is all it needs.
+            "rules": [
+                { "apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"], "verbs": ["impersonate"] },
+                { "apiGroups": ["authentication.k8s.io"], "resources": ["uids", "userextras/*"], "verbs": ["impersonate"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": "otterscale:agent", "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "otterscale:agent" },
+            "subjects": [{ "kind": "ServiceAccount", "name": "otter-agent", "namespace": ns }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": { "name": "otterscale:authenticated-read", "labels": labels },
+            "rules": [
+                { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"] },
+                { "apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get", "list", "watch"] },
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": "otterscale:authenticated-read", "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "otterscale:authenticated-read" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated" }],
+        }),
+    ];
+    for user in &spec.admins {
+        docs.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": admin_binding_name(user), "labels": labels,
+                          "annotations": { "otterscale.io/user": user } },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        }));
+    }
+    docs.push(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": { "name": "otter-agent-join", "namespace": ns, "labels": labels },
+        "stringData": { "join-token": spec.join_token, "hub-ca.crt": spec.ca_pem },
+    }));
+    let env = json!([
+        { "name": "OTTER_HUB_URL", "value": spec.hub_url },
+        { "name": "OTTER_CLUSTER", "value": spec.cluster },
+        { "name": "OTTER_RANCHER_PROJECT_ID", "value": spec.rancher_project_id },
+        { "name": "OTTER_HUB_CA_FINGERPRINT", "value": spec.ca_fingerprint },
+        { "name": "OTTER_HUB_CA_FILE", "value": "/etc/otter/join/hub-ca.crt" },
+        { "name": "OTTER_JOIN_TOKEN_FILE", "value": "/etc/otter/join/join-token" },
+        { "name": "OTTER_STATE_DIR", "value": "/var/lib/otter-agent" },
+        { "name": "OTTER_HEALTH_LISTEN", "value": "0.0.0.0:8080" },
+        { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+    ]);
+    let probe = |path: &str, delay: u32| {
+        json!({
+            "httpGet": { "path": path, "port": 8080 }, "initialDelaySeconds": delay, "periodSeconds": 10, "timeoutSeconds": 2,
+        })
+    };
+    docs.push(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": "otter-agent", "namespace": ns, "labels": labels },
+        "spec": {
+            "replicas": 1,
+            // One agent at a time per cluster: the newest registration wins at the hub.
+            "strategy": { "type": "Recreate" },
+            "selector": { "matchLabels": { "app.kubernetes.io/name": "otter-agent" } },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": {
+                    "serviceAccountName": "otter-agent",
+                    "automountServiceAccountToken": true,
+                    "securityContext": {
+                        "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                        "seccompProfile": { "type": "RuntimeDefault" },
+                    },
+                    "containers": [{
+                        "name": "agent",
+                        "image": spec.image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "env": env,
+                        "ports": [{ "name": "health", "containerPort": 8080 }],
+                        "livenessProbe": probe("/healthz", 5),
+                        "readinessProbe": probe("/readyz", 2),
+                        "resources": {
+                            "requests": { "cpu": "50m", "memory": "32Mi" },
+                            "limits": { "cpu": "1", "memory": "256Mi" },
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "runAsNonRoot": true,
+                            "capabilities": { "drop": ["ALL"] },
+                            "seccompProfile": { "type": "RuntimeDefault" },
+                        },
+                        "volumeMounts": [
+                            { "name": "join", "mountPath": "/etc/otter/join", "readOnly": true },
+                            { "name": "state", "mountPath": "/var/lib/otter-agent" },
+                        ],
+                    }],
+                    "volumes": [
+                        { "name": "join", "secret": { "secretName": "otter-agent-join", "defaultMode": 0o400 } },
+                        { "name": "state", "emptyDir": { "sizeLimit": "16Mi" } },
+                    ],
+                },
+            },
+        },
+    }));
+    docs.iter()
+        .map(|d| serde_saphyr::to_string(d).expect("JSON values always serialize to YAML"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+
+    fn spec(cluster: &str, admins: &[&str]) -> ManifestSpec {
+        ManifestSpec {
+            cluster: cluster.into(),
+            admins: admins.iter().map(|s| s.to_string()).collect(),
+            rancher_project_id: String::new(),
+            join_token: "otj_0123456789abcdef_secret".into(),
+            hub_url: "https://hub.example:8443".into(),
+            ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+            ca_fingerprint: "ab".repeat(32),
+            namespace: DEFAULT_NAMESPACE.into(),
+            image: format!("{DEFAULT_IMAGE}:v0.1.0"),
+        }
+    }
+
+    /// The rendered YAML of a fixed spec is checked in, so a change to the
+    /// manifest shows in review. `OTTER_MANIFEST_REGEN=1` rewrites it.
+    #[test]
+    fn golden_manifest() {
+        let yaml = render(&spec("edge-1", &["alice@example.com", "bob"]));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../manifests/agent-example.yaml");
+        if std::env::var_os("OTTER_MANIFEST_REGEN").is_some() {
+            std::fs::write(&path, &yaml).unwrap();
+        }
+        let golden = std::fs::read_to_string(&path).expect("manifests/agent-example.yaml");
+        assert_eq!(
+            yaml, golden,
+            "agent manifest changed; review it and run with OTTER_MANIFEST_REGEN=1"
+        );
+    }
+
+    #[test]
+    fn names_cannot_inject_yaml() {
+        let evil = "x\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: pwned}";
+        let yaml = render(&spec("edge-1", &[evil, "bob: [1]"]));
+        let docs: Vec<Value> = yaml
+            .split("\n---\n")
+            .map(|d| serde_saphyr::from_str(d).expect("each document parses"))
+            .collect();
+        assert_eq!(docs.len(), 10, "no document was injected");
+        let subjects: Vec<&str> = docs
+            .iter()
+            .filter(|d| d["roleRef"]["name"] == "cluster-admin")
+            .map(|d| d["subjects"][0]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            subjects,
+            vec![evil, "bob: [1]"],
+            "names arrive verbatim as data"
+        );
+        // One binding per user, never shared.
+        assert_ne!(admin_binding_name("a.b"), admin_binding_name("a-b"));
+        assert!(admin_binding_name(&"z".repeat(300)).len() <= 63);
+    }
+
+    #[test]
+    fn deployment_passes_the_restricted_pod_security_profile() {
+        let yaml = render(&spec("edge-1", &["alice"]));
+        let deployment: Value = yaml
+            .split("\n---\n")
+            .map(|d| serde_saphyr::from_str::<Value>(d).unwrap())
+            .find(|d| d["kind"] == "Deployment")
+            .unwrap();
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        for c in pod["containers"].as_array().unwrap() {
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false);
+            assert_eq!(sc["readOnlyRootFilesystem"], true);
+            assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+            assert!(c["resources"]["limits"]["memory"].is_string());
+            assert!(c["livenessProbe"].is_object() && c["readinessProbe"].is_object());
+            assert!(sc.get("privileged").is_none_or(|p| p == false));
+        }
+        assert!(pod.get("hostNetwork").is_none() && pod.get("hostPID").is_none());
+    }
+
+    #[test]
+    fn url_tokens_verify_and_refuse_tampering_expiry_and_other_cas() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let key = url_key(&store).unwrap();
+        let c = claims(
+            "edge-1",
+            &["alice".into()],
+            "",
+            Duration::from_secs(60),
+            "fp",
+        );
+        let token = sign(&key, &c);
+        assert_eq!(
+            verify(&url_key(&store).unwrap(), &token, "fp").unwrap(),
+            c,
+            "key survives in the store"
+        );
+        let mut tampered = token.clone().into_bytes();
+        tampered[3] ^= 1;
+        assert!(verify(&key, std::str::from_utf8(&tampered).unwrap(), "fp").is_err());
+        assert_eq!(verify(&key, &token, "other"), Err(UrlError::OtherCa));
+        let expired = sign(&key, &claims("edge-1", &[], "", Duration::ZERO, "fp"));
+        assert_eq!(verify(&key, &expired, "fp"), Err(UrlError::Expired));
+        assert_eq!(verify(&key, "garbage", "fp"), Err(UrlError::Malformed));
+        let other_key = hmac::Key::new(hmac::HMAC_SHA256, b"another key");
+        assert_eq!(
+            verify(&other_key, &token, "fp"),
+            Err(UrlError::BadSignature)
+        );
+    }
+}
