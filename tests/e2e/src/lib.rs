@@ -294,3 +294,66 @@ pub async fn http_call(
     }
     (parts.status, headers, collected.to_bytes())
 }
+
+/// Whether a missing external tool fails the test (`OTTER_REQUIRE_TOOLS=1`,
+/// as `make test` sets) or skips it with a message.
+pub fn tool_missing(what: &str) -> bool {
+    if std::env::var("OTTER_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
+        panic!("required tool missing: {what}");
+    }
+    eprintln!("skipped: {what} is not on this machine");
+    true
+}
+
+/// kubectl 1.33 from the machine's kubectl package, if installed.
+pub fn kubectl_133() -> Option<PathBuf> {
+    let out = std::process::Command::new("dpkg")
+        .args(["-L", "kubectl"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.ends_with("kubectl.1.33"))
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+}
+
+/// Runs a command with a time bound; returns (exit code, stdout, stderr).
+pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("command did not finish within {limit:?}: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code().unwrap_or(-1),
+        o.join().unwrap_or_default(),
+        e.join().unwrap_or_default(),
+    )
+}

@@ -457,9 +457,28 @@ fn prepare_new(
     validate_name(rt, obj)
 }
 
-/// Names must be DNS subdomains (namespaces: DNS labels), as the apiserver insists.
+/// Names must be DNS subdomains (namespaces: DNS labels), as the apiserver
+/// insists; RBAC objects only need to be valid path segments, which is why
+/// names like `system:controller:foo` exist.
 fn validate_name(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     let name = str_at(obj, "metadata.name").unwrap_or_default();
+    if rt.builtin && rt.group == "rbac.authorization.k8s.io" {
+        if !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%']) {
+            return Ok(());
+        }
+        return Err(ApiError::invalid(
+            &rt.group,
+            &rt.kind,
+            name,
+            vec![FieldCause {
+                reason: "FieldValueInvalid",
+                message: format!(
+                    "Invalid value: \"{name}\": may not contain '/' or '%' and may not be '.' or '..'"
+                ),
+                field: "metadata.name".into(),
+            }],
+        ));
+    }
     let label = rt.builtin && matches!(rt.kind.as_str(), "Namespace" | "Service");
     let max = if label { 63 } else { 253 };
     let ok_chars = name

@@ -1,0 +1,236 @@
+//! The way a cluster joins: `kubectl apply -f <manifest URL>` with real
+//! kubectl against the Kubernetes API test server, then an agent started
+//! with exactly what those objects hold registers and brings its tunnel up.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use otter_agent::{Agent, AgentConfig, config::Secret};
+use otter_e2e::{
+    TestHub,
+    double::{WAIT, wait_connected},
+    http_call, kubectl_133, run_bounded, tool_missing, with_token,
+};
+use otter_proto::link::v1::{GetAgentManifestRequest, link_service_client::LinkServiceClient};
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
+    let hub = TestHub::start().await;
+    let mut link = LinkServiceClient::new(hub.channel().await);
+
+    // Only admins may mint manifests.
+    let bob = hub.hub.mint_api_token("bob", &["devs".into()]).unwrap();
+    let e = link
+        .get_agent_manifest(with_token(
+            GetAgentManifestRequest {
+                cluster: Some("edge-1".into()),
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let e = link
+        .get_agent_manifest(with_token(
+            GetAgentManifestRequest {
+                cluster: Some("Edge_1".into()),
+                ..Default::default()
+            },
+            &hub.admin_token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    let resp = link
+        .get_agent_manifest(with_token(
+            GetAgentManifestRequest {
+                cluster: Some("edge-1".into()),
+                extra_users: vec!["carol@example.com".into()],
+                rancher_project_id: None,
+            },
+            &hub.admin_token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let url = resp.url.unwrap();
+    assert!(
+        url.starts_with(&format!(
+            "https://localhost:{}/link/manifest/",
+            hub.hub.api_addr.port()
+        )),
+        "{url}"
+    );
+    assert!(resp.manifest.unwrap().contains("kind: Deployment"));
+
+    // The URL serves YAML to a plain GET; a tampered or expired one gets 401.
+    let path = url
+        .split_once(&format!(":{}", hub.hub.api_addr.port()))
+        .unwrap()
+        .1
+        .to_owned();
+    let get = |p: &str| http::Request::get(p).body(Full::new(Bytes::new())).unwrap();
+    let (status, headers, body) =
+        http_call(hub.hub.api_addr, hub.hub.ca_pem(), false, get(&path)).await;
+    assert_eq!(status, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/yaml")
+    );
+    assert!(String::from_utf8_lossy(&body).contains("otterscale-system"));
+    let mut tampered = path.clone().into_bytes();
+    let i = tampered.len() - 3;
+    tampered[i] = if tampered[i] == b'A' { b'B' } else { b'A' };
+    let (status, _, body) = http_call(
+        hub.hub.api_addr,
+        hub.hub.ca_pem(),
+        false,
+        get(std::str::from_utf8(&tampered).unwrap()),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(
+        String::from_utf8_lossy(&body).contains("otter agent-manifest"),
+        "says what to do"
+    );
+    let expired = otter_hub::manifest::sign(
+        &hub.hub.state.manifest_key,
+        &otter_hub::manifest::claims(
+            "edge-1",
+            &[],
+            "",
+            Duration::ZERO,
+            &hub.hub.state.ca.fingerprint(),
+        ),
+    );
+    let (status, _, body) = http_call(
+        hub.hub.api_addr,
+        hub.hub.ca_pem(),
+        false,
+        get(&format!("/link/manifest/{expired}")),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(String::from_utf8_lossy(&body).contains("expired"));
+
+    // kubectl applies the URL against a member cluster (the test server).
+    let Some(kubectl) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    let sim = kube_sim::KubeSim::start(kube_sim::SimConfig::default_with_admin())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
+    let hub_ca = dir.path().join("hub-ca.pem");
+    std::fs::write(&hub_ca, hub.hub.ca_pem()).unwrap();
+    let url2 = url.clone();
+    let (kube, ca2) = (kubeconfig.clone(), hub_ca.clone());
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        run_bounded(
+            std::process::Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&kube)
+                .args(["apply", "-f", &url2])
+                // kubectl fetches the URL with Go's HTTP client: trust the hub CA for it.
+                .env("SSL_CERT_FILE", &ca2),
+            Duration::from_secs(60),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "kubectl apply failed: {out}{err}");
+    for line in [
+        "namespace/otterscale-system created",
+        "serviceaccount/otter-agent created",
+        "clusterrole.rbac.authorization.k8s.io/otterscale:agent created",
+        "secret/otter-agent-join created",
+        "deployment.apps/otter-agent created",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+
+    // Every object reads back.
+    let ns = "otterscale-system";
+    let deployment = sim
+        .object("apps", "deployments", ns, "otter-agent")
+        .expect("deployment");
+    let secret = sim
+        .object("", "secrets", ns, "otter-agent-join")
+        .expect("secret");
+    assert!(
+        sim.object("", "serviceaccounts", ns, "otter-agent")
+            .is_some()
+    );
+    assert!(
+        sim.object(
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            "",
+            "otterscale:agent"
+        )
+        .is_some()
+    );
+    let admins = ["admin", "carol@example.com"].map(otter_hub::manifest::admin_binding_name);
+    for name in &admins {
+        let b = sim
+            .object("rbac.authorization.k8s.io", "clusterrolebindings", "", name)
+            .expect("admin binding");
+        assert_eq!(b["roleRef"]["name"], "cluster-admin");
+    }
+
+    // An agent started with exactly the Deployment's env and the Secret's data.
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let var = |name: &str| {
+        env.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let secret_value = |key: &str| -> String {
+        if let Some(v) = secret["stringData"][key].as_str() {
+            return v.to_owned();
+        }
+        use base64::Engine;
+        let b64 = secret["data"][key].as_str().expect("secret key");
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let ca = secret_value("hub-ca.crt");
+    assert_eq!(
+        otter_pki::ca::fingerprint_pem(&ca).unwrap(),
+        var("OTTER_HUB_CA_FINGERPRINT")
+    );
+    let mut config = AgentConfig::new(
+        url::Url::parse(&var("OTTER_HUB_URL")).unwrap(),
+        &var("OTTER_CLUSTER"),
+        "otter-agent-7d9f",
+        &ca,
+    );
+    config.join_token = Secret(secret_value("join-token"));
+    let agent = Agent::start(config, tonic::service::Routes::default()).unwrap();
+    agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("agent from the manifest connects");
+    wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
+    agent.shutdown().await;
+    sim.shutdown().await;
+
+    hub.hub.shutdown().await;
+}
