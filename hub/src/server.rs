@@ -479,6 +479,9 @@ async fn route(
             Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
         };
     }
+    if path == "/admin/v1/tokens" {
+        return create_token(&state, req).await;
+    }
     if let Some(token) = path.strip_prefix("/link/manifest/") {
         if req.method() != http::Method::GET {
             return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use GET");
@@ -536,6 +539,70 @@ async fn route(
         Protocol::ConnectStream { json } => {
             protocol::connect::streaming(inner, method, json, req, max).await
         }
+    }
+}
+
+/// `POST /admin/v1/tokens {"name": "...", "groups": [...]}`: mints a hub API
+/// token (admins only). The token is in the answer and nowhere else.
+async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::Response<HttpBody> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        name: String,
+        #[serde(default)]
+        groups: Vec<String>,
+    }
+    if req.method() != http::Method::POST {
+        return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
+    }
+    let caller = match crate::auth::authenticate(state, req.headers()).await {
+        Ok(c) => c,
+        Err(s) => return plain(http::StatusCode::UNAUTHORIZED, s.message()),
+    };
+    if let Err(s) = crate::auth::require_admin(state, &caller) {
+        return plain(http::StatusCode::FORBIDDEN, s.message());
+    }
+    let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return plain(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                "request body over 64 KiB",
+            );
+        }
+    };
+    let body: Body = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return plain(
+                http::StatusCode::BAD_REQUEST,
+                &format!("expected {{\"name\": …, \"groups\": […]}}: {e}"),
+            );
+        }
+    };
+    let bad = |s: &str| s.is_empty() || s.len() > 253 || s.chars().any(char::is_control);
+    if bad(&body.name) || body.groups.len() > 64 || body.groups.iter().any(|g| bad(g)) {
+        return plain(
+            http::StatusCode::BAD_REQUEST,
+            "name and groups must be 1 to 253 printable characters, at most 64 groups",
+        );
+    }
+    match tokens::mint_api_token(&*state.store, &body.name, &body.groups) {
+        Ok(token) => {
+            tracing::info!(user = %body.name, by = %caller.user, "API token created");
+            let json =
+                serde_json::json!({ "name": body.name, "groups": body.groups, "token": token });
+            let mut resp = plain(http::StatusCode::OK, &json.to_string());
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(e) => plain(http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 

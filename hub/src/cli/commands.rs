@@ -1,0 +1,860 @@
+//! The client commands of `otter`: each turns flags into RPCs on the hub
+//! and prints what a kubectl user expects.
+
+use std::{io::Write, path::PathBuf, time::Duration};
+
+use futures::StreamExt;
+use otter_proto::{
+    link::v1::{
+        GetAgentManifestRequest, LinkState, ListLinksRequest,
+        link_service_client::LinkServiceClient,
+    },
+    resource::v1::{
+        ApplyRequest, DeleteRequest, DescribeRequest, GetRequest, ListRequest, WatchRequest,
+        resource_service_client::ResourceServiceClient, watch_event,
+    },
+    runtime::v1::{
+        ExecuteTtyRequest, PodLogRequest, PortForwardRequest, ResizeTtyRequest, RestartRequest,
+        ScaleRequest, WritePortForwardRequest, WriteTtyRequest,
+        runtime_service_client::RuntimeServiceClient,
+    },
+};
+use serde_json::Value as Json;
+
+use super::{
+    client::{FileConfig, Hub, save_file},
+    output::{self, struct_to_json},
+    resources, status_error,
+};
+
+/// `otter login`.
+pub async fn login(hub: url::Url, token: String, ca_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let ca_pem = ca_file
+        .map(|p| std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display())))
+        .transpose()?;
+    // Check before saving: a login that cannot list links is no login.
+    let channel = super::client::channel(&hub, ca_pem.as_deref()).await?;
+    let h = Hub {
+        url: hub.clone(),
+        token: token.clone(),
+        ca_pem: ca_pem.clone(),
+        channel,
+    };
+    LinkServiceClient::new(h.channel.clone())
+        .list_links(h.req(ListLinksRequest {}))
+        .await
+        .map_err(status_error)?;
+    let path = save_file(&FileConfig {
+        hub: Some(hub.to_string()),
+        token: Some(token),
+        ca_pem,
+    })?;
+    println!("Logged in to {hub}; settings saved to {}", path.display());
+    Ok(())
+}
+
+/// `otter token create`.
+pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::Result<()> {
+    use http_body_util::BodyExt;
+    let url = format!("{}/admin/v1/tokens", hub.url.as_str().trim_end_matches('/'));
+    let body = serde_json::json!({ "name": name, "groups": groups }).to_string();
+    let tls = match &hub.ca_pem {
+        Some(ca) => otter_pki::tls::client_config(ca, None, &[b"http/1.1"])?,
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            rustls::ClientConfig::builder_with_provider(otter_pki::tls::provider())
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(roots)
+                .with_no_client_auth()
+        }
+    };
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(https);
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {}", hub.token))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))?;
+    let resp = client.request(req).await?;
+    let status = resp.status();
+    let text = resp.into_body().collect().await?.to_bytes();
+    if !status.is_success() {
+        anyhow::bail!("{}", String::from_utf8_lossy(&text).trim());
+    }
+    let v: Json = serde_json::from_slice(&text)?;
+    println!("{}", v["token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+/// `otter agent-manifest`.
+pub async fn agent_manifest(
+    hub: &Hub,
+    cluster: &str,
+    extra_users: Vec<String>,
+    rancher: Option<String>,
+    yaml: bool,
+) -> anyhow::Result<()> {
+    let resp = LinkServiceClient::new(hub.channel.clone())
+        .get_agent_manifest(hub.req(GetAgentManifestRequest {
+            cluster: Some(cluster.to_owned()),
+            extra_users,
+            rancher_project_id: rancher,
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    if yaml {
+        print!("{}", resp.manifest.unwrap_or_default());
+    } else {
+        println!("{}", resp.url.unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// `otter links`.
+pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
+    let resp = LinkServiceClient::new(hub.channel.clone())
+        .list_links(hub.req(ListLinksRequest {}))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    if output == Some("json") {
+        let items: Vec<Json> = resp
+            .links
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "cluster": l.cluster, "agentId": l.agent_id, "agentVersion": l.agent_version,
+                    "state": if l.state == Some(LinkState::Connected as i32) { "connected" } else { "offline" },
+                    "transport": l.transport, "remoteAddress": l.remote_address,
+                    "lastSeen": l.last_seen.as_ref().map(|t| t.seconds),
+                    "certificateExpires": l.certificate_expires.as_ref().map(|t| t.seconds),
+                    "rancherProjectId": l.rancher_project_id,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&items)?);
+        return Ok(());
+    }
+    let wide = output == Some("wide");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut rows = Vec::new();
+    for l in &resp.links {
+        let state = if l.state == Some(LinkState::Connected as i32) {
+            "Connected"
+        } else {
+            "Offline"
+        };
+        let seen = l
+            .last_seen
+            .as_ref()
+            .map_or("-".into(), |t| ago(now - t.seconds));
+        let mut row = vec![
+            l.cluster.clone().unwrap_or_default(),
+            state.to_owned(),
+            l.transport
+                .clone()
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| "-".into()),
+            l.agent_version.clone().unwrap_or_default(),
+            seen,
+        ];
+        if wide {
+            row.push(l.agent_id.clone().unwrap_or_default());
+            row.push(l.remote_address.clone().unwrap_or_else(|| "-".into()));
+            row.push(
+                l.certificate_expires
+                    .as_ref()
+                    .map_or("-".into(), |t| format!("in {}", ago(t.seconds - now))),
+            );
+        }
+        rows.push(row);
+    }
+    let mut headers = vec![
+        "CLUSTER",
+        "STATE",
+        "TRANSPORT",
+        "AGENT VERSION",
+        "LAST SEEN",
+    ];
+    if wide {
+        headers.extend(["AGENT", "REMOTE", "CERT EXPIRES"]);
+    }
+    print!("{}", output::table(&headers, &rows));
+    Ok(())
+}
+
+fn ago(secs: i64) -> String {
+    let secs = secs.max(0);
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        7200..=172_799 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
+    }
+}
+
+/// Options of `otter get`.
+#[derive(Debug)]
+pub struct GetArgs {
+    pub cluster: String,
+    pub resource: String,
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub all_namespaces: bool,
+    pub selector: Option<String>,
+    pub output: Option<String>,
+    pub watch: bool,
+}
+
+/// `otter get`.
+pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
+    let all = resources::discover(hub, &a.cluster).await?;
+    let rt = resources::resolve(&all, &a.resource)?.clone();
+    let namespaced = rt.namespaced.unwrap_or(false);
+    let namespace = if !namespaced || a.all_namespaces {
+        String::new()
+    } else {
+        a.namespace.clone().unwrap_or_else(|| "default".into())
+    };
+    let kind = rt.kind.clone().unwrap_or_default();
+    let mut client = ResourceServiceClient::new(hub.channel.clone());
+    let objects: Vec<Json> = match &a.name {
+        Some(name) => {
+            let r = client
+                .get(hub.req(GetRequest {
+                    cluster: Some(a.cluster.clone()),
+                    group: rt.group.clone(),
+                    version: rt.version.clone(),
+                    resource: rt.resource.clone(),
+                    namespace: Some(namespace.clone()),
+                    name: Some(name.clone()),
+                }))
+                .await
+                .map_err(status_error)?;
+            vec![
+                r.into_inner()
+                    .object
+                    .as_ref()
+                    .map(struct_to_json)
+                    .unwrap_or_default(),
+            ]
+        }
+        None => {
+            let r = client
+                .list(hub.req(ListRequest {
+                    cluster: Some(a.cluster.clone()),
+                    group: rt.group.clone(),
+                    version: rt.version.clone(),
+                    resource: rt.resource.clone(),
+                    namespace: Some(namespace.clone()),
+                    label_selector: a.selector.clone(),
+                    ..Default::default()
+                }))
+                .await
+                .map_err(status_error)?;
+            r.into_inner()
+                .items
+                .iter()
+                .map(|i| i.object.as_ref().map(struct_to_json).unwrap_or_default())
+                .collect()
+        }
+    };
+    let show_ns = a.all_namespaces && namespaced;
+    match a.output.as_deref() {
+        Some("json") | Some("yaml") => {
+            let doc = if a.name.is_some() {
+                objects.into_iter().next().unwrap_or_default()
+            } else {
+                serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": objects })
+            };
+            if a.output.as_deref() == Some("json") {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                print!("{}", output::yaml(&doc));
+            }
+        }
+        other => {
+            let wide = other == Some("wide");
+            if objects.is_empty() && !a.watch {
+                if namespace.is_empty() {
+                    eprintln!("No resources found");
+                } else {
+                    eprintln!("No resources found in {namespace} namespace.");
+                }
+            } else if !objects.is_empty() {
+                let mut headers = Vec::new();
+                let rows: Vec<Vec<String>> = objects
+                    .iter()
+                    .map(|o| {
+                        let (h, r) = output::row(&kind, o, show_ns, wide);
+                        headers = h;
+                        r
+                    })
+                    .collect();
+                print!("{}", output::table(&headers, &rows));
+            }
+        }
+    }
+    if a.watch {
+        let _ = std::io::stdout().flush();
+        let mut stream = client
+            .watch(hub.req(WatchRequest {
+                cluster: Some(a.cluster.clone()),
+                group: rt.group.clone(),
+                version: rt.version.clone(),
+                resource: rt.resource.clone(),
+                namespace: Some(namespace),
+                label_selector: a.selector.clone(),
+                field_selector: a.name.as_ref().map(|n| format!("metadata.name={n}")),
+                resource_version: None,
+            }))
+            .await
+            .map_err(status_error)?
+            .into_inner();
+        let mut seen_initial = false;
+        while let Some(ev) = stream.next().await {
+            let ev = ev.map_err(status_error)?;
+            let ty = ev.r#type.unwrap_or(0);
+            if ty == watch_event::Type::Bookmark as i32 {
+                seen_initial = true;
+                continue;
+            }
+            if ty == watch_event::Type::Error as i32 {
+                anyhow::bail!(
+                    "watch ended: {}",
+                    ev.resource
+                        .and_then(|r| r.object)
+                        .map(|o| struct_to_json(&o))
+                        .unwrap_or_default()["message"]
+                );
+            }
+            let o = ev
+                .resource
+                .as_ref()
+                .and_then(|r| r.object.as_ref())
+                .map(struct_to_json)
+                .unwrap_or_default();
+            // The initial ADDED events repeat what was just printed.
+            if !seen_initial && ty == watch_event::Type::Added as i32 {
+                continue;
+            }
+            let (_, mut r) = output::row(&kind, &o, show_ns, false);
+            if ty == watch_event::Type::Deleted as i32 {
+                r.push("(deleted)".into());
+            }
+            println!("{}", r.join("   "));
+            let _ = std::io::stdout().flush();
+        }
+    }
+    Ok(())
+}
+
+/// `otter apply -f FILE` (server-side, one call per document).
+pub async fn apply(
+    hub: &Hub,
+    cluster: &str,
+    file: &str,
+    namespace: Option<String>,
+    force: bool,
+) -> anyhow::Result<()> {
+    let text = if file == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{file}: {e}"))?
+    };
+    let docs: Vec<Json> = split_yaml(&text)?;
+    let all = resources::discover(hub, cluster).await?;
+    let mut client = ResourceServiceClient::new(hub.channel.clone());
+    for doc in docs {
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("a {kind} without metadata.name"))?;
+        let rt = resources::by_kind(&all, api_version, kind)?;
+        let ns = if rt.namespaced.unwrap_or(false) {
+            doc["metadata"]["namespace"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| namespace.clone())
+                .unwrap_or_else(|| "default".into())
+        } else {
+            String::new()
+        };
+        client
+            .apply(hub.req(ApplyRequest {
+                cluster: Some(cluster.to_owned()),
+                group: rt.group.clone(),
+                version: rt.version.clone(),
+                resource: rt.resource.clone(),
+                namespace: Some(ns),
+                name: Some(name.to_owned()),
+                manifest: Some(serde_json::to_vec(&doc)?),
+                force: Some(force),
+                field_manager: Some("otter".into()),
+            }))
+            .await
+            .map_err(status_error)?;
+        let group = rt.group.clone().unwrap_or_default();
+        let qualified = if group.is_empty() {
+            kind.to_ascii_lowercase()
+        } else {
+            format!("{}.{group}", kind.to_ascii_lowercase())
+        };
+        println!("{qualified}/{name} serverside-applied");
+    }
+    Ok(())
+}
+
+/// Splits multi-document YAML (or JSON) into objects, skipping empty documents.
+fn split_yaml(text: &str) -> anyhow::Result<Vec<Json>> {
+    let mut docs = Vec::new();
+    for (i, part) in text.split("\n---").enumerate() {
+        let part = part.trim_start_matches("---");
+        if part
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        {
+            continue;
+        }
+        let v: Json =
+            serde_saphyr::from_str(part).map_err(|e| anyhow::anyhow!("document {}: {e}", i + 1))?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// `otter delete`.
+pub async fn delete(
+    hub: &Hub,
+    cluster: &str,
+    resource: &str,
+    name: &str,
+    namespace: Option<String>,
+    grace: Option<i64>,
+) -> anyhow::Result<()> {
+    let all = resources::discover(hub, cluster).await?;
+    let rt = resources::resolve(&all, resource)?;
+    let ns = if rt.namespaced.unwrap_or(false) {
+        namespace.unwrap_or_else(|| "default".into())
+    } else {
+        String::new()
+    };
+    ResourceServiceClient::new(hub.channel.clone())
+        .delete(hub.req(DeleteRequest {
+            cluster: Some(cluster.to_owned()),
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            resource: rt.resource.clone(),
+            namespace: Some(ns),
+            name: Some(name.to_owned()),
+            grace_period_seconds: grace,
+        }))
+        .await
+        .map_err(status_error)?;
+    println!(
+        "{} \"{name}\" deleted",
+        rt.resource.clone().unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// `otter describe`.
+pub async fn describe(
+    hub: &Hub,
+    cluster: &str,
+    resource: &str,
+    name: &str,
+    namespace: Option<String>,
+) -> anyhow::Result<()> {
+    let all = resources::discover(hub, cluster).await?;
+    let rt = resources::resolve(&all, resource)?;
+    let ns = if rt.namespaced.unwrap_or(false) {
+        namespace.unwrap_or_else(|| "default".into())
+    } else {
+        String::new()
+    };
+    let resp = ResourceServiceClient::new(hub.channel.clone())
+        .describe(hub.req(DescribeRequest {
+            cluster: Some(cluster.to_owned()),
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            resource: rt.resource.clone(),
+            namespace: Some(ns),
+            name: Some(name.to_owned()),
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let obj = resp
+        .resource
+        .and_then(|r| r.object)
+        .map(|o| struct_to_json(&o))
+        .unwrap_or_default();
+    print!("{}", output::yaml(&obj));
+    println!("Events:");
+    if resp.events.is_empty() {
+        println!("  <none>");
+    } else {
+        let rows: Vec<Vec<String>> = resp
+            .events
+            .iter()
+            .filter_map(|e| e.object.as_ref().map(struct_to_json))
+            .map(|e| {
+                vec![
+                    format!("  {}", e["type"].as_str().unwrap_or("")),
+                    e["reason"].as_str().unwrap_or("").to_owned(),
+                    output::age(e["lastTimestamp"].as_str().or(e["eventTime"].as_str())),
+                    e["message"].as_str().unwrap_or("").to_owned(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            output::table(&["  TYPE", "REASON", "AGE", "MESSAGE"], &rows)
+        );
+    }
+    Ok(())
+}
+
+/// `otter logs`.
+pub async fn logs(
+    hub: &Hub,
+    scope: &super::Scope,
+    pod: &str,
+    follow: bool,
+    tail: Option<i64>,
+    since: Option<Duration>,
+    container: Option<String>,
+) -> anyhow::Result<()> {
+    let mut stream = RuntimeServiceClient::new(hub.channel.clone())
+        .pod_log(hub.req(PodLogRequest {
+            cluster: Some(scope.cluster.clone()),
+            namespace: Some(scope.namespace.clone().unwrap_or_else(|| "default".into())),
+            name: Some(pod.to_owned()),
+            container,
+            follow: Some(follow),
+            tail_lines: tail,
+            since_seconds: since.map(|d| d.as_secs().max(1) as i64),
+            ..Default::default()
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let mut out = std::io::stdout();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(status_error)?;
+        out.write_all(&chunk.data.unwrap_or_default())?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// `otter scale`.
+pub async fn scale(
+    hub: &Hub,
+    cluster: &str,
+    resource: &str,
+    name: &str,
+    namespace: Option<String>,
+    replicas: i32,
+) -> anyhow::Result<()> {
+    let all = resources::discover(hub, cluster).await?;
+    let rt = resources::resolve(&all, resource)?;
+    let resp = RuntimeServiceClient::new(hub.channel.clone())
+        .scale(hub.req(ScaleRequest {
+            cluster: Some(cluster.to_owned()),
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            resource: rt.resource.clone(),
+            namespace: Some(namespace.unwrap_or_else(|| "default".into())),
+            name: Some(name.to_owned()),
+            replicas: Some(replicas),
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    println!(
+        "{}/{name} scaled to {}",
+        rt.resource.clone().unwrap_or_default(),
+        resp.replicas.unwrap_or(replicas)
+    );
+    Ok(())
+}
+
+/// `otter restart`.
+pub async fn restart(
+    hub: &Hub,
+    cluster: &str,
+    resource: &str,
+    name: &str,
+    namespace: Option<String>,
+) -> anyhow::Result<()> {
+    let all = resources::discover(hub, cluster).await?;
+    let rt = resources::resolve(&all, resource)?;
+    RuntimeServiceClient::new(hub.channel.clone())
+        .restart(hub.req(RestartRequest {
+            cluster: Some(cluster.to_owned()),
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            resource: rt.resource.clone(),
+            namespace: Some(namespace.unwrap_or_else(|| "default".into())),
+            name: Some(name.to_owned()),
+        }))
+        .await
+        .map_err(status_error)?;
+    println!(
+        "{}/{name} restarted",
+        rt.resource.clone().unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// Restores the terminal on every way out of `otter exec -t`.
+struct RawMode;
+
+impl RawMode {
+    fn enter() -> anyhow::Result<Self> {
+        crossterm::terminal::enable_raw_mode()?;
+        Ok(Self)
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = crossterm::terminal::disable_raw_mode();
+    }
+}
+
+/// `otter exec`: returns the remote command's exit code.
+pub async fn exec(
+    hub: &Hub,
+    scope: &super::Scope,
+    pod: &str,
+    container: Option<String>,
+    stdin: bool,
+    tty: bool,
+    command: Vec<String>,
+) -> anyhow::Result<i32> {
+    use std::io::IsTerminal;
+    let (cols, rows) = if tty {
+        crossterm::terminal::size().unwrap_or((80, 24))
+    } else {
+        (0, 0)
+    };
+    let mut runtime = RuntimeServiceClient::new(hub.channel.clone());
+    let mut stream = runtime
+        .execute_tty(hub.req(ExecuteTtyRequest {
+            cluster: Some(scope.cluster.clone()),
+            namespace: Some(scope.namespace.clone().unwrap_or_else(|| "default".into())),
+            name: Some(pod.to_owned()),
+            container,
+            command,
+            tty: Some(tty),
+            rows: tty.then_some(u32::from(rows)),
+            cols: tty.then_some(u32::from(cols)),
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let first = stream
+        .next()
+        .await
+        .ok_or_else(|| anyhow::anyhow!("exec ended before it started"))?
+        .map_err(status_error)?;
+    let session = first
+        .session_id
+        .clone()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("the hub sent no session id"))?;
+    let _raw = if tty && std::io::stdin().is_terminal() {
+        Some(RawMode::enter()?)
+    } else {
+        None
+    };
+
+    let input = stdin.then(|| {
+        let (hub, session, mut runtime) = (hub.clone(), session.clone(), runtime.clone());
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut stdin = tokio::io::stdin();
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = match stdin.read(&mut buf).await {
+                    Ok(0) | Err(_) => 0,
+                    Ok(n) => n,
+                };
+                // An empty write tells the agent stdin is closed.
+                let data = buf[..n].to_vec();
+                let r = runtime
+                    .write_tty(hub.req(WriteTtyRequest {
+                        session_id: Some(session.clone()),
+                        stdin: Some(data),
+                    }))
+                    .await;
+                if n == 0 || r.is_err() {
+                    return;
+                }
+            }
+        })
+    });
+    let resize = tty.then(|| {
+        let (hub, session, mut runtime) = (hub.clone(), session.clone(), runtime.clone());
+        tokio::spawn(async move {
+            let Ok(mut winch) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+            else {
+                return;
+            };
+            while winch.recv().await.is_some() {
+                if let Ok((cols, rows)) = crossterm::terminal::size() {
+                    let _ = runtime
+                        .resize_tty(hub.req(ResizeTtyRequest {
+                            session_id: Some(session.clone()),
+                            rows: Some(u32::from(rows)),
+                            cols: Some(u32::from(cols)),
+                        }))
+                        .await;
+                }
+            }
+        })
+    });
+    let mut code = 0;
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    while let Some(msg) = stream.next().await {
+        match msg {
+            Ok(m) => {
+                if let Some(d) = m.stdout.filter(|d| !d.is_empty()) {
+                    out.write_all(&d)?;
+                    out.flush()?;
+                }
+                if let Some(d) = m.stderr.filter(|d| !d.is_empty()) {
+                    err.write_all(&d)?;
+                    err.flush()?;
+                }
+            }
+            Err(status) => {
+                code = exit_code_of(&status).ok_or_else(|| status_error(status))?;
+                break;
+            }
+        }
+    }
+    for task in [input, resize].into_iter().flatten() {
+        task.abort();
+    }
+    Ok(code)
+}
+
+/// The remote exit code carried by an exec error ("… exit code N").
+fn exit_code_of(status: &tonic::Status) -> Option<i32> {
+    let msg = status.message();
+    let i = msg.find("exit code")?;
+    msg[i + "exit code".len()..]
+        .trim_start_matches([' ', ':'])
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `otter port-forward POD LOCAL:REMOTE`.
+pub async fn port_forward(
+    hub: &Hub,
+    cluster: &str,
+    pod: &str,
+    namespace: Option<String>,
+    local: u16,
+    remote: u16,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", local)).await?;
+    let ns = namespace.unwrap_or_else(|| "default".into());
+    println!("Forwarding from {} -> {remote}", listener.local_addr()?);
+    loop {
+        let (tcp, _) = listener.accept().await?;
+        let (hub, cluster, pod, ns) = (hub.clone(), cluster.to_owned(), pod.to_owned(), ns.clone());
+        tokio::spawn(async move {
+            if let Err(e) = forward_one(&hub, &cluster, &pod, &ns, remote, tcp).await {
+                eprintln!("port-forward: {e}");
+            }
+        });
+    }
+}
+
+async fn forward_one(
+    hub: &Hub,
+    cluster: &str,
+    pod: &str,
+    ns: &str,
+    port: u16,
+    tcp: tokio::net::TcpStream,
+) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut runtime = RuntimeServiceClient::new(hub.channel.clone());
+    let mut stream = runtime
+        .port_forward(hub.req(PortForwardRequest {
+            cluster: Some(cluster.to_owned()),
+            namespace: Some(ns.to_owned()),
+            name: Some(pod.to_owned()),
+            port: Some(i32::from(port)),
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let first = stream
+        .next()
+        .await
+        .ok_or_else(|| anyhow::anyhow!("port-forward ended before it started"))?
+        .map_err(status_error)?;
+    let session = first
+        .session_id
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no session id"))?;
+    let (mut rd, mut wr) = tcp.into_split();
+    let up = {
+        let hub = hub.clone();
+        async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = rd.read(&mut buf).await?;
+                if n == 0 {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                runtime
+                    .write_port_forward(hub.req(WritePortForwardRequest {
+                        session_id: Some(session.clone()),
+                        data: Some(buf[..n].to_vec()),
+                    }))
+                    .await
+                    .map_err(status_error)?;
+            }
+        }
+    };
+    let down = async move {
+        while let Some(msg) = stream.next().await {
+            let msg = msg.map_err(status_error)?;
+            if let Some(d) = msg.data.filter(|d| !d.is_empty()) {
+                wr.write_all(&d).await?;
+            }
+        }
+        wr.shutdown().await?;
+        Ok::<_, anyhow::Error>(())
+    };
+    // Either side ending ends the session (dropping the stream cancels it).
+    tokio::select! {
+        r = up => r,
+        r = down => r,
+    }
+}

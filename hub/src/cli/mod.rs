@@ -1,0 +1,636 @@
+//! The `otter` command line. `main.rs` only parses and calls [`run`].
+//!
+//! # Layout
+//! - this file — the commands and flags, and the hub server (`otter hub`).
+//! - [`client`] — reaching a hub: URL, token, CA; `otter login`'s config file.
+//! - [`commands`] — one function per client command.
+//! - [`resources`] — resource names as typed, resolved with Discovery.
+//! - [`output`] — tables, ages, YAML.
+
+pub mod client;
+pub mod commands;
+pub mod output;
+pub mod resources;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use url::Url;
+
+use crate::{Hub, HubConfig};
+
+/// OtterScale Link: reach many Kubernetes clusters from one hub.
+#[derive(Debug, Parser)]
+#[command(name = "otter", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the hub: LinkService, agent tunnels, and call forwarding.
+    ///
+    /// Example: otter hub --data-dir /var/lib/otter --external-url https://hub.example.com:8443
+    Hub(Box<HubArgs>),
+    /// Save the hub URL, a token and the hub CA for later commands.
+    ///
+    /// Example: otter login --hub https://hub.example.com:8443 --token-file ./otter-data/admin-token --ca-file ./otter-data/ca.crt
+    Login {
+        #[arg(long)]
+        hub: Url,
+        #[arg(
+            long,
+            conflicts_with = "token_file",
+            required_unless_present = "token_file"
+        )]
+        token: Option<String>,
+        /// Read the token from a file.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// PEM of the hub CA, when its certificate is not publicly trusted.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+    },
+    /// Hub API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Print a URL serving the agent manifest for a cluster (or the YAML with -o yaml).
+    ///
+    /// Example (in the member cluster): kubectl apply -f $(otter agent-manifest --cluster edge-1)
+    AgentManifest {
+        #[arg(long)]
+        cluster: String,
+        /// Also make this user cluster-admin of the member cluster (repeatable).
+        #[arg(long = "extra-user")]
+        extra_users: Vec<String>,
+        #[arg(long)]
+        rancher_project_id: Option<String>,
+        /// `yaml` prints the manifest instead of its URL.
+        #[arg(short, long)]
+        output: Option<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// List the member clusters and their tunnels.
+    ///
+    /// Example: otter links -o wide
+    Links {
+        /// `json` or `wide`.
+        #[arg(short, long)]
+        output: Option<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Show resources of a cluster, like kubectl get.
+    ///
+    /// Example: otter get pods -c edge-1 -A
+    Get {
+        resource: String,
+        name: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+        /// `yaml`, `json` or `wide`.
+        #[arg(short, long)]
+        output: Option<String>,
+        /// Keep printing changes.
+        #[arg(short, long)]
+        watch: bool,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Server-side apply a YAML or JSON file (`-` for stdin).
+    ///
+    /// Example: otter apply -f app.yaml -c edge-1
+    Apply {
+        #[arg(short, long)]
+        filename: String,
+        #[command(flatten)]
+        scope: Scope,
+        /// Take over fields other managers own.
+        #[arg(long)]
+        force_conflicts: bool,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Delete a resource.
+    ///
+    /// Example: otter delete pod web-0 -c edge-1 --grace-period 0
+    Delete {
+        resource: String,
+        name: String,
+        #[command(flatten)]
+        scope: Scope,
+        #[arg(long)]
+        grace_period: Option<i64>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Show a resource and its events.
+    ///
+    /// Example: otter describe deploy web -c edge-1
+    Describe {
+        resource: String,
+        name: String,
+        #[command(flatten)]
+        scope: Scope,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Print (or follow) a pod's logs.
+    ///
+    /// Example: otter logs web-0 -c edge-1 -f --tail 20
+    Logs {
+        pod: String,
+        #[command(flatten)]
+        scope: Scope,
+        #[arg(short, long)]
+        follow: bool,
+        #[arg(long)]
+        tail: Option<i64>,
+        /// Only newer than this, e.g. 30s, 5m, 2h.
+        #[arg(long, value_parser = parse_duration)]
+        since: Option<std::time::Duration>,
+        #[arg(long)]
+        container: Option<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Run a command in a pod.
+    ///
+    /// Example: otter exec -it web-0 -c edge-1 -- sh
+    Exec {
+        pod: String,
+        #[command(flatten)]
+        scope: Scope,
+        /// Pass stdin to the command.
+        #[arg(short = 'i', long)]
+        stdin: bool,
+        /// Allocate a terminal.
+        #[arg(short = 't', long)]
+        tty: bool,
+        #[arg(long)]
+        container: Option<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Forward a local port to a pod's port.
+    ///
+    /// Example: otter port-forward web-0 8080:80 -c edge-1
+    PortForward {
+        pod: String,
+        /// LOCAL:REMOTE (or PORT for both).
+        ports: String,
+        #[command(flatten)]
+        scope: Scope,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Set the replicas of a Deployment, StatefulSet or ReplicaSet.
+    ///
+    /// Example: otter scale deploy web --replicas 3 -c edge-1
+    Scale {
+        resource: String,
+        name: String,
+        #[arg(long)]
+        replicas: i32,
+        #[command(flatten)]
+        scope: Scope,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Rolling restart of a workload, like kubectl rollout restart.
+    ///
+    /// Example: otter restart deploy web -c edge-1
+    Restart {
+        resource: String,
+        name: String,
+        #[command(flatten)]
+        scope: Scope,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create an API token for a user (admins only); prints the token.
+    ///
+    /// Example: otter token create alice --group devs
+    Create {
+        name: String,
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+}
+
+/// Cluster and namespace of a command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Scope {
+    /// The member cluster.
+    #[arg(short = 'c', long, env = "OTTER_CLUSTER")]
+    pub cluster: String,
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 2h"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("{s:?} is not a duration like 30s, 5m or 2h")),
+    };
+    Ok(std::time::Duration::from_secs(secs))
+}
+
+/// One clear line for a failed RPC.
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
+    let what = match s.code() {
+        tonic::Code::Unauthenticated => "not logged in or token rejected",
+        tonic::Code::PermissionDenied => "forbidden",
+        tonic::Code::NotFound => "not found",
+        tonic::Code::Unavailable => "unavailable",
+        tonic::Code::InvalidArgument => "invalid",
+        tonic::Code::DeadlineExceeded => "timed out",
+        _ => "error",
+    };
+    anyhow::anyhow!("{what}: {}", s.message())
+}
+
+#[derive(Debug, Args)]
+pub struct HubArgs {
+    /// Where the hub keeps its CA, links and tokens (sled).
+    #[arg(long, env = "OTTER_DATA_DIR", default_value = "./otter-data")]
+    pub data_dir: PathBuf,
+    /// API listener (gRPC over TLS).
+    #[arg(long, env = "OTTER_LISTEN", default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// Tunnel listener: TLS + HTTP/2 on TCP and QUIC on UDP, same port.
+    #[arg(long, env = "OTTER_TUNNEL_LISTEN", default_value = "127.0.0.1:8444")]
+    pub tunnel_listen: SocketAddr,
+    /// URL users and agents use to reach the API listener.
+    #[arg(long, env = "OTTER_EXTERNAL_URL")]
+    pub external_url: Option<Url>,
+    /// URL agents dial for tunnels (repeat, in order of preference), e.g.
+    /// quic://hub.example.com:8444 and h2://hub.example.com:8444.
+    #[arg(long = "tunnel-url", env = "OTTER_TUNNEL_URLS", value_delimiter = ',')]
+    pub tunnel_urls: Vec<Url>,
+    /// Lifetime of agent certificates, in seconds.
+    #[arg(long, default_value_t = 24 * 3600)]
+    pub agent_cert_lifetime_secs: u64,
+    /// Lifetime of join tokens, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub join_token_ttl_secs: u64,
+    /// Tunnel keepalive interval in seconds; a silent tunnel is dropped after three.
+    #[arg(long, default_value_t = 5)]
+    pub keepalive_secs: u64,
+    /// Concurrent calls one tunnel carries; more get ResourceExhausted.
+    #[arg(long, default_value_t = 512)]
+    pub max_calls_per_tunnel: u32,
+    /// Browser origin allowed to call the API (repeat; `*` for any).
+    #[arg(
+        long = "cors-origin",
+        env = "OTTER_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origins: Vec<String>,
+    /// Switch off a feature (`link-enabled`, `resource-enabled`, `runtime-enabled`); repeatable.
+    #[arg(
+        long = "disable-feature",
+        env = "OTTER_DISABLED_FEATURES",
+        value_delimiter = ','
+    )]
+    pub disabled_features: Vec<String>,
+    /// Serve the API without TLS (HTTP/1.1 and h2c), for local development only.
+    #[arg(long)]
+    pub api_plaintext: bool,
+    /// Callers in this group administer the hub.
+    #[arg(long, env = "OTTER_ADMIN_GROUP", default_value = crate::tokens::ADMIN_GROUP)]
+    pub admin_group: String,
+    /// OpenID Connect issuer URL for user tokens.
+    #[arg(long, env = "OTTER_OIDC_ISSUER", requires = "oidc_audience")]
+    pub oidc_issuer: Option<Url>,
+    /// Audience (client id) tokens must carry.
+    #[arg(long, env = "OTTER_OIDC_AUDIENCE")]
+    pub oidc_audience: Option<String>,
+    /// Claim naming the user.
+    #[arg(long, default_value = "sub")]
+    pub oidc_user_claim: String,
+    /// Claim holding the user's groups.
+    #[arg(long, default_value = "groups")]
+    pub oidc_groups_claim: String,
+    /// Extra CA (PEM file) to trust for the issuer.
+    #[arg(long)]
+    pub oidc_ca_file: Option<PathBuf>,
+}
+
+impl HubArgs {
+    pub fn into_config(self) -> Result<HubConfig, String> {
+        let mut c = HubConfig::new(self.data_dir);
+        c.api_listen = self.listen;
+        c.tunnel_listen = self.tunnel_listen;
+        c.external_url = self.external_url;
+        c.tunnel_urls = self.tunnel_urls;
+        c.agent_cert_lifetime = Duration::from_secs(self.agent_cert_lifetime_secs);
+        c.join_token_ttl = Duration::from_secs(self.join_token_ttl_secs);
+        c.keepalive =
+            otter_tunnel::Keepalive::every(Duration::from_secs(self.keepalive_secs.max(1)));
+        c.max_calls_per_tunnel = self.max_calls_per_tunnel;
+        c.cors_origins = self.cors_origins;
+        c.disabled_features = self.disabled_features;
+        c.api_plaintext = self.api_plaintext;
+        c.admin_group = self.admin_group;
+        if let (Some(issuer), Some(audience)) = (self.oidc_issuer, self.oidc_audience) {
+            let mut oidc = crate::oidc::OidcConfig::new(issuer, &audience);
+            oidc.user_claim = self.oidc_user_claim;
+            oidc.groups_claim = self.oidc_groups_claim;
+            if let Some(path) = self.oidc_ca_file {
+                oidc.ca_pem = Some(
+                    std::fs::read_to_string(&path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+                );
+            }
+            c.oidc = Some(oidc);
+        }
+        Ok(c)
+    }
+}
+
+/// Exit code for a configuration error (EX_USAGE), before anything is bound.
+pub const EXIT_CONFIG: i32 = 64;
+
+/// Runs the parsed command; returns the process exit code.
+pub async fn run(cli: Cli) -> i32 {
+    match client_command(cli.command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    }
+}
+
+async fn client_command(command: Command) -> anyhow::Result<i32> {
+    match command {
+        Command::Hub(args) => return Ok(serve(*args).await),
+        Command::Login {
+            hub,
+            token,
+            token_file,
+            ca_file,
+        } => {
+            let token = match (token, token_file) {
+                (Some(t), _) => t,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?
+                    .trim()
+                    .to_owned(),
+                (None, None) => anyhow::bail!("give --token or --token-file"),
+            };
+            commands::login(hub, token, ca_file).await?;
+        }
+        Command::Token(TokenCommand::Create { name, groups, hub }) => {
+            commands::token_create(&hub.connect().await?, &name, &groups).await?
+        }
+        Command::AgentManifest {
+            cluster,
+            extra_users,
+            rancher_project_id,
+            output,
+            hub,
+        } => {
+            let yaml = match output.as_deref() {
+                None | Some("url") => false,
+                Some("yaml") => true,
+                Some(o) => anyhow::bail!("-o {o}: use yaml (or leave it out for the URL)"),
+            };
+            commands::agent_manifest(
+                &hub.connect().await?,
+                &cluster,
+                extra_users,
+                rancher_project_id,
+                yaml,
+            )
+            .await?
+        }
+        Command::Links { output, hub } => {
+            commands::links(&hub.connect().await?, output.as_deref()).await?
+        }
+        Command::Get {
+            resource,
+            name,
+            scope,
+            all_namespaces,
+            selector,
+            output,
+            watch,
+            hub,
+        } => {
+            let args = commands::GetArgs {
+                cluster: scope.cluster,
+                resource,
+                name,
+                namespace: scope.namespace,
+                all_namespaces,
+                selector,
+                output,
+                watch,
+            };
+            commands::get(&hub.connect().await?, args).await?
+        }
+        Command::Apply {
+            filename,
+            scope,
+            force_conflicts,
+            hub,
+        } => {
+            commands::apply(
+                &hub.connect().await?,
+                &scope.cluster,
+                &filename,
+                scope.namespace,
+                force_conflicts,
+            )
+            .await?
+        }
+        Command::Delete {
+            resource,
+            name,
+            scope,
+            grace_period,
+            hub,
+        } => {
+            commands::delete(
+                &hub.connect().await?,
+                &scope.cluster,
+                &resource,
+                &name,
+                scope.namespace,
+                grace_period,
+            )
+            .await?
+        }
+        Command::Describe {
+            resource,
+            name,
+            scope,
+            hub,
+        } => {
+            commands::describe(
+                &hub.connect().await?,
+                &scope.cluster,
+                &resource,
+                &name,
+                scope.namespace,
+            )
+            .await?
+        }
+        Command::Logs {
+            pod,
+            scope,
+            follow,
+            tail,
+            since,
+            container,
+            hub,
+        } => {
+            commands::logs(
+                &hub.connect().await?,
+                &scope,
+                &pod,
+                follow,
+                tail,
+                since,
+                container,
+            )
+            .await?
+        }
+        Command::Exec {
+            pod,
+            scope,
+            stdin,
+            tty,
+            container,
+            hub,
+            command,
+        } => {
+            return commands::exec(
+                &hub.connect().await?,
+                &scope,
+                &pod,
+                container,
+                stdin,
+                tty,
+                command,
+            )
+            .await;
+        }
+        Command::PortForward {
+            pod,
+            ports,
+            scope,
+            hub,
+        } => {
+            let (local, remote) = match ports.split_once(':') {
+                Some((l, r)) => (l.parse()?, r.parse()?),
+                None => {
+                    let p: u16 = ports.parse()?;
+                    (p, p)
+                }
+            };
+            commands::port_forward(
+                &hub.connect().await?,
+                &scope.cluster,
+                &pod,
+                scope.namespace,
+                local,
+                remote,
+            )
+            .await?
+        }
+        Command::Scale {
+            resource,
+            name,
+            replicas,
+            scope,
+            hub,
+        } => {
+            if replicas < 0 {
+                anyhow::bail!("--replicas must be 0 or more");
+            }
+            commands::scale(
+                &hub.connect().await?,
+                &scope.cluster,
+                &resource,
+                &name,
+                scope.namespace,
+                replicas,
+            )
+            .await?
+        }
+        Command::Restart {
+            resource,
+            name,
+            scope,
+            hub,
+        } => {
+            commands::restart(
+                &hub.connect().await?,
+                &scope.cluster,
+                &resource,
+                &name,
+                scope.namespace,
+            )
+            .await?
+        }
+    }
+    Ok(0)
+}
+
+async fn serve(args: HubArgs) -> i32 {
+    let config = match args.into_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("otter hub: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    if let Err(e) = config.validate() {
+        eprintln!("otter hub: {e}");
+        return EXIT_CONFIG;
+    }
+    let data_dir = config.data_dir.clone();
+    let hub = match Hub::start(config).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("otter hub: {e}");
+            return 1;
+        }
+    };
+    if hub.admin_token.is_some() {
+        println!(
+            "admin token written to {}",
+            data_dir.join("admin-token").display()
+        );
+    }
+    println!(
+        "hub API on https://{} , tunnels on {}",
+        hub.api_addr, hub.tunnel_addr
+    );
+    let _ = tokio::signal::ctrl_c().await;
+    hub.shutdown().await;
+    0
+}
