@@ -60,7 +60,7 @@ test: setup
 
 ## demo: hub + two simulated clusters with their agents on loopback
 demo:
-	@echo "not yet available: the demo (needs the agent services and the CLI)"; exit 1
+	scripts/demo.sh
 
 ## bench: throughput, latency, memory (results in target/bench/results.json)
 bench:

@@ -23,6 +23,24 @@ struct Args {
     /// Cluster (and context) name used in the kubeconfig.
     #[arg(long, default_value = "kube-sim")]
     simulated_cluster_name: String,
+    /// Serve a TCP echo on a pod's port, for port-forward demos: NAMESPACE/POD:PORT. Repeatable.
+    #[arg(long = "echo", value_name = "NAMESPACE/POD:PORT")]
+    echoes: Vec<String>,
+}
+
+/// A loopback TCP echo server; returns its address.
+async fn echo_server() -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    Ok(addr)
 }
 
 fn parse_token(s: &str) -> Option<(String, String, Vec<String>)> {
@@ -86,6 +104,23 @@ async fn main() -> ExitCode {
     {
         eprintln!("kube-sim: writing {}: {e}", path.display());
         return ExitCode::from(1);
+    }
+    for e in &args.echoes {
+        let parsed = e.split_once('/').and_then(|(ns, rest)| {
+            let (pod, port) = rest.split_once(':')?;
+            Some((ns, pod, port.parse::<u16>().ok()?))
+        });
+        let Some((ns, pod, port)) = parsed else {
+            eprintln!("kube-sim: bad --echo {e:?}: want NAMESPACE/POD:PORT");
+            return ExitCode::from(64);
+        };
+        match echo_server().await {
+            Ok(addr) => sim.add_pod_port(ns, pod, port, addr),
+            Err(err) => {
+                eprintln!("kube-sim: echo server: {err}");
+                return ExitCode::from(1);
+            }
+        }
     }
     println!("{}", sim.url());
     let _ = tokio::signal::ctrl_c().await;

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# `make demo`: the main job on the embedded default, on loopback.
+#
+# Starts a hub (sled data dir), two Kubernetes API test servers standing in
+# for member clusters edge-1 and edge-2 (SIMULATED: no real kubelet behind
+# them), and joins one agent to each the real way: manifest URL -> join token
+# -> Register -> tunnel. Then shows links, pods, an exec and a port-forward
+# round trip, and keeps running until Ctrl-C, cleaning up everything it
+# started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+: "${CARGO_TARGET_DIR:=$HOME/.cache/otterscale-link/target}"
+export CARGO_TARGET_DIR
+
+scripts/setup.sh python >/dev/null
+echo "== building release binaries (first time: several minutes)"
+cargo build --release -q -p otter-hub -p otter-agent -p kube-sim
+bin=$CARGO_TARGET_DIR/release
+
+demo=$(mktemp -d "${TMPDIR:-/tmp}/otter-demo.XXXXXX")
+pids=()
+cleanup() {
+    trap - EXIT INT TERM
+    echo
+    echo "== stopping the demo"
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$demo"
+}
+trap cleanup EXIT INT TERM
+
+wait_for() { # file pattern seconds
+    for _ in $(seq 1 $(($3 * 10))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "timed out waiting for '$2' in $1:" >&2
+    cat "$1" >&2
+    return 1
+}
+
+echo "== starting the hub (data in $demo/hub)"
+"$bin/otter" hub --data-dir "$demo/hub" --listen 127.0.0.1:0 --tunnel-listen 127.0.0.1:0 >"$demo/hub.log" 2>&1 &
+pids+=($!)
+wait_for "$demo/hub.log" "hub API on" 30
+api_port=$(sed -n 's/.*hub API on https:\/\/[^:]*:\([0-9]*\).*/\1/p' "$demo/hub.log" | head -1)
+hub_url="https://localhost:$api_port"
+export OTTER_CONFIG="$demo/otter.toml"
+"$bin/otter" login --hub "$hub_url" --token-file "$demo/hub/admin-token" --ca-file "$demo/hub/ca.crt"
+
+kubectl_133=$(dpkg -L kubectl 2>/dev/null | grep 'kubectl.1.33$' | head -1 || true)
+for cluster in edge-1 edge-2; do
+    echo "== $cluster: Kubernetes API test server (simulated cluster)"
+    "$bin/kube-sim" --simulated-cluster-name "$cluster" --write-kubeconfig "$demo/$cluster.kubeconfig" \
+        --echo default/web-0:80 >"$demo/$cluster.sim" 2>"$demo/$cluster.sim.log" &
+    pids+=($!)
+    wait_for "$demo/$cluster.sim" "https://" 30
+    url=$("$bin/otter" agent-manifest --cluster "$cluster")
+    echo "   manifest URL: ${url:0:60}..."
+    mkdir -p "$demo/$cluster-join"
+    if [ -n "$kubectl_133" ]; then
+        echo "   kubectl apply -f <manifest URL>"
+        SSL_CERT_FILE="$demo/hub/ca.crt" "$kubectl_133" --kubeconfig "$demo/$cluster.kubeconfig" apply -f "$url" | sed 's/^/   /'
+        "$kubectl_133" --kubeconfig "$demo/$cluster.kubeconfig" -n otterscale-system get secret otter-agent-join -o json >"$demo/$cluster-join/secret.json"
+    else
+        echo "   (kubectl 1.33 not found: reading the manifest's Secret directly)"
+        curl -fsS --cacert "$demo/hub/ca.crt" "$url" >"$demo/$cluster-join/manifest.yaml"
+        .venv/bin/python - "$demo/$cluster-join/manifest.yaml" "$demo/$cluster-join/secret.json" <<'PY'
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "Secret"]
+json.dump(docs[0], open(sys.argv[2], "w"))
+PY
+    fi
+    # The agent gets exactly what the Secret holds: the join token and the hub CA.
+    .venv/bin/python - "$demo/$cluster-join" <<'PY'
+import base64, json, os, sys
+d = sys.argv[1]
+s = json.load(open(os.path.join(d, "secret.json")))
+data = s.get("stringData") or {k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()}
+open(os.path.join(d, "join-token"), "w").write(data["join-token"])
+open(os.path.join(d, "hub-ca.crt"), "w").write(data["hub-ca.crt"])
+PY
+    echo "   starting the agent for $cluster"
+    KUBECONFIG="$demo/$cluster.kubeconfig" "$bin/otter-agent" --hub-url "$hub_url" --cluster "$cluster" \
+        --agent-id "$cluster-agent" --hub-ca-file "$demo/$cluster-join/hub-ca.crt" \
+        --join-token-file "$demo/$cluster-join/join-token" --state-dir "$demo/$cluster-state" \
+        >"$demo/$cluster-agent.log" 2>&1 &
+    pids+=($!)
+done
+
+echo "== waiting for both tunnels"
+for _ in $(seq 1 100); do
+    [ "$("$bin/otter" links -o json | grep -c '"connected"')" = 2 ] && break
+    sleep 0.2
+done
+
+run() { echo; echo "\$ $*"; "$@"; }
+run "$bin/otter" links
+run "$bin/otter" get pods -A -c edge-1
+run "$bin/otter" get pods -A -c edge-2
+run "$bin/otter" exec tools -c edge-1 -- sh -c 'echo "hello from $(hostname) via edge-1"'
+
+echo
+echo "\$ otter port-forward web-0 18080:80 -c edge-1   (and a round trip through it)"
+"$bin/otter" port-forward web-0 18080:80 -c edge-1 >"$demo/pf.log" 2>&1 &
+pids+=($!)
+wait_for "$demo/pf.log" "Forwarding from" 10
+exec 3<>/dev/tcp/127.0.0.1/18080
+printf 'ping through the tunnel\n' >&3
+IFS= read -r -t 10 reply <&3 || reply="(no reply)"
+exec 3>&-
+echo "sent 'ping through the tunnel', got back '$reply'"
+
+cat <<EOF2
+
+== the demo is running; try it yourself (Ctrl-C stops everything):
+   export OTTER_CONFIG=$OTTER_CONFIG
+   $bin/otter links -o wide
+   $bin/otter get deploy -c edge-2
+   $bin/otter logs web-0 -c edge-1 -f
+   $bin/otter exec -it tools -c edge-1 -- sh
+   kubectl for a cluster: see the README (otter kubeconfig, once the kubectl proxy lands)
+   hub log: $demo/hub.log   agent logs: $demo/edge-*-agent.log
+EOF2
+while true; do sleep 3600; done
