@@ -14,9 +14,15 @@ root=$(pwd)
 export CARGO_TARGET_DIR
 
 scripts/setup.sh python >/dev/null
-echo "== building release binaries (first time: several minutes)"
-cargo build --release -q -p otter-hub -p otter-agent -p kube-sim
-bin=$CARGO_TARGET_DIR/release
+# OTTER_DEMO_PROFILE=debug skips the (slower) release build when iterating.
+profile=${OTTER_DEMO_PROFILE:-release}
+echo "== building $profile binaries (first time: several minutes)"
+if [ "$profile" = release ]; then
+    cargo build --release -q -p otter-hub -p otter-agent -p kube-sim
+else
+    cargo build -q -p otter-hub -p otter-agent -p kube-sim
+fi
+bin=$CARGO_TARGET_DIR/$profile
 
 demo=$(mktemp -d "${TMPDIR:-/tmp}/otter-demo.XXXXXX")
 pids=()

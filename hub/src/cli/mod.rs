@@ -267,6 +267,9 @@ pub fn status_error(s: tonic::Status) -> anyhow::Error {
         tonic::Code::DeadlineExceeded => "timed out",
         _ => "error",
     };
+    if s.message().is_empty() {
+        return anyhow::anyhow!("{what} ({:?})", s.code());
+    }
     anyhow::anyhow!("{what}: {}", s.message())
 }
 
@@ -377,7 +380,7 @@ pub async fn run(cli: Cli) -> i32 {
     match client_command(cli.command).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("otter: {e:#}");
             1
         }
     }
