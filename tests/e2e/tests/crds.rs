@@ -217,9 +217,8 @@ async fn crds_and_samples_on_the_test_server_with_kubectl() {
             assert_eq!(code, 0, "{out}");
             let back: Value = serde_json::from_str(&out).unwrap();
             assert_eq!(back["kind"], kind);
-            assert_eq!(
-                back["spec"].as_object().map(|o| o.len()) > Some(0),
-                true,
+            assert!(
+                back["spec"].as_object().is_some_and(|o| !o.is_empty()),
                 "{kind} spec read back: {out}"
             );
             for (key, value) in sample["spec"].as_object().unwrap() {
