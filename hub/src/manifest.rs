@@ -438,3 +438,45 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod hub_manifest_tests {
+    use serde_json::Value;
+
+    /// The hub's own manifest parses and passes the restricted profile too.
+    #[test]
+    fn hub_manifest_is_restricted_and_complete() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/hub.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let docs: Vec<Value> = text
+            .split("\n---\n")
+            .map(|d| serde_saphyr::from_str(d).expect("document parses"))
+            .collect();
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Namespace",
+                "PersistentVolumeClaim",
+                "Deployment",
+                "Service"
+            ]
+        );
+        let pod = &docs[2]["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        let c = &pod["containers"][0];
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+        // Every flag the manifest passes is one `otter hub` knows.
+        let args: Vec<String> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        let mut argv = vec!["otter".to_owned()];
+        argv.extend(args);
+        <crate::cli::Cli as clap::Parser>::try_parse_from(argv).expect("the manifest's args parse");
+    }
+}

@@ -338,6 +338,15 @@ pub struct HubArgs {
     /// Extra CA (PEM file) to trust for the issuer.
     #[arg(long)]
     pub oidc_ca_file: Option<PathBuf>,
+    /// Agent image the manifests run.
+    #[arg(long, env = "OTTER_AGENT_IMAGE")]
+    pub agent_image: Option<String>,
+    /// Namespace the agent manifests install into.
+    #[arg(long, env = "OTTER_AGENT_NAMESPACE", default_value = crate::manifest::DEFAULT_NAMESPACE)]
+    pub agent_namespace: String,
+    /// How long a manifest URL works, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub manifest_ttl_secs: u64,
 }
 
 impl HubArgs {
@@ -356,6 +365,11 @@ impl HubArgs {
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;
         c.admin_group = self.admin_group;
+        if let Some(image) = self.agent_image {
+            c.agent_image = image;
+        }
+        c.agent_namespace = self.agent_namespace;
+        c.manifest_ttl = Duration::from_secs(self.manifest_ttl_secs);
         if let (Some(issuer), Some(audience)) = (self.oidc_issuer, self.oidc_audience) {
             let mut oidc = crate::oidc::OidcConfig::new(issuer, &audience);
             oidc.user_claim = self.oidc_user_claim;
