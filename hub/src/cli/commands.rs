@@ -59,7 +59,8 @@ pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::R
     let url = format!("{}/admin/v1/tokens", hub.url.as_str().trim_end_matches('/'));
     let body = serde_json::json!({ "name": name, "groups": groups }).to_string();
     let tls = match &hub.ca_pem {
-        Some(ca) => otter_pki::tls::client_config(ca, None, &[b"http/1.1"])?,
+        // hyper-rustls sets ALPN itself.
+        Some(ca) => otter_pki::tls::client_config(ca, None, &[])?,
         None => {
             let mut roots = rustls::RootCertStore::empty();
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());

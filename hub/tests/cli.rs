@@ -1,0 +1,162 @@
+//! The `otter` binary end to end (here, in its own package, so the test can
+//! find the built binary) against a hub on loopback: login, token
+//! creation, agent manifests, links.
+
+use std::{path::PathBuf, time::Duration};
+
+use otter_e2e::{
+    TestHub,
+    double::{start_agent, wait_connected},
+    run_bounded,
+};
+use otter_tunnel::TransportKind;
+
+fn otter() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_otter"))
+}
+
+/// Runs `otter` with its config file in `dir`.
+fn run(dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(otter());
+    cmd.args(args)
+        .env("OTTER_CONFIG", dir.join("otter.toml"))
+        .env_remove("OTTER_HUB")
+        .env_remove("OTTER_TOKEN");
+    run_bounded(&mut cmd, Duration::from_secs(60))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_tokens_manifests_and_links() {
+    let hub = TestHub::start().await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::Quic);
+    wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let hub_url = hub.api_url().to_string();
+    let data = hub.data_dir();
+    let (d, url, tok, ca) = (
+        dir.path().to_owned(),
+        hub_url.clone(),
+        data.join("admin-token").display().to_string(),
+        data.join("ca.crt").display().to_string(),
+    );
+
+    let out = tokio::task::spawn_blocking(move || {
+        let mut results = Vec::new();
+        // Without a login: one clear line, non-zero exit.
+        let (code, _, err) = run(&d, &["links"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("otter login"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+
+        // A wrong token is refused at login, nothing saved.
+        let (code, _, err) = run(
+            &d,
+            &[
+                "login",
+                "--hub",
+                &url,
+                "--token",
+                "ots_0000000000000000_nope",
+                "--ca-file",
+                &ca,
+            ],
+        );
+        assert_ne!(code, 0, "{err}");
+        assert!(!d.join("otter.toml").exists());
+
+        let (code, out, err) = run(
+            &d,
+            &[
+                "login",
+                "--hub",
+                &url,
+                "--token-file",
+                &tok,
+                "--ca-file",
+                &ca,
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("Logged in"), "{out}");
+        let mode = std::fs::metadata(d.join("otter.toml"))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+
+        let (code, out, err) = run(&d, &["links"]);
+        assert_eq!(code, 0, "{err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("CLUSTER") && lines[0].contains("TRANSPORT"),
+            "{out}"
+        );
+        assert!(
+            lines[1].starts_with("edge-1")
+                && lines[1].contains("Connected")
+                && lines[1].contains("quic"),
+            "{out}"
+        );
+        let (code, out, _) = run(&d, &["links", "-o", "json"]);
+        assert_eq!(code, 0);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v[0]["cluster"], "edge-1");
+        assert_eq!(v[0]["state"], "connected");
+        let (_, out, _) = run(&d, &["links", "-o", "wide"]);
+        assert!(out.contains("CERT EXPIRES") && out.contains("a1"), "{out}");
+
+        // agent-manifest: only the URL by default (so $(…) works), YAML with -o yaml.
+        let (code, out, err) = run(
+            &d,
+            &[
+                "agent-manifest",
+                "--cluster",
+                "edge-2",
+                "--extra-user",
+                "carol",
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out.lines().count(), 1);
+        assert!(
+            out.trim().starts_with(&format!("{}link/manifest/", url)),
+            "{out}"
+        );
+        let (code, out, _) = run(&d, &["agent-manifest", "--cluster", "edge-2", "-o", "yaml"]);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("kind: Deployment") && out.contains("value: edge-2"),
+            "{out}"
+        );
+        let (code, _, err) = run(&d, &["agent-manifest", "--cluster", "Not_A_Name"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("invalid"), "{err}");
+
+        // token create (admin): the new token works, and it is no admin.
+        let (code, out, err) = run(&d, &["token", "create", "dave", "--group", "devs"]);
+        assert_eq!(code, 0, "{err}");
+        let dave = out.trim().to_owned();
+        assert!(dave.starts_with("ots_"), "{out}");
+        let (code, _, err) = run(&d, &["links", "--token", &dave]);
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = run(
+            &d,
+            &["agent-manifest", "--cluster", "edge-3", "--token", &dave],
+        );
+        assert_ne!(code, 0);
+        assert!(err.contains("forbidden"), "{err}");
+        let (code, _, err) = run(&d, &["token", "create", "eve", "--token", &dave]);
+        assert_ne!(code, 0);
+        assert!(err.contains("admin group"), "{err}");
+        results.push(dave);
+        results
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.len(), 1);
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
