@@ -9,12 +9,16 @@
 //! - [`tunnel`] — the dial loop: transport order, fallback, backoff with
 //!   full jitter, serving streams, renewal before expiry.
 //! - [`backoff`] — the reconnect schedule, sans IO.
+//! - [`kube_proxy`] — kubectl's requests, forwarded by the hub, sent to the
+//!   local apiserver as the caller (impersonation).
+//! - [`health`] — `/healthz` and `/readyz` for the kubelet.
 
 pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod enroll;
 pub mod health;
+pub mod kube_proxy;
 pub mod tunnel;
 
 pub use config::AgentConfig;

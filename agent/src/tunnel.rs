@@ -51,12 +51,29 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent; `routes` serves every call the hub forwards.
     pub fn start(config: AgentConfig, routes: tonic::service::Routes) -> Result<Agent> {
+        Self::start_with_proxy(config, routes, None)
+    }
+
+    /// Like [`Agent::start`], also serving the hub's Kubernetes API proxy
+    /// requests with `kube`.
+    pub fn start_with_proxy(
+        config: AgentConfig,
+        routes: tonic::service::Routes,
+        kube: Option<crate::kube_proxy::KubeProxy>,
+    ) -> Result<Agent> {
         config.validate()?;
         tls::install_default_provider();
         let (tx, rx) = watch::channel(AgentStatus::default());
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
-        tasks.spawn(run(config, routes, tx, shutdown.clone(), tasks.clone()));
+        tasks.spawn(run(
+            config,
+            routes,
+            kube,
+            tx,
+            shutdown.clone(),
+            tasks.clone(),
+        ));
         Ok(Agent {
             status: rx,
             shutdown,
@@ -114,6 +131,7 @@ impl Agent {
 async fn run(
     config: AgentConfig,
     routes: tonic::service::Routes,
+    kube: Option<crate::kube_proxy::KubeProxy>,
     status: watch::Sender<AgentStatus>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -192,8 +210,9 @@ async fn run(
                 next = acceptor.accept_dyn() => match next {
                     Ok(Some(stream)) => {
                         let routes = routes.clone();
+                        let kube = kube.as_ref().map(|k| k.service());
                         tasks.spawn(async move {
-                            if let Err(e) = otter_tunnel::http::serve_stream(stream, routes, Limits::default()).await {
+                            if let Err(e) = otter_tunnel::http::serve_stream_with(stream, routes, kube, Limits::default()).await {
                                 tracing::debug!(error = %e, "stream ended with an error");
                             }
                         });

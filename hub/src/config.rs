@@ -51,6 +51,8 @@ pub struct HubConfig {
     pub agent_namespace: String,
     /// Agent image the manifest runs.
     pub agent_image: String,
+    /// Path prefix of the Kubernetes API proxy (`<prefix>/<cluster>/…`).
+    pub kube_proxy_prefix: String,
 }
 
 impl HubConfig {
@@ -76,6 +78,7 @@ impl HubConfig {
             manifest_ttl: Duration::from_secs(3600),
             agent_namespace: crate::manifest::DEFAULT_NAMESPACE.to_owned(),
             agent_image: format!("{}:v{}", crate::manifest::DEFAULT_IMAGE, crate::VERSION),
+            kube_proxy_prefix: "/clusters".to_owned(),
         }
     }
 
@@ -93,6 +96,15 @@ impl HubConfig {
         }
         for url in &self.tunnel_urls {
             tunnel_transport(url)?;
+        }
+        if !self.kube_proxy_prefix.starts_with('/')
+            || self.kube_proxy_prefix.len() < 2
+            || self.kube_proxy_prefix.ends_with('/')
+        {
+            return Err(HubError::Config(format!(
+                "kube proxy prefix {:?} must start with '/' and not end with one",
+                self.kube_proxy_prefix
+            )));
         }
         otter_pki::validate_cluster_name(&self.agent_namespace).map_err(|_| {
             HubError::Config(format!(

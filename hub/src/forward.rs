@@ -160,7 +160,7 @@ async fn route(
 
 /// Drops what a client must not pass to an agent: its credentials, anything
 /// that looks like identity, and connection-level headers.
-fn strip_client_headers(headers: &mut http::HeaderMap) {
+pub fn strip_client_headers(headers: &mut http::HeaderMap) {
     let drop: Vec<http::HeaderName> = headers
         .keys()
         .filter(|name| {

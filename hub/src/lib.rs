@@ -13,6 +13,7 @@
 //! - [`link_service`] — `otterscale.link.v1.LinkService`.
 //! - [`forward`] — the front door for Resource/Runtime calls: authenticate,
 //!   route by cluster, one tunnel stream per call.
+//! - [`kube_proxy`] — kubectl through the hub: `/clusters/<name>/…`.
 //! - [`server`] — listeners and the request dispatch; [`Hub::start`].
 //! - [`cli`] — the `otter` command line (`main.rs` only calls it).
 
@@ -23,6 +24,7 @@ pub mod config;
 pub mod cors;
 pub mod deadline;
 pub mod forward;
+pub mod kube_proxy;
 pub mod link_service;
 pub mod manifest;
 pub mod methods;

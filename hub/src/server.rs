@@ -479,6 +479,16 @@ async fn route(
             Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
         };
     }
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or(path.clone(), |p| p.as_str().to_owned());
+    if let Some((cluster, tail)) =
+        crate::kube_proxy::split(&state.config.kube_proxy_prefix, &path_and_query)
+    {
+        let cluster = cluster.to_owned();
+        return crate::kube_proxy::handle(state, cluster, tail, req).await;
+    }
     if path == "/admin/v1/tokens" {
         return create_token(&state, req).await;
     }

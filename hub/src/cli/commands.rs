@@ -859,3 +859,85 @@ async fn forward_one(
         r = down => r,
     }
 }
+
+/// `otter kubeconfig`: writes or merges one context per cluster, pointing
+/// kubectl at the hub's Kubernetes API proxy with this login's token.
+pub async fn kubeconfig(
+    hub: &Hub,
+    mut clusters: Vec<String>,
+    all: bool,
+    path: PathBuf,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    use base64::Engine;
+    if all {
+        let resp = LinkServiceClient::new(hub.channel.clone())
+            .list_links(hub.req(ListLinksRequest {}))
+            .await
+            .map_err(status_error)?;
+        clusters.extend(
+            resp.into_inner()
+                .links
+                .into_iter()
+                .filter_map(|l| l.cluster),
+        );
+    }
+    if clusters.is_empty() {
+        anyhow::bail!("name a cluster with --cluster, or use --all");
+    }
+    let mut config: Json = match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => {
+            serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        _ => serde_json::json!({ "apiVersion": "v1", "kind": "Config", "preferences": {} }),
+    };
+    let host = hub.url.host_str().unwrap_or("hub").to_owned();
+    let user = format!("otter@{host}");
+    let base = hub.url.as_str().trim_end_matches('/').to_owned();
+    let upsert = |config: &mut Json, list: &str, name: &str, entry: Json| {
+        let items = config[list]
+            .as_array_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let mut items: Vec<Json> = items.into_iter().filter(|i| i["name"] != name).collect();
+        items.push(entry);
+        config[list] = Json::Array(items);
+    };
+    upsert(
+        &mut config,
+        "users",
+        &user,
+        serde_json::json!({ "name": user, "user": { "token": hub.token } }),
+    );
+    for cluster in &clusters {
+        let name = format!("otter-{cluster}");
+        let mut c = serde_json::json!({ "server": format!("{base}{prefix}/{cluster}") });
+        if let Some(ca) = &hub.ca_pem {
+            c["certificate-authority-data"] =
+                Json::from(base64::engine::general_purpose::STANDARD.encode(ca));
+        }
+        upsert(
+            &mut config,
+            "clusters",
+            &name,
+            serde_json::json!({ "name": name, "cluster": c }),
+        );
+        upsert(
+            &mut config,
+            "contexts",
+            &name,
+            serde_json::json!({ "name": name, "context": { "cluster": name, "user": user } }),
+        );
+    }
+    if clusters.len() == 1 || config["current-context"].as_str().is_none_or(str::is_empty) {
+        config["current-context"] = Json::from(format!("otter-{}", clusters[0]));
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    crate::tokens::write_private(&path, &output::yaml(&config))?;
+    for cluster in &clusters {
+        println!("context otter-{cluster} written to {}", path.display());
+    }
+    Ok(())
+}

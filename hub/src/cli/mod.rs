@@ -205,6 +205,25 @@ pub enum Command {
         #[command(flatten)]
         hub: client::HubFlags,
     },
+    /// Write kubectl contexts that reach clusters through the hub.
+    ///
+    /// Example: otter kubeconfig --cluster edge-1 && kubectl --context otter-edge-1 get pods
+    Kubeconfig {
+        /// A cluster to add (repeatable).
+        #[arg(long = "cluster")]
+        clusters: Vec<String>,
+        /// Every cluster the hub knows.
+        #[arg(long)]
+        all: bool,
+        /// The kubeconfig to merge into (default: $KUBECONFIG, else ~/.kube/config).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// The hub's Kubernetes proxy prefix.
+        #[arg(long, default_value = "/clusters")]
+        prefix: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
     /// Rolling restart of a workload, like kubectl rollout restart.
     ///
     /// Example: otter restart deploy web -c edge-1
@@ -597,6 +616,21 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
                 replicas,
             )
             .await?
+        }
+        Command::Kubeconfig {
+            clusters,
+            all,
+            kubeconfig,
+            prefix,
+            hub,
+        } => {
+            let path = kubeconfig
+                .or_else(|| {
+                    std::env::var_os("KUBECONFIG").and_then(|k| std::env::split_paths(&k).next())
+                })
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config")))
+                .ok_or_else(|| anyhow::anyhow!("no kubeconfig path: pass --kubeconfig"))?;
+            commands::kubeconfig(&hub.connect().await?, clusters, all, path, &prefix).await?
         }
         Command::Restart {
             resource,

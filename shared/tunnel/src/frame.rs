@@ -182,7 +182,14 @@ pub struct RequestHead {
     pub headers: Vec<Header>,
     #[prost(message, optional, tag = "4")]
     pub caller: Option<Caller>,
+    /// Which of the agent's services the request is for: empty for its gRPC
+    /// services, [`TARGET_KUBE`] for its Kubernetes API proxy.
+    #[prost(string, tag = "5")]
+    pub target: String,
 }
+
+/// [`RequestHead::target`] of requests for the agent's Kubernetes API proxy.
+pub const TARGET_KUBE: &str = "kube";
 
 /// First chunk from the agent.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -76,6 +76,23 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
+    forward_to("", stream, caller, req, limits, guard).await
+}
+
+/// Like [`forward`], for one of the agent's other services (`target`, see
+/// [`crate::frame::RequestHead::target`]).
+pub async fn forward_to<B>(
+    target: &str,
+    stream: TunnelStream,
+    caller: Option<Caller>,
+    req: http::Request<B>,
+    limits: Limits,
+    guard: Option<Box<dyn Any + Send + Sync>>,
+) -> Result<http::Response<ResponseBody>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
     let codec = ChunkCodec { limits };
     let (parts, body) = req.into_parts();
     let head = RequestHead {
@@ -87,6 +104,7 @@ where
             .to_owned(),
         headers: to_wire(&parts.headers),
         caller,
+        target: target.to_owned(),
     };
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     writer
@@ -247,12 +265,58 @@ impl Body for RequestBody {
 
 /// Serves one stream: reads the request, calls `service`, writes the
 /// response. Returns when the exchange is over or the hub abandoned it.
-pub async fn serve_stream<S, B>(stream: TunnelStream, mut service: S, limits: Limits) -> Result<()>
+pub async fn serve_stream<S, B>(stream: TunnelStream, service: S, limits: Limits) -> Result<()>
 where
     S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
+{
+    serve_stream_with(stream, service, None::<NoService>, limits).await
+}
+
+/// A service that is never called: for [`serve_stream_with`] without a
+/// Kubernetes API proxy.
+#[derive(Debug, Clone, Copy)]
+pub struct NoService;
+
+impl tower_service::Service<http::Request<RequestBody>> for NoService {
+    type Response = http::Response<http_body_util::Empty<Bytes>>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<std::result::Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> Poll<std::result::Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<RequestBody>) -> Self::Future {
+        let mut resp = http::Response::new(http_body_util::Empty::new());
+        *resp.status_mut() = http::StatusCode::NOT_FOUND;
+        std::future::ready(Ok(resp))
+    }
+}
+
+/// Serves one stream with the agent's gRPC `service`, or with `kube` when
+/// the request names the Kubernetes API proxy as its target (404 when there
+/// is none).
+pub async fn serve_stream_with<S, B, K, KB>(
+    stream: TunnelStream,
+    service: S,
+    kube: Option<K>,
+    limits: Limits,
+) -> Result<()>
+where
+    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    K: tower_service::Service<http::Request<RequestBody>, Response = http::Response<KB>>,
+    K::Error: Into<BoxError>,
+    KB: Body<Data = Bytes>,
+    KB::Error: Into<BoxError>,
 {
     let codec = ChunkCodec { limits };
     let mut reader: Reader = FramedRead::new(stream.recv, codec);
@@ -267,6 +331,7 @@ where
     }
     let head = RequestHead::decode(payload)
         .map_err(|e| TunnelError::protocol(format!("request head: {e}")))?;
+    let target = head.target.clone();
     let method = http::Method::from_bytes(head.method.as_bytes())
         .map_err(|_| TunnelError::protocol(format!("bad method {:?}", head.method)))?;
     let uri: http::Uri = head
@@ -319,39 +384,16 @@ where
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     let exchange = async {
-        std::future::poll_fn(|cx| service.poll_ready(cx))
-            .await
-            .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
-        let response = service
-            .call(request)
-            .await
-            .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
-        let (parts, body) = response.into_parts();
-        let head = ResponseHead {
-            status: u32::from(parts.status.as_u16()),
-            headers: to_wire(&parts.headers),
-        };
-        writer
-            .send((ChunkKind::Head, head.encode_to_vec().into()))
-            .await?;
-        let mut body = std::pin::pin!(body);
-        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
-            match frame.into_data() {
-                Ok(data) => write_data(&mut writer, data, limits.max_data).await?,
-                Err(frame) => {
-                    if let Ok(trailers) = frame.into_trailers() {
-                        let list = HeaderList {
-                            headers: to_wire(&trailers),
-                        };
-                        writer
-                            .send((ChunkKind::Trailers, list.encode_to_vec().into()))
-                            .await?;
-                    }
-                }
+        if target == crate::frame::TARGET_KUBE {
+            match kube {
+                Some(kube) => respond(kube, request, &mut writer, limits).await,
+                None => respond(NoService, request, &mut writer, limits).await,
             }
+        } else if target.is_empty() {
+            respond(service, request, &mut writer, limits).await
+        } else {
+            respond(NoService, request, &mut writer, limits).await
         }
-        writer.close().await
     };
     let result = tokio::select! {
         r = exchange => r,
@@ -360,4 +402,52 @@ where
     finished.cancel();
     let _ = reader_handle.await;
     result
+}
+
+/// Calls `service` and writes its response: head, data, trailers, end.
+async fn respond<S, B>(
+    mut service: S,
+    request: http::Request<RequestBody>,
+    writer: &mut Writer,
+    limits: Limits,
+) -> Result<()>
+where
+    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx))
+        .await
+        .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+    let response = service
+        .call(request)
+        .await
+        .map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+    let (parts, body) = response.into_parts();
+    let head = ResponseHead {
+        status: u32::from(parts.status.as_u16()),
+        headers: to_wire(&parts.headers),
+    };
+    writer
+        .send((ChunkKind::Head, head.encode_to_vec().into()))
+        .await?;
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
+        match frame.into_data() {
+            Ok(data) => write_data(writer, data, limits.max_data).await?,
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    let list = HeaderList {
+                        headers: to_wire(&trailers),
+                    };
+                    writer
+                        .send((ChunkKind::Trailers, list.encode_to_vec().into()))
+                        .await?;
+                }
+            }
+        }
+    }
+    writer.close().await
 }
