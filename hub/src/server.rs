@@ -478,11 +478,9 @@ async fn route(
             &format!("no such endpoint: {path}"),
         );
     };
-    let Some(proto) = protocol::detect(req.method(), req.headers()) else {
-        return plain(
-            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "use gRPC (application/grpc), gRPC-Web (application/grpc-web[-text]) or Connect (application/json, application/proto, application/connect+json, application/connect+proto)",
-        );
+    let proto = match protocol::detect(req.method(), req.headers()) {
+        Ok(proto) => proto,
+        Err(why) => return protocol::unsupported_response(&why),
     };
     req.extensions_mut().insert(conn);
     if let Err(status) = state.methods.check_enabled(&path) {

@@ -130,11 +130,33 @@ impl ResourceService for Double {
     ) -> Result<Response<res::SchemaResponse>, Status> {
         Err(Status::unimplemented("test double"))
     }
+    /// Two objects named `<cluster>-<resource>-<i>` (in `metadata.name`).
     async fn list(
         &self,
-        _: Request<res::ListRequest>,
+        request: Request<res::ListRequest>,
     ) -> Result<Response<res::ListResponse>, Status> {
-        Err(Status::unimplemented("test double"))
+        let resource = request.into_inner().resource.unwrap_or_default();
+        let items = (0..2)
+            .map(|i| {
+                let metadata = object(&[("name", format!("{}-{resource}-{i}", self.cluster))]);
+                Resource {
+                    object: Some(Struct {
+                        fields: [(
+                            "metadata".to_owned(),
+                            Value {
+                                kind: Some(Kind::StructValue(metadata)),
+                            },
+                        )]
+                        .into(),
+                    }),
+                }
+            })
+            .collect();
+        Ok(Response::new(res::ListResponse {
+            items,
+            resource_version: Some("1".into()),
+            ..Default::default()
+        }))
     }
     async fn describe(
         &self,
