@@ -88,6 +88,10 @@ pub struct HubArgs {
     /// Extra CA (PEM file) to trust for the issuer.
     #[arg(long)]
     pub oidc_ca_file: Option<PathBuf>,
+    /// Kubeconfig of the Rancher management cluster (its current context);
+    /// ListRancherProjects lists the `management.cattle.io/v3` projects there.
+    #[arg(long, env = "OTTER_RANCHER_KUBECONFIG")]
+    pub rancher_kubeconfig: Option<PathBuf>,
 }
 
 impl HubArgs {
@@ -106,6 +110,7 @@ impl HubArgs {
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;
         c.admin_group = self.admin_group;
+        c.rancher_kubeconfig = self.rancher_kubeconfig;
         if let (Some(issuer), Some(audience)) = (self.oidc_issuer, self.oidc_audience) {
             let mut oidc = crate::oidc::OidcConfig::new(issuer, &audience);
             oidc.user_claim = self.oidc_user_claim;

@@ -45,6 +45,9 @@ pub struct HubConfig {
     pub admin_group: String,
     /// OpenID Connect issuer for user tokens, if any.
     pub oidc: Option<crate::oidc::OidcConfig>,
+    /// Kubeconfig of the Rancher management cluster whose projects
+    /// ListRancherProjects lists, if any.
+    pub rancher_kubeconfig: Option<PathBuf>,
 }
 
 impl HubConfig {
@@ -67,6 +70,7 @@ impl HubConfig {
             api_plaintext: false,
             admin_group: crate::tokens::ADMIN_GROUP.to_owned(),
             oidc: None,
+            rancher_kubeconfig: None,
         }
     }
 

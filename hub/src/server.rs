@@ -53,6 +53,8 @@ pub struct HubState {
     /// gRPC health: SERVING only while the store takes writes.
     pub health: tonic_health::server::HealthReporter,
     pub metrics: Arc<Metrics>,
+    /// Client of the Rancher management cluster, when one is configured.
+    pub rancher: Option<crate::rancher::Rancher>,
 }
 
 impl std::fmt::Debug for HubState {
@@ -160,6 +162,10 @@ impl Hub {
             &config.disabled_features,
         )?;
         let oidc = config.oidc.clone().map(OidcVerifier::new).transpose()?;
+        let rancher = match &config.rancher_kubeconfig {
+            Some(path) => Some(crate::rancher::Rancher::from_kubeconfig(path).await?),
+            None => None,
+        };
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
         let state = Arc::new(HubState {
@@ -174,6 +180,7 @@ impl Hub {
             oidc,
             health,
             metrics: Arc::new(Metrics::default()),
+            rancher,
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
