@@ -123,10 +123,13 @@ pub fn detect(method: &http::Method, headers: &HeaderMap) -> Result<Protocol, Un
     })
 }
 
+/// The content types a POST may have (`Accept-Post` of a 415 answer).
+pub const ACCEPT_POST: &str = "application/grpc, application/grpc+proto, application/grpc-web, application/grpc-web+proto, application/grpc-web-text, application/grpc-web-text+proto, application/json, application/proto, application/connect+json, application/connect+proto";
+
 /// The 415 answer to a refused content type. gRPC clients get the reason
-/// as a gRPC status (Unimplemented) in the headers too.
+/// as a gRPC status (Unimplemented) in the headers, other clients a Connect
+/// error (unimplemented) and the accepted types in `Accept-Post`.
 pub fn unsupported_response(why: &Unsupported) -> http::Response<crate::forward::HttpBody> {
-    use http_body_util::BodyExt;
     let message = why.message();
     let mut resp = match why {
         Unsupported::GrpcCodec { web, .. } => {
@@ -140,16 +143,12 @@ pub fn unsupported_response(why: &Unsupported) -> http::Response<crate::forward:
             }
             resp
         }
+        // A Connect error, as the API description promises for every
+        // answer other than 200 on these paths.
         Unsupported::ContentType => {
-            let mut resp = http::Response::new(
-                http_body_util::Full::new(Bytes::from(format!("{message}\n")))
-                    .map_err(|e| match e {})
-                    .boxed_unsync(),
-            );
-            resp.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("text/plain; charset=utf-8"),
-            );
+            let mut resp = connect::unary_error(&Status::unimplemented(message), None);
+            resp.headers_mut()
+                .insert("accept-post", http::HeaderValue::from_static(ACCEPT_POST));
             resp
         }
     };
@@ -413,6 +412,15 @@ mod tests {
         assert_eq!(
             detect(&post, &ct("text/plain")),
             Err(Unsupported::ContentType)
+        );
+        let resp = unsupported_response(&Unsupported::ContentType);
+        assert_eq!(resp.status(), http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        assert!(
+            resp.headers()["accept-post"]
+                .to_str()
+                .unwrap()
+                .contains("application/json")
         );
         assert_eq!(
             detect(&post, &HeaderMap::new()),
