@@ -211,17 +211,40 @@ async fn buf_curl_with_reflection_over_connect_grpc_and_grpc_web() {
         cmd
     };
     let token = hub.admin_token.clone();
-    for protocol in ["connect", "grpc", "grpcweb"] {
-        let out = run_ok(
-            &mut curl(
+    for (protocol, content_type) in [
+        ("connect", "application/connect+proto"),
+        ("grpc", "application/grpc"),
+        ("grpcweb", "application/grpc-web+proto"),
+    ] {
+        // Verbose: the trace shows that reflection (a bidi stream) went over
+        // the same protocol, Connect streaming included.
+        let run = tools::run_bounded(
+            curl(
                 protocol,
                 "otterscale.link.v1.LinkService/ListLinks",
                 "{}",
                 Some(&token),
-            ),
+            )
+            .arg("-v"),
             CLIENT_LIMIT,
         )
         .await;
+        let trace = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{protocol}: {trace}");
+        let reflection_request = trace
+            .split("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{protocol}: no reflection call in the trace: {trace}"));
+        let reflection_ct = reflection_request
+            .lines()
+            .find(|l| l.to_ascii_lowercase().contains("content-type:"))
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        assert!(
+            reflection_ct.ends_with(content_type),
+            "{protocol}: reflection sent {reflection_ct:?}: {trace}"
+        );
+        let out = String::from_utf8(run.stdout).unwrap();
         let v: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("{protocol}: not JSON ({e}): {out}"));
         assert_eq!(v["links"][0]["cluster"], "edge-1", "{protocol}: {v}");
