@@ -53,6 +53,9 @@ pub struct HubConfig {
     pub agent_image: String,
     /// Path prefix of the Kubernetes API proxy (`<prefix>/<cluster>/…`).
     pub kube_proxy_prefix: String,
+    /// Kubeconfig of the Rancher management cluster whose projects
+    /// ListRancherProjects lists, if any.
+    pub rancher_kubeconfig: Option<PathBuf>,
 }
 
 impl HubConfig {
@@ -79,6 +82,7 @@ impl HubConfig {
             agent_namespace: crate::manifest::DEFAULT_NAMESPACE.to_owned(),
             agent_image: format!("{}:v{}", crate::manifest::DEFAULT_IMAGE, crate::VERSION),
             kube_proxy_prefix: "/clusters".to_owned(),
+            rancher_kubeconfig: None,
         }
     }
 

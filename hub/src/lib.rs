@@ -31,6 +31,7 @@ pub mod methods;
 pub mod metrics;
 pub mod oidc;
 pub mod protocol;
+pub mod rancher;
 pub mod registry;
 pub mod server;
 pub mod store;

@@ -322,9 +322,13 @@ impl LinkService for LinkSvc {
         request: Request<ListRancherProjectsRequest>,
     ) -> Result<Response<ListRancherProjectsResponse>, Status> {
         auth::authenticate_grpc(&self.state, request.metadata()).await?;
-        Err(Status::failed_precondition(
-            "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",
-        ))
+        let rancher = self.state.rancher.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",
+            )
+        })?;
+        let projects = rancher.list_projects().await?;
+        Ok(Response::new(ListRancherProjectsResponse { projects }))
     }
 }
 

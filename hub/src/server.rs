@@ -55,6 +55,8 @@ pub struct HubState {
     pub metrics: Arc<Metrics>,
     /// Signs and verifies manifest URLs.
     pub manifest_key: ring::hmac::Key,
+    /// Client of the Rancher management cluster, when one is configured.
+    pub rancher: Option<crate::rancher::Rancher>,
 }
 
 impl std::fmt::Debug for HubState {
@@ -166,6 +168,10 @@ impl Hub {
         // The CA certificate is public: written out so `otter login --ca-file`
         // and kubeconfigs can point at it.
         std::fs::write(config.data_dir.join("ca.crt"), ca.cert_pem())?;
+        let rancher = match &config.rancher_kubeconfig {
+            Some(path) => Some(crate::rancher::Rancher::from_kubeconfig(path).await?),
+            None => None,
+        };
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
         let state = Arc::new(HubState {
@@ -181,6 +187,7 @@ impl Hub {
             health,
             metrics: Arc::new(Metrics::default()),
             manifest_key,
+            rancher,
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
@@ -518,11 +525,9 @@ async fn route(
             &format!("no such endpoint: {path}"),
         );
     };
-    let Some(proto) = protocol::detect(req.method(), req.headers()) else {
-        return plain(
-            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "use gRPC (application/grpc), gRPC-Web (application/grpc-web[-text]) or Connect (application/json, application/proto, application/connect+json, application/connect+proto)",
-        );
+    let proto = match protocol::detect(req.method(), req.headers()) {
+        Ok(proto) => proto,
+        Err(why) => return protocol::unsupported_response(&why),
     };
     req.extensions_mut().insert(conn);
     if let Err(status) = state.methods.check_enabled(&path) {

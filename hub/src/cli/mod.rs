@@ -357,6 +357,10 @@ pub struct HubArgs {
     /// Extra CA (PEM file) to trust for the issuer.
     #[arg(long)]
     pub oidc_ca_file: Option<PathBuf>,
+    /// Kubeconfig of the Rancher management cluster (its current context);
+    /// ListRancherProjects lists the `management.cattle.io/v3` projects there.
+    #[arg(long, env = "OTTER_RANCHER_KUBECONFIG")]
+    pub rancher_kubeconfig: Option<PathBuf>,
     /// Agent image the manifests run.
     #[arg(long, env = "OTTER_AGENT_IMAGE")]
     pub agent_image: Option<String>,
@@ -384,6 +388,7 @@ impl HubArgs {
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;
         c.admin_group = self.admin_group;
+        c.rancher_kubeconfig = self.rancher_kubeconfig;
         if let Some(image) = self.agent_image {
             c.agent_image = image;
         }

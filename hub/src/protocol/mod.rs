@@ -54,20 +54,47 @@ pub enum Protocol {
     ConnectGet,
 }
 
-/// The protocol of a request, from its method and content type; `None` when
-/// it is none of ours (answered 415).
-pub fn detect(method: &http::Method, headers: &HeaderMap) -> Option<Protocol> {
-    if method == http::Method::GET {
-        return Some(Protocol::ConnectGet);
+/// Why a request's content type is refused (answered HTTP 415).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsupported {
+    /// gRPC or gRPC-Web with a codec other than protobuf (`+json`, …): the
+    /// answer carries a gRPC status too, so gRPC clients can show why.
+    GrpcCodec { web: bool, subtype: String },
+    /// None of our protocols (or no content type at all).
+    ContentType,
+}
+
+impl Unsupported {
+    /// Text of the refusal.
+    pub fn message(&self) -> String {
+        match self {
+            Unsupported::GrpcCodec { web, subtype } => format!(
+                "the {subtype:?} codec is not supported: use {} (protobuf)",
+                if *web { "application/grpc-web+proto" } else { "application/grpc+proto" }
+            ),
+            Unsupported::ContentType => "use gRPC (application/grpc), gRPC-Web (application/grpc-web[-text]) or Connect (application/json, application/proto, application/connect+json, application/connect+proto)".into(),
+        }
     }
-    let ct = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+}
+
+/// The protocol of a request, from its method and content type; an error
+/// when it is none of ours (answered 415, as the gRPC and Connect
+/// specifications ask for unsupported content types).
+pub fn detect(method: &http::Method, headers: &HeaderMap) -> Result<Protocol, Unsupported> {
+    if method == http::Method::GET {
+        return Ok(Protocol::ConnectGet);
+    }
+    let ct = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .ok_or(Unsupported::ContentType)?;
     let ct = ct
         .split(';')
         .next()
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    Some(match ct.as_str() {
+    Ok(match ct.as_str() {
         "application/grpc" | "application/grpc+proto" => Protocol::Grpc,
         "application/grpc-web" | "application/grpc-web+proto" => Protocol::GrpcWeb { text: false },
         "application/grpc-web-text" | "application/grpc-web-text+proto" => {
@@ -77,8 +104,56 @@ pub fn detect(method: &http::Method, headers: &HeaderMap) -> Option<Protocol> {
         "application/proto" => Protocol::ConnectUnary { json: false },
         "application/connect+json" => Protocol::ConnectStream { json: true },
         "application/connect+proto" => Protocol::ConnectStream { json: false },
-        _ => return None,
+        other => {
+            // `application/grpc+<codec>` and the gRPC-Web forms of it.
+            for (prefix, web) in [
+                ("application/grpc-web-text+", true),
+                ("application/grpc-web+", true),
+                ("application/grpc+", false),
+            ] {
+                if let Some(subtype) = other.strip_prefix(prefix) {
+                    return Err(Unsupported::GrpcCodec {
+                        web,
+                        subtype: subtype.to_owned(),
+                    });
+                }
+            }
+            return Err(Unsupported::ContentType);
+        }
     })
+}
+
+/// The content types a POST may have (`Accept-Post` of a 415 answer).
+pub const ACCEPT_POST: &str = "application/grpc, application/grpc+proto, application/grpc-web, application/grpc-web+proto, application/grpc-web-text, application/grpc-web-text+proto, application/json, application/proto, application/connect+json, application/connect+proto";
+
+/// The 415 answer to a refused content type. gRPC clients get the reason
+/// as a gRPC status (Unimplemented) in the headers, other clients a Connect
+/// error (unimplemented) and the accepted types in `Accept-Post`.
+pub fn unsupported_response(why: &Unsupported) -> http::Response<crate::forward::HttpBody> {
+    let message = why.message();
+    let mut resp = match why {
+        Unsupported::GrpcCodec { web, .. } => {
+            let mut resp: http::Response<crate::forward::HttpBody> =
+                Status::unimplemented(message).into_http();
+            if *web {
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/grpc-web+proto"),
+                );
+            }
+            resp
+        }
+        // A Connect error, as the API description promises for every
+        // answer other than 200 on these paths.
+        Unsupported::ContentType => {
+            let mut resp = connect::unary_error(&Status::unimplemented(message), None);
+            resp.headers_mut()
+                .insert("accept-post", http::HeaderValue::from_static(ACCEPT_POST));
+            resp
+        }
+    };
+    *resp.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+    resp
 }
 
 /// Connect's name for a gRPC code.
@@ -270,4 +345,86 @@ pub fn grpc_timeout_from_connect(headers: &HeaderMap) -> Option<http::HeaderValu
     // gRPC allows at most 8 digits.
     let ms = ms.min(99_999_999);
     http::HeaderValue::from_str(&format!("{ms}m")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ct(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_str(value).expect("header value"),
+        );
+        h
+    }
+
+    #[test]
+    fn detects_our_protocols() {
+        let post = http::Method::POST;
+        assert_eq!(detect(&post, &ct("application/grpc")), Ok(Protocol::Grpc));
+        assert_eq!(
+            detect(&post, &ct("application/grpc+proto")),
+            Ok(Protocol::Grpc)
+        );
+        assert_eq!(
+            detect(&post, &ct("application/grpc-web-text+proto")),
+            Ok(Protocol::GrpcWeb { text: true })
+        );
+        assert_eq!(
+            detect(&post, &ct("application/json; charset=utf-8")),
+            Ok(Protocol::ConnectUnary { json: true })
+        );
+        assert_eq!(
+            detect(&http::Method::GET, &HeaderMap::new()),
+            Ok(Protocol::ConnectGet)
+        );
+    }
+
+    #[test]
+    fn refuses_other_grpc_codecs_with_a_grpc_status() {
+        let post = http::Method::POST;
+        let why = detect(&post, &ct("application/grpc+json")).unwrap_err();
+        assert_eq!(
+            why,
+            Unsupported::GrpcCodec {
+                web: false,
+                subtype: "json".into()
+            }
+        );
+        let resp = unsupported_response(&why);
+        assert_eq!(resp.status(), http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(resp.headers()["grpc-status"], "12");
+        assert!(
+            resp.headers()["grpc-message"]
+                .to_str()
+                .unwrap()
+                .contains("application/grpc+proto")
+        );
+        assert_eq!(
+            detect(&post, &ct("application/grpc-web+json")),
+            Err(Unsupported::GrpcCodec {
+                web: true,
+                subtype: "json".into()
+            })
+        );
+        assert_eq!(
+            detect(&post, &ct("text/plain")),
+            Err(Unsupported::ContentType)
+        );
+        let resp = unsupported_response(&Unsupported::ContentType);
+        assert_eq!(resp.status(), http::StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        assert!(
+            resp.headers()["accept-post"]
+                .to_str()
+                .unwrap()
+                .contains("application/json")
+        );
+        assert_eq!(
+            detect(&post, &HeaderMap::new()),
+            Err(Unsupported::ContentType)
+        );
+    }
 }

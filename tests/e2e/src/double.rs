@@ -122,37 +122,90 @@ impl ResourceService for Double {
         &self,
         _: Request<res::DiscoveryRequest>,
     ) -> Result<Response<res::DiscoveryResponse>, Status> {
-        Err(Status::unimplemented("test double"))
+        Ok(Response::new(res::DiscoveryResponse::default()))
     }
     async fn schema(
         &self,
         _: Request<res::SchemaRequest>,
     ) -> Result<Response<res::SchemaResponse>, Status> {
-        Err(Status::unimplemented("test double"))
+        Ok(Response::new(res::SchemaResponse::default()))
     }
+    /// Two objects named `<cluster>-<resource>-<i>` (in `metadata.name`).
     async fn list(
         &self,
-        _: Request<res::ListRequest>,
+        request: Request<res::ListRequest>,
     ) -> Result<Response<res::ListResponse>, Status> {
-        Err(Status::unimplemented("test double"))
+        let resource = request.into_inner().resource.unwrap_or_default();
+        let items = (0..2)
+            .map(|i| {
+                let metadata = object(&[("name", format!("{}-{resource}-{i}", self.cluster))]);
+                Resource {
+                    object: Some(Struct {
+                        fields: [(
+                            "metadata".to_owned(),
+                            Value {
+                                kind: Some(Kind::StructValue(metadata)),
+                            },
+                        )]
+                        .into(),
+                    }),
+                }
+            })
+            .collect();
+        Ok(Response::new(res::ListResponse {
+            items,
+            resource_version: Some("1".into()),
+            ..Default::default()
+        }))
     }
     async fn describe(
         &self,
         _: Request<res::DescribeRequest>,
     ) -> Result<Response<res::DescribeResponse>, Status> {
-        Err(Status::unimplemented("test double"))
+        Ok(Response::new(res::DescribeResponse::default()))
     }
-    async fn create(&self, _: Request<res::CreateRequest>) -> Result<Response<Resource>, Status> {
-        Err(Status::unimplemented("test double"))
+    async fn create(
+        &self,
+        request: Request<res::CreateRequest>,
+    ) -> Result<Response<Resource>, Status> {
+        Ok(Response::new(self.written("create", caller_of(&request))))
     }
-    async fn apply(&self, _: Request<res::ApplyRequest>) -> Result<Response<Resource>, Status> {
-        Err(Status::unimplemented("test double"))
+    async fn apply(
+        &self,
+        request: Request<res::ApplyRequest>,
+    ) -> Result<Response<Resource>, Status> {
+        Ok(Response::new(self.written("apply", caller_of(&request))))
     }
-    async fn update(&self, _: Request<res::UpdateRequest>) -> Result<Response<Resource>, Status> {
-        Err(Status::unimplemented("test double"))
+    async fn update(
+        &self,
+        request: Request<res::UpdateRequest>,
+    ) -> Result<Response<Resource>, Status> {
+        Ok(Response::new(self.written("update", caller_of(&request))))
     }
     async fn delete(&self, _: Request<res::DeleteRequest>) -> Result<Response<()>, Status> {
-        Err(Status::unimplemented("test double"))
+        Ok(Response::new(()))
+    }
+}
+
+fn caller_of<T>(request: &Request<T>) -> Caller {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+impl Double {
+    /// The answer to a write: where it ran, for whom, and which verb.
+    fn written(&self, verb: &str, caller: Caller) -> Resource {
+        Resource {
+            object: Some(object(&[
+                ("cluster", self.cluster.clone()),
+                ("agent", self.agent.clone()),
+                ("user", caller.user),
+                ("verb", verb.to_owned()),
+            ])),
+        }
     }
 }
 

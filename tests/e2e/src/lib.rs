@@ -5,8 +5,10 @@
 //! - [`TestHub`] — a hub on loopback ports with its own data dir.
 //! - [`client_channel`] — a gRPC channel to the hub that trusts only its CA.
 //! - [`with_token`] — adds the bearer token to a request.
+//! - [`tools`] — third-party clients run as bounded subprocesses.
 
 pub mod double;
+pub mod tools;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 

@@ -586,3 +586,76 @@ fn parse_prometheus(text: &str) -> Vec<(String, String, f64)> {
     }
     samples
 }
+
+/// gRPC with a codec other than protobuf is refused as the gRPC
+/// specification asks (HTTP 415), with a gRPC status naming the fix; a POST
+/// of no protocol at all gets a Connect error, as `openapi/openapi.yaml`
+/// describes every answer but 200 (schemathesis found it plain text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_content_types_are_refused_with_415() {
+    let (hub, _agent) = hub_with_agent(|_| {}).await;
+    let t = hub.admin_token.clone();
+    for ct in [None, Some("text/plain"), Some("application/xml")] {
+        let mut req = http::Request::post("/otterscale.link.v1.LinkService/ListLinks")
+            .header("authorization", format!("Bearer {t}"));
+        if let Some(ct) = ct {
+            req = req.header("content-type", ct);
+        }
+        let req = req.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
+        let (status, headers, body) = call(&hub, false, req).await;
+        assert_eq!(status, 415, "{ct:?}");
+        assert_eq!(headers["content-type"], "application/json", "{ct:?}");
+        assert!(
+            headers["accept-post"]
+                .to_str()
+                .unwrap()
+                .contains("application/connect+json"),
+            "{ct:?}"
+        );
+        let err = json_of(&body);
+        assert_eq!(err["code"], "unimplemented", "{ct:?}: {err}");
+        assert!(
+            err["message"]
+                .as_str()
+                .unwrap()
+                .contains("application/json"),
+            "{err}"
+        );
+    }
+    for ct in ["application/grpc+json", "application/grpc-web+json"] {
+        let req = http::Request::post("/otterscale.link.v1.LinkService/ListLinks")
+            .header("content-type", ct)
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {t}"))
+            .body(Full::new(Bytes::from_static(b"\0\0\0\0\x02{}")))
+            .unwrap();
+        let (status, headers, _) = call(&hub, true, req).await;
+        assert_eq!(status, 415, "{ct}");
+        assert_eq!(headers["grpc-status"], "12", "{ct}: {headers:?}");
+        let message = headers["grpc-message"].to_str().unwrap();
+        assert!(message.contains("+proto"), "{ct}: {message}");
+    }
+    // The protobuf codec, named or not, is served.
+    for ct in ["application/grpc", "application/grpc+proto"] {
+        let body = frame(&ListLinksRequest {}.encode_to_vec());
+        let req = http::Request::post("/otterscale.link.v1.LinkService/ListLinks")
+            .header("content-type", ct)
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {t}"))
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let (status, headers, body) = call(&hub, true, req).await;
+        assert_eq!(status, 200, "{ct}");
+        assert_eq!(headers["grpc-status"], "0", "{ct}: {headers:?}");
+        let (_, payload) = envelopes(&body).remove(0);
+        let links = ListLinksResponse::decode(payload.as_slice()).unwrap();
+        assert_eq!(links.links[0].cluster.as_deref(), Some("edge-1"), "{ct}");
+    }
+}
+
+fn frame(msg: &[u8]) -> Vec<u8> {
+    let mut out = vec![0];
+    out.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    out.extend_from_slice(msg);
+    out
+}

@@ -1,0 +1,150 @@
+// Calls a running hub with the TypeScript package over every protocol
+// @connectrpc/connect-node speaks: Connect (JSON and binary), gRPC and
+// gRPC-Web. For each it makes a unary call, a call forwarded to a member
+// cluster, a server-streaming call that it leaves after three events, a call
+// that fails with a code, and a call without credentials. Prints one JSON
+// object on stdout, keyed by protocol; the end-to-end test
+// `real_clients.rs` asserts on it.
+//
+// Environment:
+//   OTTER_HUB_URL   the hub's API URL (required)
+//   OTTER_TOKEN     API token (required)
+//   OTTER_CA_FILE   PEM of the hub CA (required: the hub's certificate is
+//                   signed by its own CA)
+//   OTTER_CLUSTER   member cluster for the forwarded calls (required)
+import { readFileSync } from "node:fs";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import {
+  createConnectTransport,
+  createGrpcTransport,
+  createGrpcWebTransport,
+} from "@connectrpc/connect-node";
+import { linkv1, resourcev1 } from "@otterscale/link-api";
+
+function required(name) {
+  const value = process.env[name];
+  if (!value) {
+    console.error(`set ${name}`);
+    process.exit(2);
+  }
+  return value;
+}
+
+const baseUrl = required("OTTER_HUB_URL");
+const token = required("OTTER_TOKEN");
+const ca = readFileSync(required("OTTER_CA_FILE"));
+const cluster = required("OTTER_CLUSTER");
+// Every call is bounded; the test around this script has its own bound too.
+const callOptions = { timeoutMs: 15000 };
+
+const bearer = (next) => async (req) => {
+  req.header.set("Authorization", `Bearer ${token}`);
+  return next(req);
+};
+
+const protocols = {
+  "connect-json": (interceptors) =>
+    createConnectTransport({
+      baseUrl,
+      httpVersion: "2",
+      useBinaryFormat: false,
+      interceptors,
+      nodeOptions: { ca },
+    }),
+  "connect-binary": (interceptors) =>
+    createConnectTransport({
+      baseUrl,
+      httpVersion: "1.1",
+      useBinaryFormat: true,
+      interceptors,
+      nodeOptions: { ca },
+    }),
+  grpc: (interceptors) => createGrpcTransport({ baseUrl, interceptors, nodeOptions: { ca } }),
+  "grpc-web": (interceptors) =>
+    createGrpcWebTransport({
+      baseUrl,
+      httpVersion: "2",
+      useBinaryFormat: true,
+      interceptors,
+      nodeOptions: { ca },
+    }),
+};
+
+// The code name of a failed call; "OK" when it did not fail.
+async function codeOf(call) {
+  try {
+    await call();
+    return "OK";
+  } catch (err) {
+    const e = ConnectError.from(err);
+    return { code: Code[e.code], message: e.rawMessage };
+  }
+}
+
+async function exercise(makeTransport) {
+  const transport = makeTransport([bearer]);
+  const links = createClient(linkv1.LinkService, transport);
+  const resources = createClient(resourcev1.ResourceService, transport);
+  const out = {};
+
+  const listed = await links.listLinks({}, callOptions);
+  out.links = listed.links.map((l) => ({
+    cluster: l.cluster,
+    state: linkv1.LinkState[l.state ?? 0],
+    agentId: l.agentId,
+  }));
+
+  const got = await resources.get(
+    { cluster, version: "v1", resource: "pods", namespace: "default", name: "web" },
+    callOptions,
+  );
+  out.get = got.object;
+
+  // Server streaming: three events, then leave (the break aborts the call).
+  const abort = new AbortController();
+  const events = [];
+  const watch = resources.watch(
+    { cluster, version: "v1", resource: "pods" },
+    { signal: abort.signal, timeoutMs: 15000 },
+  );
+  try {
+    for await (const ev of watch) {
+      events.push({
+        type: resourcev1.WatchEvent_Type[ev.type ?? 0],
+        resourceVersion: ev.resourceVersion,
+        payload: ev.resource?.object?.payload,
+      });
+      if (events.length === 3) {
+        abort.abort();
+        break;
+      }
+    }
+  } catch (err) {
+    // Aborting may surface as Canceled, depending on timing; anything else
+    // is a failure of the stream.
+    if (ConnectError.from(err).code !== Code.Canceled) throw err;
+  }
+  out.watch = events;
+
+  out.unknownCluster = await codeOf(() =>
+    resources.get(
+      { cluster: "no-such-cluster", version: "v1", resource: "pods", name: "web" },
+      callOptions,
+    ),
+  );
+
+  const anonymous = createClient(linkv1.LinkService, makeTransport([]));
+  out.noToken = await codeOf(() => anonymous.listLinks({}, callOptions));
+  return out;
+}
+
+const result = {};
+for (const [name, make] of Object.entries(protocols)) {
+  try {
+    result[name] = await exercise(make);
+  } catch (err) {
+    const e = ConnectError.from(err);
+    result[name] = { failed: `${Code[e.code]}: ${e.rawMessage}` };
+  }
+}
+console.log(JSON.stringify(result));
