@@ -359,3 +359,31 @@ pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, St
         e.join().unwrap_or_default(),
     )
 }
+
+/// Runs a command that does not end by itself (`get -w`, `logs -f`) for
+/// `duration`, then stops it; returns what it printed (stdout, stderr).
+pub fn run_for(cmd: &mut std::process::Command, duration: Duration) -> (String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    std::thread::sleep(duration);
+    let _ = child.kill();
+    let _ = child.wait();
+    (o.join().unwrap_or_default(), e.join().unwrap_or_default())
+}
