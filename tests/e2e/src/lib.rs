@@ -5,8 +5,11 @@
 //! - [`TestHub`] — a hub on loopback ports with its own data dir.
 //! - [`client_channel`] — a gRPC channel to the hub that trusts only its CA.
 //! - [`with_token`] — adds the bearer token to a request.
+//! - [`double`] — agents serving a test double; [`kube`] — an agent with
+//!   the real Kubernetes services against the Kubernetes API test server.
 
 pub mod double;
+pub mod kube;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
