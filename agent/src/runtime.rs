@@ -386,7 +386,39 @@ impl RuntimeService for Runtime {
         tx.try_send(Ok(first))
             .map_err(|_| Status::internal("session stream closed"))?;
         tokio::spawn(async move {
-            let mut stdin = proc.stdin();
+            // Input is written by a task of its own, so a pod that is slow to
+            // read stdin never stops its output from being read (and the
+            // other way round).
+            let stdin = proc.stdin();
+            let writer = tokio::spawn(async move {
+                let mut stdin = stdin;
+                while let Some(i) = input.recv().await {
+                    match i {
+                        Input::Data(b) => {
+                            if let Some(w) = stdin.as_mut()
+                                && w.write_all(&b).await.is_err()
+                            {
+                                stdin = None;
+                            }
+                        }
+                        Input::CloseStdin => {
+                            if let Some(mut w) = stdin.take() {
+                                let _ = w.shutdown().await;
+                            }
+                        }
+                        Input::Resize(rows, cols) => {
+                            if let Some(s) = resize.as_mut() {
+                                let _ = s
+                                    .send(TerminalSize {
+                                        width: cols,
+                                        height: rows,
+                                    })
+                                    .await;
+                            }
+                        }
+                    }
+                }
+            });
             let mut stdout = proc.stdout();
             let mut stderr = proc.stderr();
             let status = proc.take_status();
@@ -421,27 +453,9 @@ impl RuntimeService for Runtime {
                         }
                         None => stderr = None,
                     },
-                    i = input.recv() => match i {
-                        Some(Input::Data(b)) => {
-                            if let Some(w) = stdin.as_mut()
-                                && w.write_all(&b).await.is_err() {
-                                    stdin = None;
-                                }
-                        }
-                        Some(Input::CloseStdin) => {
-                            if let Some(mut w) = stdin.take() {
-                                let _ = w.shutdown().await;
-                            }
-                        }
-                        Some(Input::Resize(rows, cols)) => {
-                            if let Some(s) = resize.as_mut() {
-                                let _ = s.send(TerminalSize { width: cols, height: rows }).await;
-                            }
-                        }
-                        None => {}
-                    },
                 }
             };
+            writer.abort();
             proc.abort();
             if let Err(e) = end {
                 let _ = tx.send(Err(e)).await;
@@ -526,6 +540,19 @@ impl RuntimeService for Runtime {
             .map_err(|_| Status::internal("session stream closed"))?;
         tokio::spawn(async move {
             let (mut rd, mut wr) = tokio::io::split(stream);
+            // Writing to the pod runs apart from reading, so neither direction
+            // can hold up the other (an echo would otherwise deadlock).
+            let mut writer = tokio::spawn(async move {
+                while let Some(i) = input.recv().await {
+                    if let Input::Data(b) = i
+                        && wr.write_all(&b).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                // Input ended: the session is over; stay until aborted.
+                std::future::pending::<()>().await;
+            });
             let mut error: Pin<Box<dyn std::future::Future<Output = Option<String>> + Send>> =
                 Box::pin(error);
             let mut buf = vec![0u8; CHUNK];
@@ -558,12 +585,12 @@ impl RuntimeService for Runtime {
                             if tx.send(Ok(msg)).await.is_err() { break Ok(()); }
                         }
                     },
-                    i = input.recv() => if let Some(Input::Data(b)) = i
-                        && wr.write_all(&b).await.is_err() {
-                            break Err(pod_error("the connection to the pod closed".into()));
-                        },
+                    _ = &mut writer => {
+                        break Err(pod_error("the connection to the pod closed".into()));
+                    }
                 }
             };
+            writer.abort();
             pf.abort();
             if let Err(e) = end {
                 let _ = tx.send(Err(e)).await;
