@@ -142,6 +142,67 @@ impl Catalog {
         Ok(entries)
     }
 
+    /// Watches CustomResourceDefinitions with the agent's client and forgets
+    /// the cached discovery whenever one changes, so new types show up at
+    /// once. Without permission to watch them, discovery relies on its TTL
+    /// and on refreshing when a lookup misses. The task ends with the catalog.
+    pub fn watch_crds(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let ar = kube::core::ApiResource {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+        };
+        let api: kube::Api<kube::api::DynamicObject> =
+            kube::Api::all_with(self.client.clone(), &ar);
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            use kube::core::WatchEvent;
+            let wp = kube::api::WatchParams::default().timeout(290);
+            let mut rv = String::new();
+            loop {
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                let mut events = match api.watch(&wp, &rv).await {
+                    Ok(s) => s.boxed(),
+                    Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403 | 404) => {
+                        tracing::info!(message = %s.message, "cannot watch CRDs; discovery refreshes on its TTL");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "CRD watch failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        continue;
+                    }
+                };
+                while let Some(ev) = events.next().await {
+                    let Some(catalog) = weak.upgrade() else {
+                        return;
+                    };
+                    match ev {
+                        Ok(
+                            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o),
+                        ) => {
+                            rv = o.metadata.resource_version.unwrap_or_default();
+                            catalog.invalidate().await;
+                        }
+                        Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
+                        Ok(WatchEvent::Error(s)) => {
+                            if s.code == 410 {
+                                rv.clear();
+                            }
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+        });
+    }
+
     /// Forgets the cached discovery (a CRD changed).
     pub async fn invalidate(&self) {
         *self.discovery.lock().await = None;

@@ -56,12 +56,14 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// Starts the CRD watch of the discovery cache: call inside a runtime.
     pub fn new(kube: KubeAccess, config: ResourceConfig) -> Self {
         let catalog = Arc::new(Catalog::new(
             kube.agent().clone(),
             config.discovery_ttl,
             config.schema_ttl,
         ));
+        catalog.watch_crds();
         Self {
             kube,
             catalog,

@@ -47,7 +47,10 @@ use crate::{
 };
 
 /// Largest stdin or port-forward chunk in one call.
-pub const MAX_INPUT: usize = 4 * 1024 * 1024;
+pub const MAX_INPUT: usize = 1024 * 1024;
+/// Input bytes queued per session and not yet written to the pod; a writer
+/// beyond it waits (so 200 busy sessions hold at most 400 MiB).
+const INPUT_BUDGET: usize = 2 * MAX_INPUT;
 /// Bytes read from a pod per message.
 const CHUNK: usize = 64 * 1024;
 /// Input calls queued per session before a writer waits.
@@ -62,7 +65,8 @@ pub struct RuntimeConfig {
 }
 
 enum Input {
-    Data(Bytes),
+    /// Bytes, holding their share of the session's input budget until written.
+    Data(Bytes, tokio::sync::OwnedSemaphorePermit),
     CloseStdin,
     Resize(u16, u16),
 }
@@ -71,6 +75,7 @@ enum Input {
 #[derive(Clone)]
 struct Handle {
     input: mpsc::Sender<Input>,
+    budget: Arc<tokio::sync::Semaphore>,
     /// Cancelled when the session is reaped.
     reaped: CancellationToken,
     tty: bool,
@@ -143,6 +148,7 @@ impl Runtime {
         let reaped = CancellationToken::new();
         let handle = Handle {
             input: tx,
+            budget: Arc::new(tokio::sync::Semaphore::new(INPUT_BUDGET)),
             reaped: reaped.clone(),
             tty,
         };
@@ -165,6 +171,24 @@ impl Runtime {
             .filter(|s| !s.is_empty())
             .ok_or_else(|| Status::invalid_argument("session_id is required"))?;
         Ok(self.lock()?.use_session(id, kind, user, Instant::now())?)
+    }
+
+    /// Queues bytes for the pod once the session's input budget has room.
+    async fn deliver_data(handle: &Handle, data: Vec<u8>) -> Result<(), Status> {
+        let n = u32::try_from(data.len().min(INPUT_BUDGET)).unwrap_or(u32::MAX);
+        let permit =
+            match tokio::time::timeout(INPUT_WAIT, handle.budget.clone().acquire_many_owned(n))
+                .await
+            {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => return Err(Status::not_found("session ended")),
+                Err(_) => {
+                    return Err(Status::resource_exhausted(
+                        "the session is not taking input fast enough; retry",
+                    ));
+                }
+            };
+        Self::deliver(handle, Input::Data(data.into(), permit)).await
     }
 
     async fn deliver(handle: &Handle, input: Input) -> Result<(), Status> {
@@ -394,7 +418,7 @@ impl RuntimeService for Runtime {
                 let mut stdin = stdin;
                 while let Some(i) = input.recv().await {
                     match i {
-                        Input::Data(b) => {
+                        Input::Data(b, _permit) => {
                             if let Some(w) = stdin.as_mut()
                                 && w.write_all(&b).await.is_err()
                             {
@@ -480,7 +504,10 @@ impl RuntimeService for Runtime {
                     b.len()
                 )));
             }
-            Some(b) => Input::Data(b.into()),
+            Some(b) => {
+                Self::deliver_data(&handle, b).await?;
+                return Ok(Response::new(()));
+            }
         };
         Self::deliver(&handle, input).await?;
         Ok(Response::new(()))
@@ -544,7 +571,7 @@ impl RuntimeService for Runtime {
             // can hold up the other (an echo would otherwise deadlock).
             let mut writer = tokio::spawn(async move {
                 while let Some(i) = input.recv().await {
-                    if let Input::Data(b) = i
+                    if let Input::Data(b, _permit) = i
                         && wr.write_all(&b).await.is_err()
                     {
                         return;
@@ -615,7 +642,7 @@ impl RuntimeService for Runtime {
             )));
         }
         if !data.is_empty() {
-            Self::deliver(&handle, Input::Data(data.into())).await?;
+            Self::deliver_data(&handle, data).await?;
         }
         Ok(Response::new(()))
     }

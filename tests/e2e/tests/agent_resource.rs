@@ -149,6 +149,38 @@ spec:
     let w1 = res.create(with_token(req, &t)).await.unwrap().into_inner();
     assert_eq!(obj(&w1)["spec"]["size"], 3.0);
 
+    // A CRD made by someone else appears too (the agent watches CRDs).
+    env.sim
+        .create_object(serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gadgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Cluster",
+                "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .expect("CRD");
+    within("gadgets in discovery", async {
+        loop {
+            let d = res
+                .discovery(with_token(
+                    pb::DiscoveryRequest {
+                        cluster: Some(c.clone()),
+                    },
+                    &t,
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            if let Some(g) = find(&d, "example.com", "gadgets") {
+                assert_eq!(g.namespaced, Some(false));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+
     // Schema: the kind's schema with references resolved.
     let schema = |g: &str, k: &str| pb::SchemaRequest {
         cluster: Some(c.clone()),

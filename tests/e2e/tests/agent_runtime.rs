@@ -160,6 +160,38 @@ async fn pod_log_options_default_container_and_follow() {
     )
     .await;
     assert!(s.contains("line 4"));
+    let mut since_time = req("web");
+    since_time.since_time = Some(prost_types::Timestamp {
+        seconds: 0,
+        nanos: 0,
+    });
+    let s = within(
+        "since_time",
+        collect(
+            rt.pod_log(with_token(since_time, &t))
+                .await
+                .unwrap()
+                .into_inner(),
+        ),
+    )
+    .await;
+    assert!(s.contains("line 4"));
+    let mut future = req("web");
+    future.since_time = Some(prost_types::Timestamp {
+        seconds: 4_000_000_000,
+        nanos: 0,
+    });
+    let s = within(
+        "since_time later",
+        collect(
+            rt.pod_log(with_token(future, &t))
+                .await
+                .unwrap()
+                .into_inner(),
+        ),
+    )
+    .await;
+    assert!(s.is_empty(), "{s:?}");
     let mut bad = req("web");
     bad.tail_lines = Some(-1);
     assert_eq!(
@@ -808,5 +840,41 @@ async fn scale_restart_and_subresource_actions() {
         }
     })
     .await;
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_falls_back_to_v4_with_an_older_kubelet() {
+    let env = KubeEnv::start(
+        sim_config()
+            .pod("default", "web", &["app"])
+            .exec_v4_only(true),
+    )
+    .await;
+    let t = env.admin_token().to_owned();
+    let c = env.cluster.clone();
+    let mut rt = env.runtime();
+    let mut s = within(
+        "exec",
+        rt.execute_tty(with_token(
+            exec(
+                &c,
+                "web",
+                &["sh", "-c", "read l; echo \"v4 $l\"; exit 0"],
+                false,
+            ),
+            &t,
+        )),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    let id = session_id(&mut s).await;
+    rt.write_tty(with_token(write(&id, Some(b"works\n")), &t))
+        .await
+        .unwrap();
+    let (out, _, end) = drain(&mut s).await;
+    assert_eq!(out, "v4 works\n");
+    end.unwrap();
     env.shutdown().await;
 }
