@@ -54,7 +54,7 @@ pub fn services(
     let runtime = runtime::Runtime::new(kube, resources.catalog(), cluster, config.runtime);
     // Requests: manifests up to 3 MiB, input chunks up to 4 MiB, plus room
     // for the other fields.
-    let max = runtime::MAX_INPUT + 64 * 1024;
+    let max = convert::MAX_MANIFEST.max(runtime::MAX_INPUT) + 64 * 1024;
     tonic::service::Routes::new(
         ResourceServiceServer::new(resources).max_decoding_message_size(max),
     )

@@ -236,6 +236,32 @@ async fn crud_list_describe_and_errors() {
         assert!(o["metadata"].get("managedFields").is_none(), "{o}");
         assert!(o["metadata"].get("annotations").is_none(), "{o}");
     }
+    // Manifests up to the apiserver's 3 MiB pass; larger ones are refused here.
+    let big = |n: usize| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
+            "data": {"blob": "x".repeat(n)}})
+        .to_string()
+    };
+    let r = res
+        .create(with_token(
+            create(&c, "configmaps", "default", &big(2 << 20)),
+            &t,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        obj(&r)["data"]["blob"].as_str().map(str::len),
+        Some(2 << 20)
+    );
+    let e = res
+        .create(with_token(
+            create(&c, "configmaps", "default", &big(3 << 20)),
+            &t,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let json =
         r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"other"},"data":{"a":"b"}}"#;
     res.create(with_token(create(&c, "configmaps", "default", json), &t))
