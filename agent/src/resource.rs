@@ -728,3 +728,76 @@ async fn reopen(
         delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(namespaced: bool) -> ApiEntry {
+        ApiEntry {
+            group: "apps".into(),
+            version: "v1".into(),
+            resource: "deployments".into(),
+            kind: "Deployment".into(),
+            namespaced,
+            verbs: vec![],
+            short_names: vec![],
+            subresources: vec![],
+        }
+    }
+
+    #[test]
+    fn manifests_are_checked_against_the_request() {
+        let mut m = json!({"metadata": {"name": "d"}});
+        assert_eq!(
+            prepare_manifest(&mut m, &entry(true), "ns1").unwrap(),
+            "ns1"
+        );
+        assert_eq!(m["apiVersion"], "apps/v1");
+        assert_eq!(m["kind"], "Deployment");
+        assert_eq!(m["metadata"]["namespace"], "ns1");
+
+        let mut m = json!({"metadata": {"name": "d", "namespace": "from-manifest"}});
+        assert_eq!(
+            prepare_manifest(&mut m, &entry(true), "").unwrap(),
+            "from-manifest"
+        );
+        let mut m = json!({"metadata": {"namespace": "a"}});
+        let e = prepare_manifest(&mut m, &entry(true), "b").unwrap_err();
+        assert!(e.message().contains("\"a\""), "{e:?}");
+        let mut m = json!({"metadata": {}});
+        assert!(prepare_manifest(&mut m, &entry(true), "").is_err());
+        let mut m = json!({"kind": "StatefulSet"});
+        assert!(prepare_manifest(&mut m, &entry(true), "x").is_err());
+        let mut m = json!({"apiVersion": "apps/v2"});
+        assert!(prepare_manifest(&mut m, &entry(true), "x").is_err());
+        let mut m = json!({"metadata": {"name": "n"}});
+        assert_eq!(
+            prepare_manifest(&mut m, &entry(false), "ignored").unwrap(),
+            ""
+        );
+        let mut m = json!({"metadata": {"namespace": "../x"}});
+        assert!(prepare_manifest(&mut m, &entry(true), "").is_err());
+    }
+
+    #[test]
+    fn names_stay_in_their_path_segment() {
+        for bad in ["a/b", "..", ".", "a?b", "a#b", "a%2f", "a b", "a\nb"] {
+            assert!(segment(&Some(bad.into()), "name").is_err(), "{bad:?}");
+        }
+        assert!(segment(&None, "name").is_err());
+        assert_eq!(segment(&Some("web-1.x".into()), "name").unwrap(), "web-1.x");
+        assert_eq!(opt_segment(&None, "namespace").unwrap(), "");
+    }
+
+    #[test]
+    fn apply_names_must_agree() {
+        let mut m = json!({"metadata": {"name": "a"}});
+        assert_eq!(name_for(&mut m, &None).unwrap(), "a");
+        assert!(name_for(&mut m, &Some("b".into())).is_err());
+        let mut m = json!({"metadata": {}});
+        assert_eq!(name_for(&mut m, &Some("c".into())).unwrap(), "c");
+        assert_eq!(m["metadata"]["name"], "c");
+        assert!(name_for(&mut json!({"metadata": {}}), &None).is_err());
+    }
+}

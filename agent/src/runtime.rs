@@ -155,6 +155,7 @@ impl Runtime {
         let id = self
             .lock()?
             .open(kind, user, rand::random(), Instant::now(), handle)?;
+        tracing::info!(session_id = %id, kind = kind.as_str(), user, "session opened");
         Ok((
             SessionGuard {
                 id,
@@ -221,6 +222,7 @@ impl Drop for SessionGuard {
         if let Ok(mut t) = self.table.lock() {
             t.remove(&self.id);
         }
+        tracing::info!(session_id = %self.id, "session ended");
     }
 }
 
