@@ -47,6 +47,15 @@ impl KubeEnv {
 
     /// Starts everything; `tweak` changes the agent's service settings.
     pub async fn start_with(sim: SimConfig, tweak: impl FnOnce(&mut ServicesConfig)) -> KubeEnv {
+        Self::start_over(TransportKind::H2, sim, tweak).await
+    }
+
+    /// Like [`KubeEnv::start_with`], with the agent's tunnel over `transport`.
+    pub async fn start_over(
+        transport: TransportKind,
+        sim: SimConfig,
+        tweak: impl FnOnce(&mut ServicesConfig),
+    ) -> KubeEnv {
         otter_pki::tls::install_default_provider();
         let sim = KubeSim::start(sim).await.expect("kube-sim starts");
         let hub = TestHub::start().await;
@@ -66,7 +75,7 @@ impl KubeEnv {
         let token = hub.hub.mint_join_token(&cluster).expect("join token");
         let mut config = AgentConfig::new(hub.api_url(), &cluster, "agent-0", hub.hub.ca_pem());
         config.join_token = Secret(token);
-        config.transports = vec![TransportKind::H2];
+        config.transports = vec![transport];
         config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
         config.backoff_base = Duration::from_millis(100);
         config.backoff_cap = Duration::from_millis(800);

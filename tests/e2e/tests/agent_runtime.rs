@@ -11,6 +11,7 @@ use otter_e2e::{
     with_token,
 };
 use otter_proto::runtime::v1::{self as pb};
+use otter_tunnel::TransportKind;
 use tokio::io::AsyncWriteExt;
 use tonic::{Code, Streaming};
 
@@ -541,8 +542,22 @@ fn fnv(hash: &mut u64, data: &[u8]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn port_forward_round_trips_bytes_and_reports_pod_errors() {
-    let env = KubeEnv::start(sim_config().pod("default", "web", &["app"])).await;
+async fn port_forward_round_trips_bytes_and_reports_pod_errors_over_h2() {
+    port_forward(TransportKind::H2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_round_trips_bytes_and_reports_pod_errors_over_quic() {
+    port_forward(TransportKind::Quic).await;
+}
+
+async fn port_forward(transport: TransportKind) {
+    let env = KubeEnv::start_over(
+        transport,
+        sim_config().pod("default", "web", &["app"]),
+        |_| {},
+    )
+    .await;
     let t = env.admin_token().to_owned();
     let c = env.cluster.clone();
     env.sim
@@ -625,7 +640,7 @@ async fn port_forward_round_trips_bytes_and_reports_pod_errors() {
     assert_eq!(got, TOTAL);
     assert_eq!(hash, sent, "checksums differ");
     eprintln!(
-        "64 MiB echoed through hub and tunnel in {:?}",
+        "64 MiB echoed through hub and tunnel ({transport}) in {:?}",
         started.elapsed()
     );
     drop(s);
