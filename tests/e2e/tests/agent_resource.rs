@@ -731,3 +731,50 @@ async fn watch_survives_upstream_timeouts_and_ends_on_410() {
     assert!(within("end", old.next()).await.is_none());
     env.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_grace_period_has_explicit_presence() {
+    let cfg = sim_config()
+        .pod("default", "now", &["app"])
+        .pod("default", "later", &["app"])
+        .pod_termination_delay(Duration::from_secs(5));
+    let env = KubeEnv::start(cfg).await;
+    let t = env.admin_token().to_owned();
+    let c = env.cluster.clone();
+    let mut res = env.resources();
+    let del = |name: &str, grace: Option<i64>| pb::DeleteRequest {
+        cluster: Some(c.clone()),
+        group: Some(String::new()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        namespace: Some("default".into()),
+        name: Some(name.into()),
+        grace_period_seconds: grace,
+    };
+    // 0: gone at once.
+    within(
+        "delete now",
+        res.delete(with_token(del("now", Some(0)), &t)),
+    )
+    .await
+    .unwrap();
+    assert!(env.sim.object("", "pods", "default", "now").is_none());
+    // Absent: the pod's default grace period; it stays terminating for a while.
+    within(
+        "delete later",
+        res.delete(with_token(del("later", None), &t)),
+    )
+    .await
+    .unwrap();
+    let p = res
+        .get(with_token(get(&c, "pods", "default", "later"), &t))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        obj(&p)["metadata"]["deletionTimestamp"].is_string(),
+        "{}",
+        obj(&p)
+    );
+    env.shutdown().await;
+}

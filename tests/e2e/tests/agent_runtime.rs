@@ -761,7 +761,7 @@ async fn scale_restart_and_subresource_actions() {
         stored["spec"]["template"]["metadata"]["labels"]["app"], "d1",
         "labels kept"
     );
-    let mut missing = restart;
+    let mut missing = restart.clone();
     missing.name = Some("nope".into());
     assert_eq!(
         rt.restart(with_token(missing, &t))
@@ -770,6 +770,17 @@ async fn scale_restart_and_subresource_actions() {
             .code(),
         Code::NotFound
     );
+    env.sim
+        .create_object(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "plain", "namespace": "default"}}))
+        .unwrap();
+    let mut not_workload = restart;
+    not_workload.group = Some(String::new());
+    not_workload.resource = Some("configmaps".into());
+    not_workload.name = Some("plain".into());
+    let e = rt.restart(with_token(not_workload, &t)).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("spec.template"), "{e:?}");
 
     // PUT to the status subresource; the result comes back as a Struct.
     let mut obj = env
