@@ -51,6 +51,19 @@ pub struct Cli {
     /// Address for the /healthz and /readyz probes (off when unset).
     #[arg(long, env = "OTTER_HEALTH_LISTEN")]
     pub health_listen: Option<std::net::SocketAddr>,
+    /// Kubeconfig for the agent's own access to the cluster; without it,
+    /// `KUBECONFIG` or `~/.kube/config`, then the in-cluster ServiceAccount.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Most exec sessions open at once.
+    #[arg(long, env = "OTTER_MAX_EXEC_SESSIONS", default_value_t = 100)]
+    pub max_exec_sessions: usize,
+    /// Most port-forward sessions open at once.
+    #[arg(long, env = "OTTER_MAX_PORT_FORWARD_SESSIONS", default_value_t = 100)]
+    pub max_port_forward_sessions: usize,
+    /// Seconds without input or output after which a session is ended.
+    #[arg(long, env = "OTTER_SESSION_IDLE_SECS", default_value_t = 1800)]
+    pub session_idle_secs: u64,
 }
 
 /// Runs the agent until Ctrl-C or SIGTERM; returns the exit code.
@@ -65,7 +78,7 @@ pub async fn run(cli: Cli) -> i32 {
         },
         None => None,
     };
-    match start(cli) {
+    match start(cli).await {
         Ok(agent) => {
             if let Some(listener) = health {
                 agent.serve_health(listener);
@@ -81,7 +94,7 @@ pub async fn run(cli: Cli) -> i32 {
     }
 }
 
-fn start(cli: Cli) -> anyhow::Result<Agent> {
+async fn start(cli: Cli) -> anyhow::Result<Agent> {
     let ca = std::fs::read_to_string(&cli.hub_ca_file)
         .map_err(|e| anyhow::anyhow!("cannot read hub CA {}: {e}", cli.hub_ca_file.display()))?;
     // Pin the hub: the CA handed over with the manifest must be the one the
@@ -111,9 +124,27 @@ fn start(cli: Cli) -> anyhow::Result<Agent> {
     config.transports = cli.transports;
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
-    // The Kubernetes services are mounted here as they land; until then the
-    // agent answers every call with gRPC's own "unknown method".
-    Ok(Agent::start(config, tonic::service::Routes::default())?)
+    config.validate()?;
+    otter_pki::tls::install_default_provider();
+    // A KUBECONFIG that names several files is left to kube's own loader.
+    let single_file = cli
+        .kubeconfig
+        .filter(|p| !p.as_os_str().is_empty() && !p.to_string_lossy().contains(':'));
+    let kube_config = crate::kube::load_config(single_file.as_deref())
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let access = crate::kube::KubeAccess::new(kube_config).map_err(anyhow::Error::msg)?;
+    let mut services = crate::ServicesConfig::default();
+    services.runtime.sessions = crate::sessions::Limits {
+        max_exec: cli.max_exec_sessions,
+        max_port_forward: cli.max_port_forward_sessions,
+        idle: std::time::Duration::from_secs(cli.session_idle_secs.max(1)),
+    };
+    // kubectl's requests through the hub use the agent's own client; the
+    // proxy adds the caller's impersonation headers itself.
+    let proxy = crate::kube_proxy::KubeProxy::new(access.agent().clone());
+    let routes = crate::services(access, &config.cluster, services);
+    Ok(Agent::start_with_proxy(config, routes, Some(proxy))?)
 }
 
 async fn wait_for_signal() {

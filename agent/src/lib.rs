@@ -12,14 +12,59 @@
 //! - [`kube_proxy`] — kubectl's requests, forwarded by the hub, sent to the
 //!   local apiserver as the caller (impersonation).
 //! - [`health`] — `/healthz` and `/readyz` for the kubelet.
+//! - [`services`] — the gRPC services the agent serves, wired together:
+//!   - [`kube`] — the agent's Kubernetes client and the impersonating
+//!     clients per caller;
+//!   - [`resource`] — ResourceService; [`discovery`] — cached discovery
+//!     and OpenAPI schemas;
+//!   - [`runtime`] — RuntimeService; [`sessions`] — the exec and
+//!     port-forward session table, sans IO;
+//!   - [`status`] — Kubernetes errors as gRPC statuses, in one place;
+//!   - [`convert`] — JSON and `Struct`, manifests.
 
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod convert;
+pub mod discovery;
 pub mod enroll;
 pub mod health;
 pub mod kube_proxy;
+pub mod kube;
+pub mod resource;
+pub mod runtime;
+pub mod sessions;
+pub mod status;
 pub mod tunnel;
+
+/// Settings of the Kubernetes services.
+#[derive(Debug, Clone, Default)]
+pub struct ServicesConfig {
+    pub resource: resource::ResourceConfig,
+    pub runtime: runtime::RuntimeConfig,
+}
+
+/// ResourceService and RuntimeService for the agent of `cluster`, acting
+/// through `kube`. Call inside a tokio runtime (the session reaper starts).
+pub fn services(
+    kube: kube::KubeAccess,
+    cluster: &str,
+    config: ServicesConfig,
+) -> tonic::service::Routes {
+    use otter_proto::{
+        resource::v1::resource_service_server::ResourceServiceServer,
+        runtime::v1::runtime_service_server::RuntimeServiceServer,
+    };
+    let resources = resource::Resources::new(kube.clone(), config.resource);
+    let runtime = runtime::Runtime::new(kube, resources.catalog(), cluster, config.runtime);
+    // Requests: manifests up to 3 MiB, input chunks up to 4 MiB, plus room
+    // for the other fields.
+    let max = convert::MAX_MANIFEST.max(runtime::MAX_INPUT) + 64 * 1024;
+    tonic::service::Routes::new(
+        ResourceServiceServer::new(resources).max_decoding_message_size(max),
+    )
+    .add_service(RuntimeServiceServer::new(runtime).max_decoding_message_size(max))
+}
 
 pub use config::AgentConfig;
 pub use tunnel::{Agent, AgentStatus};

@@ -6,8 +6,11 @@
 //! - [`client_channel`] — a gRPC channel to the hub that trusts only its CA.
 //! - [`with_token`] — adds the bearer token to a request.
 //! - [`tools`] — third-party clients run as bounded subprocesses.
+//! - [`double`] — agents serving a test double; [`kube`] — an agent with
+//!   the real Kubernetes services against the Kubernetes API test server.
 
 pub mod double;
+pub mod kube;
 pub mod tools;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};

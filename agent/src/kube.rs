@@ -1,0 +1,309 @@
+//! The agent's Kubernetes access: one client with the agent's own
+//! credentials (in-cluster ServiceAccount, `--kubeconfig` or `KUBECONFIG`),
+//! and, per caller, a client that impersonates the caller the hub verified.
+//!
+//! Impersonated clients share the agent client's connection pool, TLS and
+//! token refresh: they are a thin layer that adds the `Impersonate-*`
+//! headers to every request. They are cached, a bounded number, least
+//! recently used first out.
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use http::{HeaderName, HeaderValue};
+use otter_tunnel::Caller;
+use tonic::Status;
+
+/// How many impersonating clients are kept.
+pub const DEFAULT_CLIENT_CACHE: usize = 256;
+
+/// The group every authenticated caller belongs to.
+pub const AUTHENTICATED: &str = "system:authenticated";
+
+/// Builds the agent's own client configuration: the kubeconfig file when
+/// given, else `KUBECONFIG` / `~/.kube/config`, else the in-cluster
+/// ServiceAccount.
+pub async fn load_config(kubeconfig: Option<&Path>) -> Result<kube::Config, String> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
+    };
+    // Watches, `logs -f`, exec and port-forward stay open as long as the
+    // caller wants: no read timeout on the connection. Unary calls are
+    // bounded by the caller's deadline instead.
+    config.read_timeout = None;
+    config.connect_timeout = Some(Duration::from_secs(10));
+    Ok(config)
+}
+
+/// Kubernetes clients for the agent and for its callers.
+#[derive(Clone)]
+pub struct KubeAccess {
+    agent: kube::Client,
+    cache: Arc<Mutex<ClientCache>>,
+}
+
+impl std::fmt::Debug for KubeAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeAccess").finish_non_exhaustive()
+    }
+}
+
+impl KubeAccess {
+    /// From the agent's own configuration.
+    pub fn new(config: kube::Config) -> Result<KubeAccess, String> {
+        let agent = kube::Client::try_from(config)
+            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+        Ok(Self::from_client(agent, DEFAULT_CLIENT_CACHE))
+    }
+
+    /// From a client, keeping at most `cache` impersonating clients.
+    pub fn from_client(agent: kube::Client, cache: usize) -> KubeAccess {
+        KubeAccess {
+            agent,
+            cache: Arc::new(Mutex::new(ClientCache::new(cache.max(1)))),
+        }
+    }
+
+    /// The agent's own client: only for what the agent itself needs
+    /// (discovery and OpenAPI documents, which every authenticated user may
+    /// read anyway).
+    pub fn agent(&self) -> &kube::Client {
+        &self.agent
+    }
+
+    /// A client acting as `caller`.
+    pub fn for_caller(&self, caller: &Caller) -> Result<kube::Client, Status> {
+        if caller.user.is_empty() {
+            return Err(Status::unauthenticated(
+                "the call carries no verified caller",
+            ));
+        }
+        if let Some(c) = self.cache.lock().map_err(poisoned)?.get(caller) {
+            return Ok(c);
+        }
+        let headers = Arc::new(impersonation_headers(caller)?);
+        let base = self.agent.clone();
+        let service = tower::service_fn(move |mut req: http::Request<kube::client::Body>| {
+            let (base, headers) = (base.clone(), headers.clone());
+            async move {
+                let h = req.headers_mut();
+                // Nothing upstream may choose the identity but us.
+                let stale: Vec<HeaderName> = h
+                    .keys()
+                    .filter(|n| n.as_str().starts_with("impersonate-"))
+                    .cloned()
+                    .collect();
+                for n in stale {
+                    h.remove(n);
+                }
+                for (name, value) in headers.iter() {
+                    h.append(name.clone(), value.clone());
+                }
+                base.send(req).await
+            }
+        });
+        let client = kube::Client::new(service, self.agent.default_namespace().to_owned());
+        self.cache
+            .lock()
+            .map_err(poisoned)?
+            .put(caller.clone(), client.clone());
+        Ok(client)
+    }
+}
+
+fn poisoned<T>(_: T) -> Status {
+    Status::internal("client cache lock poisoned")
+}
+
+/// The `Impersonate-*` headers for a caller: user; groups =
+/// `system:authenticated` plus the caller's; uid and extra when present.
+pub fn impersonation_headers(caller: &Caller) -> Result<Vec<(HeaderName, HeaderValue)>, Status> {
+    let value = |v: &str, what: &str| {
+        HeaderValue::from_str(v).map_err(|_| {
+            Status::invalid_argument(format!("caller {what} {v:?} is not a valid header value"))
+        })
+    };
+    let mut out = vec![(
+        HeaderName::from_static("impersonate-user"),
+        value(&caller.user, "user")?,
+    )];
+    if !caller.uid.is_empty() {
+        out.push((
+            HeaderName::from_static("impersonate-uid"),
+            value(&caller.uid, "uid")?,
+        ));
+    }
+    let mut groups: Vec<&str> = vec![AUTHENTICATED];
+    for g in &caller.groups {
+        if !groups.contains(&g.as_str()) {
+            groups.push(g);
+        }
+    }
+    for g in groups {
+        out.push((
+            HeaderName::from_static("impersonate-group"),
+            value(g, "group")?,
+        ));
+    }
+    for extra in &caller.extra {
+        let name = HeaderName::from_bytes(
+            format!("impersonate-extra-{}", encode_extra_key(&extra.key)).as_bytes(),
+        )
+        .map_err(|_| Status::invalid_argument(format!("caller extra key {:?}", extra.key)))?;
+        for v in &extra.values {
+            out.push((name.clone(), value(v, "extra value")?));
+        }
+    }
+    Ok(out)
+}
+
+/// Extra keys travel in the header name: lower case, percent-encoded where
+/// a header name cannot hold the character (header names are lower case,
+/// so the hex digits are too; the apiserver decodes either).
+fn encode_extra_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.to_lowercase().bytes() {
+        if b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'_'
+                    | b'.'
+                    | b'~'
+                    | b'!'
+                    | b'#'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'^'
+                    | b'`'
+                    | b'|'
+            )
+        {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02x}"));
+        }
+    }
+    out
+}
+
+/// A small least-recently-used map of clients.
+struct ClientCache {
+    max: usize,
+    tick: u64,
+    entries: HashMap<Caller, (u64, kube::Client)>,
+}
+
+impl ClientCache {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            tick: 0,
+            entries: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, caller: &Caller) -> Option<kube::Client> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries.get_mut(caller).map(|(used, c)| {
+            *used = tick;
+            c.clone()
+        })
+    }
+
+    fn put(&mut self, caller: Caller, client: kube::Client) {
+        self.tick += 1;
+        if self.entries.len() >= self.max
+            && !self.entries.contains_key(&caller)
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            self.entries.remove(&oldest);
+        }
+        self.entries.insert(caller, (self.tick, client));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use otter_tunnel::frame::Extra;
+
+    #[test]
+    fn headers_carry_user_groups_uid_and_extra() {
+        let caller = Caller {
+            user: "jane".into(),
+            groups: vec!["devs".into(), AUTHENTICATED.into()],
+            uid: "42".into(),
+            extra: vec![Extra {
+                key: "Scopes/Read".into(),
+                values: vec!["a".into(), "b".into()],
+            }],
+        };
+        let h = impersonation_headers(&caller).unwrap();
+        let pairs: Vec<(String, String)> = h
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let want = [
+            ("impersonate-user", "jane"),
+            ("impersonate-uid", "42"),
+            ("impersonate-group", AUTHENTICATED),
+            ("impersonate-group", "devs"),
+            ("impersonate-extra-scopes%2fread", "a"),
+            ("impersonate-extra-scopes%2fread", "b"),
+        ];
+        assert_eq!(
+            pairs,
+            want.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect::<Vec<_>>()
+        );
+        let bad = Caller {
+            user: "a\nb".into(),
+            ..Default::default()
+        };
+        assert!(impersonation_headers(&bad).is_err());
+    }
+
+    #[tokio::test]
+    async fn cache_is_bounded_and_keeps_recent_callers() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let access = KubeAccess::from_client(kube::Client::try_from(config).unwrap(), 2);
+        let who = |u: &str| Caller {
+            user: u.into(),
+            ..Default::default()
+        };
+        for u in ["a", "b", "a", "c"] {
+            access.for_caller(&who(u)).unwrap();
+        }
+        let cache = access.cache.lock().unwrap();
+        assert_eq!(cache.entries.len(), 2);
+        assert!(cache.entries.contains_key(&who("a")));
+        assert!(cache.entries.contains_key(&who("c")));
+        drop(cache);
+        match access.for_caller(&who("")) {
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unauthenticated),
+            Ok(_) => panic!("a call without a caller got a client"),
+        }
+    }
+}

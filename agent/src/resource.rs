@@ -1,0 +1,803 @@
+//! ResourceService on kube-rs: every call runs as the caller the hub
+//! verified (see [`crate::kube`]), against any resource type the cluster
+//! serves, built-in or custom.
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt};
+use kube::{
+    Api,
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams},
+    core::WatchEvent as KubeEvent,
+};
+use otter_proto::resource::v1::{
+    self as pb, Resource, resource_service_server::ResourceService, watch_event::Type,
+};
+use otter_tunnel::Caller;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    convert::{self, object_out, str_at},
+    discovery::{ApiEntry, Catalog},
+    kube::KubeAccess,
+    status::{from_kube, from_kube_status},
+};
+
+/// Settings of the resource service.
+#[derive(Debug, Clone)]
+pub struct ResourceConfig {
+    /// How long discovery is cached.
+    pub discovery_ttl: Duration,
+    /// How long OpenAPI documents are cached.
+    pub schema_ttl: Duration,
+    /// Each upstream watch asks the apiserver to end after this long
+    /// (the agent then resumes it from the last resourceVersion). Below 295 s.
+    pub upstream_watch_timeout: Duration,
+}
+
+impl Default for ResourceConfig {
+    fn default() -> Self {
+        Self {
+            discovery_ttl: Duration::from_secs(5 * 60),
+            schema_ttl: Duration::from_secs(10 * 60),
+            upstream_watch_timeout: Duration::from_secs(290),
+        }
+    }
+}
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Resources {
+    kube: KubeAccess,
+    catalog: Arc<Catalog>,
+    config: ResourceConfig,
+}
+
+impl Resources {
+    /// Starts the CRD watch of the discovery cache: call inside a runtime.
+    pub fn new(kube: KubeAccess, config: ResourceConfig) -> Self {
+        let catalog = Arc::new(Catalog::new(
+            kube.agent().clone(),
+            config.discovery_ttl,
+            config.schema_ttl,
+        ));
+        catalog.watch_crds();
+        Self {
+            kube,
+            catalog,
+            config,
+        }
+    }
+
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.clone()
+    }
+}
+
+/// The caller the hub verified; never anything from metadata.
+pub fn caller<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<Caller>()
+        .cloned()
+        .filter(|c| !c.user.is_empty())
+        .ok_or_else(|| Status::unauthenticated("the call carries no verified caller"))
+}
+
+/// A name that goes into a URL path: one segment, nothing that could step
+/// out of it.
+pub fn segment<'a>(v: &'a Option<String>, what: &str) -> Result<&'a str, Status> {
+    let s = v.as_deref().unwrap_or("");
+    if s.is_empty() {
+        return Err(Status::invalid_argument(format!("{what} is required")));
+    }
+    check_segment(s, what)?;
+    Ok(s)
+}
+
+/// Like [`segment`], for optional values ("" when absent).
+pub fn opt_segment<'a>(v: &'a Option<String>, what: &str) -> Result<&'a str, Status> {
+    let s = v.as_deref().unwrap_or("");
+    if !s.is_empty() {
+        check_segment(s, what)?;
+    }
+    Ok(s)
+}
+
+fn check_segment(s: &str, what: &str) -> Result<(), Status> {
+    let bad = s.len() > 253
+        || s == "."
+        || s == ".."
+        || s.chars().any(|c| {
+            c.is_control() || c.is_whitespace() || matches!(c, '/' | '?' | '#' | '%' | '\\')
+        });
+    if bad {
+        return Err(Status::invalid_argument(format!(
+            "{what} {s:?} is not a valid name"
+        )));
+    }
+    Ok(())
+}
+
+/// The API for one type, in `namespace` when the type is namespaced.
+/// `need_namespace`: single-object calls on namespaced types need one.
+pub fn api_for(
+    client: kube::Client,
+    entry: &ApiEntry,
+    namespace: &str,
+    need_namespace: bool,
+) -> Result<Api<DynamicObject>, Status> {
+    let ar = entry.api_resource();
+    if entry.namespaced {
+        if !namespace.is_empty() {
+            return Ok(Api::namespaced_with(client, namespace, &ar));
+        }
+        if need_namespace {
+            return Err(Status::invalid_argument(format!(
+                "namespace is required for {}",
+                entry.display()
+            )));
+        }
+    }
+    Ok(Api::all_with(client, &ar))
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, Status> {
+    serde_json::to_value(v).map_err(|e| Status::internal(format!("encoding an object: {e}")))
+}
+
+/// An object from the apiserver with apiVersion and kind filled in (list
+/// items may lack them).
+fn typed(mut v: Value, entry: &ApiEntry) -> Value {
+    if let Some(m) = v.as_object_mut() {
+        m.entry("apiVersion")
+            .or_insert_with(|| Value::String(entry.api_version()));
+        m.entry("kind")
+            .or_insert_with(|| Value::String(entry.kind.clone()));
+    }
+    v
+}
+
+fn is_crd(entry: &ApiEntry) -> bool {
+    entry.group == "apiextensions.k8s.io" && entry.resource == "customresourcedefinitions"
+}
+
+/// Checks a manifest against the type it is sent to and fills in what it
+/// leaves out; returns the namespace to use.
+fn prepare_manifest(obj: &mut Value, entry: &ApiEntry, namespace: &str) -> Result<String, Status> {
+    let api_version = entry.api_version();
+    match str_at(obj, "apiVersion") {
+        Some(v) if v != api_version => {
+            return Err(Status::invalid_argument(format!(
+                "manifest apiVersion {v:?} does not match the request's {api_version:?}"
+            )));
+        }
+        Some(_) => {}
+        None => obj["apiVersion"] = json!(api_version),
+    }
+    match str_at(obj, "kind") {
+        Some(k) if !entry.kind.is_empty() && k != entry.kind => {
+            return Err(Status::invalid_argument(format!(
+                "manifest kind {k:?} does not match {} (kind {:?})",
+                entry.display(),
+                entry.kind
+            )));
+        }
+        Some(_) => {}
+        None => obj["kind"] = json!(entry.kind),
+    }
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    if !entry.namespaced {
+        return Ok(String::new());
+    }
+    let in_manifest = str_at(obj, "metadata.namespace").unwrap_or("").to_owned();
+    let ns = match (namespace, in_manifest.as_str()) {
+        ("", "") => {
+            return Err(Status::invalid_argument(format!(
+                "namespace is required for {} (in the request or in metadata.namespace)",
+                entry.display()
+            )));
+        }
+        (r, m) if !r.is_empty() && !m.is_empty() && r != m => {
+            return Err(Status::invalid_argument(format!(
+                "the manifest's namespace {m:?} does not match the request's {r:?}"
+            )));
+        }
+        ("", m) => m.to_owned(),
+        (r, _) => r.to_owned(),
+    };
+    check_segment(&ns, "namespace")?;
+    obj["metadata"]["namespace"] = json!(ns);
+    Ok(ns)
+}
+
+fn dynamic(v: Value) -> Result<DynamicObject, Status> {
+    serde_json::from_value(v)
+        .map_err(|e| Status::invalid_argument(format!("manifest is not a Kubernetes object: {e}")))
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ResourceService for Resources {
+    async fn discovery(
+        &self,
+        request: Request<pb::DiscoveryRequest>,
+    ) -> Result<Response<pb::DiscoveryResponse>, Status> {
+        caller(&request)?;
+        let entries = self.catalog.entries().await?;
+        Ok(Response::new(pb::DiscoveryResponse {
+            api_resources: entries
+                .iter()
+                .map(|e| pb::ApiResource {
+                    group: Some(e.group.clone()),
+                    version: Some(e.version.clone()),
+                    resource: Some(e.resource.clone()),
+                    kind: Some(e.kind.clone()),
+                    namespaced: Some(e.namespaced),
+                    verbs: e.verbs.clone(),
+                    short_names: e.short_names.clone(),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn schema(
+        &self,
+        request: Request<pb::SchemaRequest>,
+    ) -> Result<Response<pb::SchemaResponse>, Status> {
+        caller(&request)?;
+        let r = request.into_inner();
+        let schema = self
+            .catalog
+            .schema(
+                r.group.as_deref().unwrap_or(""),
+                r.version.as_deref().unwrap_or(""),
+                r.kind.as_deref().unwrap_or(""),
+            )
+            .await?;
+        Ok(Response::new(pb::SchemaResponse {
+            schema: Some(convert::to_struct(schema)),
+        }))
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("list")?;
+        let ns = opt_segment(&r.namespace, "namespace")?;
+        let api = api_for(client, &entry, ns, false)?;
+        let limit = match r.limit {
+            None | Some(0) => None,
+            Some(n) if n < 0 => return Err(Status::invalid_argument("limit must be ≥ 0")),
+            Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+        };
+        let lp = ListParams {
+            label_selector: r.label_selector.filter(|s| !s.is_empty()),
+            field_selector: r.field_selector.filter(|s| !s.is_empty()),
+            limit,
+            continue_token: r.r#continue.filter(|s| !s.is_empty()),
+            ..Default::default()
+        };
+        let list = api.list(&lp).await.map_err(from_kube)?;
+        let items = list
+            .items
+            .iter()
+            .map(|o| to_json(o).map(|v| object_out(typed(v, &entry))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Response::new(pb::ListResponse {
+            resource_version: list.metadata.resource_version,
+            r#continue: Some(list.metadata.continue_.unwrap_or_default()),
+            remaining_item_count: list.metadata.remaining_item_count,
+            items,
+        }))
+    }
+
+    async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<Resource>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("get")?;
+        let name = segment(&r.name, "name")?;
+        let api = api_for(
+            client,
+            &entry,
+            opt_segment(&r.namespace, "namespace")?,
+            true,
+        )?;
+        let obj = api.get(name).await.map_err(from_kube)?;
+        Ok(Response::new(object_out(typed(to_json(&obj)?, &entry))))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("get")?;
+        let name = segment(&r.name, "name")?;
+        let ns = opt_segment(&r.namespace, "namespace")?;
+        let api = api_for(client.clone(), &entry, ns, true)?;
+        let obj = typed(to_json(&api.get(name).await.map_err(from_kube)?)?, &entry);
+        let uid = str_at(&obj, "metadata.uid").unwrap_or("").to_owned();
+        let events = if uid.is_empty() {
+            Vec::new()
+        } else {
+            self.events_of(client, &uid, if entry.namespaced { ns } else { "" })
+                .await?
+        };
+        Ok(Response::new(pb::DescribeResponse {
+            resource: Some(object_out(obj)),
+            events,
+        }))
+    }
+
+    async fn create(
+        &self,
+        request: Request<pb::CreateRequest>,
+    ) -> Result<Response<Resource>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("create")?;
+        let mut obj = convert::manifest(r.manifest.as_deref().unwrap_or_default())?;
+        let ns = prepare_manifest(&mut obj, &entry, opt_segment(&r.namespace, "namespace")?)?;
+        let api = api_for(client, &entry, &ns, true)?;
+        let created = api
+            .create(&PostParams::default(), &dynamic(obj)?)
+            .await
+            .map_err(from_kube)?;
+        if is_crd(&entry) {
+            self.catalog.invalidate().await;
+        }
+        Ok(Response::new(object_out(typed(to_json(&created)?, &entry))))
+    }
+
+    async fn apply(
+        &self,
+        request: Request<pb::ApplyRequest>,
+    ) -> Result<Response<Resource>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("patch")?;
+        let manager = r
+            .field_manager
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                Status::invalid_argument("field_manager is required for server-side apply")
+            })?;
+        if manager.len() > 128 {
+            return Err(Status::invalid_argument(
+                "field_manager is longer than 128 characters",
+            ));
+        }
+        let mut obj = convert::manifest(r.manifest.as_deref().unwrap_or_default())?;
+        let ns = prepare_manifest(&mut obj, &entry, opt_segment(&r.namespace, "namespace")?)?;
+        let name = name_for(&mut obj, &r.name)?;
+        let api = api_for(client, &entry, &ns, true)?;
+        let pp = PatchParams {
+            field_manager: Some(manager.to_owned()),
+            force: r.force.unwrap_or(false),
+            ..Default::default()
+        };
+        let applied = api
+            .patch(&name, &pp, &Patch::Apply(&obj))
+            .await
+            .map_err(from_kube)?;
+        if is_crd(&entry) {
+            self.catalog.invalidate().await;
+        }
+        Ok(Response::new(object_out(typed(to_json(&applied)?, &entry))))
+    }
+
+    async fn update(
+        &self,
+        request: Request<pb::UpdateRequest>,
+    ) -> Result<Response<Resource>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("update")?;
+        let wanted = segment(&r.name, "name")?.to_owned();
+        let mut obj = convert::manifest(r.manifest.as_deref().unwrap_or_default())?;
+        let ns = prepare_manifest(&mut obj, &entry, opt_segment(&r.namespace, "namespace")?)?;
+        match str_at(&obj, "metadata.name") {
+            Some(n) if n != wanted => {
+                return Err(Status::invalid_argument(format!(
+                    "metadata.name {n:?} of the manifest does not match the request's name {wanted:?}"
+                )));
+            }
+            Some(_) => {}
+            None => obj["metadata"]["name"] = json!(wanted),
+        }
+        let api = api_for(client, &entry, &ns, true)?;
+        let pp = PostParams {
+            field_manager: r.field_manager.filter(|m| !m.is_empty()),
+            ..Default::default()
+        };
+        let updated = api
+            .replace(&wanted, &pp, &dynamic(obj)?)
+            .await
+            .map_err(from_kube)?;
+        if is_crd(&entry) {
+            self.catalog.invalidate().await;
+        }
+        Ok(Response::new(object_out(typed(to_json(&updated)?, &entry))))
+    }
+
+    async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<()>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("delete")?;
+        let name = segment(&r.name, "name")?;
+        let api = api_for(
+            client,
+            &entry,
+            opt_segment(&r.namespace, "namespace")?,
+            true,
+        )?;
+        let grace = match r.grace_period_seconds {
+            None => None,
+            Some(g) if g < 0 => {
+                return Err(Status::invalid_argument("grace_period_seconds must be ≥ 0"));
+            }
+            Some(g) => Some(u32::try_from(g).unwrap_or(u32::MAX)),
+        };
+        let dp = DeleteParams {
+            grace_period_seconds: grace,
+            ..Default::default()
+        };
+        api.delete(name, &dp).await.map_err(from_kube)?;
+        if is_crd(&entry) {
+            self.catalog.invalidate().await;
+        }
+        Ok(Response::new(()))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
+        entry.require("watch")?;
+        let api = api_for(
+            client,
+            &entry,
+            opt_segment(&r.namespace, "namespace")?,
+            false,
+        )?;
+        let timeout = self.config.upstream_watch_timeout.as_secs().clamp(1, 294) as u32;
+        let wp = WatchParams {
+            label_selector: r.label_selector.filter(|s| !s.is_empty()),
+            field_selector: r.field_selector.filter(|s| !s.is_empty()),
+            timeout: Some(timeout),
+            bookmarks: true,
+            ..Default::default()
+        };
+        let rv = r.resource_version.filter(|s| !s.is_empty());
+        // The first upstream watch is opened before answering, so that a
+        // refusal (403, 404, 410) is the call's status.
+        let first = match api.watch(&wp, rv.as_deref().unwrap_or("")).await {
+            Ok(s) => s.boxed(),
+            Err(kube::Error::Api(s)) if s.code == 410 => {
+                let ev = error_event(&s)?;
+                return Ok(Response::new(futures::stream::iter([Ok(ev)]).boxed()));
+            }
+            Err(e) => return Err(from_kube(e)),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(watch_loop(api, wp, rv, first, entry, tx));
+        Ok(Response::new(receiver_stream(rx)))
+    }
+}
+
+impl Resources {
+    async fn resolve(
+        &self,
+        group: &Option<String>,
+        version: &Option<String>,
+        resource: &Option<String>,
+    ) -> Result<ApiEntry, Status> {
+        let g = opt_segment(group, "group")?;
+        let v = segment(version, "version")?;
+        let r = segment(resource, "resource")?;
+        self.catalog.resolve(g, v, r).await
+    }
+
+    /// Events whose involvedObject.uid is `uid`, in `namespace` ("" = all).
+    async fn events_of(
+        &self,
+        client: kube::Client,
+        uid: &str,
+        namespace: &str,
+    ) -> Result<Vec<Resource>, Status> {
+        let ar = kube::core::ApiResource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "Event".into(),
+            plural: "events".into(),
+        };
+        let api: Api<DynamicObject> = if namespace.is_empty() {
+            Api::all_with(client, &ar)
+        } else {
+            Api::namespaced_with(client, namespace, &ar)
+        };
+        let lp = ListParams::default()
+            .fields(&format!("involvedObject.uid={uid}"))
+            .limit(500);
+        let list = match api.list(&lp).await {
+            Ok(l) => l,
+            // Someone who may read the object but not events still gets the object.
+            Err(kube::Error::Api(s)) if s.code == 403 => return Ok(Vec::new()),
+            Err(e) => return Err(from_kube(e)),
+        };
+        let mut events = Vec::new();
+        for e in &list.items {
+            let mut v = to_json(e)?;
+            if str_at(&v, "involvedObject.uid") != Some(uid) {
+                continue;
+            }
+            if let Some(m) = v.as_object_mut() {
+                m.entry("apiVersion").or_insert_with(|| json!("v1"));
+                m.entry("kind").or_insert_with(|| json!("Event"));
+            }
+            events.push(object_out(v));
+        }
+        Ok(events)
+    }
+}
+
+/// The name for apply: the request's, the manifest's, or both when equal.
+fn name_for(obj: &mut Value, requested: &Option<String>) -> Result<String, Status> {
+    let in_manifest = str_at(obj, "metadata.name").unwrap_or("").to_owned();
+    let req = opt_segment(requested, "name")?;
+    let name = match (req, in_manifest.as_str()) {
+        ("", "") => {
+            return Err(Status::invalid_argument(
+                "name is required (in the request or in metadata.name)",
+            ));
+        }
+        (r, m) if !r.is_empty() && !m.is_empty() && r != m => {
+            return Err(Status::invalid_argument(format!(
+                "metadata.name {m:?} of the manifest does not match the request's name {r:?}"
+            )));
+        }
+        ("", m) => m.to_owned(),
+        (r, _) => r.to_owned(),
+    };
+    check_segment(&name, "name")?;
+    obj["metadata"]["name"] = json!(name);
+    Ok(name)
+}
+
+/// A stream over an mpsc receiver.
+pub fn receiver_stream<T: Send + 'static>(
+    mut rx: mpsc::Receiver<Result<T, Status>>,
+) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+fn error_event(s: &kube::core::Status) -> Result<pb::WatchEvent, Status> {
+    let mut v = to_json(s)?;
+    if let Some(m) = v.as_object_mut() {
+        m.entry("kind").or_insert_with(|| json!("Status"));
+        m.entry("apiVersion").or_insert_with(|| json!("v1"));
+    }
+    Ok(pb::WatchEvent {
+        r#type: Some(Type::Error as i32),
+        resource: Some(object_out(v)),
+        resource_version: None,
+    })
+}
+
+type Upstream = Pin<Box<dyn Stream<Item = Result<KubeEvent<DynamicObject>, kube::Error>> + Send>>;
+
+/// Passes events on for as long as the caller listens; when the apiserver
+/// ends the watch (its timeout, a dropped connection) it is opened again
+/// from the last resourceVersion seen, so nothing is lost or repeated. Only
+/// 410 (that version is gone) ends the stream, with an ERROR event.
+async fn watch_loop(
+    api: Api<DynamicObject>,
+    wp: WatchParams,
+    mut rv: Option<String>,
+    mut upstream: Upstream,
+    entry: ApiEntry,
+    tx: mpsc::Sender<Result<pb::WatchEvent, Status>>,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = tx.closed() => return,
+            n = upstream.next() => n,
+        };
+        let event = match next {
+            Some(Ok(KubeEvent::Added(o))) => object_event(Type::Added, &o, &entry, &mut rv),
+            Some(Ok(KubeEvent::Modified(o))) => object_event(Type::Modified, &o, &entry, &mut rv),
+            Some(Ok(KubeEvent::Deleted(o))) => object_event(Type::Deleted, &o, &entry, &mut rv),
+            Some(Ok(KubeEvent::Bookmark(b))) => {
+                rv = Some(b.metadata.resource_version.clone());
+                Ok(pb::WatchEvent {
+                    r#type: Some(Type::Bookmark as i32),
+                    resource: Some(object_out(json!({
+                        "apiVersion": entry.api_version(),
+                        "kind": entry.kind,
+                        "metadata": {"resourceVersion": b.metadata.resource_version},
+                    }))),
+                    resource_version: Some(b.metadata.resource_version),
+                })
+            }
+            Some(Ok(KubeEvent::Error(s))) if s.code == 410 => {
+                let _ = tx.send(error_event(&s)).await;
+                return;
+            }
+            Some(Ok(KubeEvent::Error(s))) => {
+                tracing::debug!(message = %s.message, "upstream watch error event; resuming");
+                match reopen(&api, &wp, &rv, &tx).await {
+                    Some(s) => upstream = s,
+                    None => return,
+                }
+                continue;
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "upstream watch broke; resuming");
+                match reopen(&api, &wp, &rv, &tx).await {
+                    Some(s) => upstream = s,
+                    None => return,
+                }
+                continue;
+            }
+            None => {
+                match reopen(&api, &wp, &rv, &tx).await {
+                    Some(s) => upstream = s,
+                    None => return,
+                }
+                continue;
+            }
+        };
+        if tx.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn object_event(
+    kind: Type,
+    o: &DynamicObject,
+    entry: &ApiEntry,
+    rv: &mut Option<String>,
+) -> Result<pb::WatchEvent, Status> {
+    if let Some(v) = &o.metadata.resource_version {
+        *rv = Some(v.clone());
+    }
+    Ok(pb::WatchEvent {
+        r#type: Some(kind as i32),
+        resource: Some(object_out(typed(to_json(o)?, entry))),
+        resource_version: o.metadata.resource_version.clone(),
+    })
+}
+
+/// Opens the watch again from `rv`, retrying transport failures with
+/// backoff for as long as the caller is there. None: the stream is over
+/// (caller gone, or the end was sent).
+async fn reopen(
+    api: &Api<DynamicObject>,
+    wp: &WatchParams,
+    rv: &Option<String>,
+    tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>,
+) -> Option<Upstream> {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let attempt = tokio::select! {
+            _ = tx.closed() => return None,
+            a = api.watch(wp, rv.as_deref().unwrap_or("")) => a,
+        };
+        match attempt {
+            Ok(s) => return Some(s.boxed()),
+            Err(kube::Error::Api(s)) if s.code == 410 => {
+                let _ = tx.send(error_event(&s)).await;
+                return None;
+            }
+            Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                let _ = tx.send(Err(from_kube_status(&s))).await;
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reopening the upstream watch failed; retrying");
+            }
+        }
+        tokio::select! {
+            _ = tx.closed() => return None,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(namespaced: bool) -> ApiEntry {
+        ApiEntry {
+            group: "apps".into(),
+            version: "v1".into(),
+            resource: "deployments".into(),
+            kind: "Deployment".into(),
+            namespaced,
+            verbs: vec![],
+            short_names: vec![],
+            subresources: vec![],
+        }
+    }
+
+    #[test]
+    fn manifests_are_checked_against_the_request() {
+        let mut m = json!({"metadata": {"name": "d"}});
+        assert_eq!(
+            prepare_manifest(&mut m, &entry(true), "ns1").unwrap(),
+            "ns1"
+        );
+        assert_eq!(m["apiVersion"], "apps/v1");
+        assert_eq!(m["kind"], "Deployment");
+        assert_eq!(m["metadata"]["namespace"], "ns1");
+
+        let mut m = json!({"metadata": {"name": "d", "namespace": "from-manifest"}});
+        assert_eq!(
+            prepare_manifest(&mut m, &entry(true), "").unwrap(),
+            "from-manifest"
+        );
+        let mut m = json!({"metadata": {"namespace": "a"}});
+        let e = prepare_manifest(&mut m, &entry(true), "b").unwrap_err();
+        assert!(e.message().contains("\"a\""), "{e:?}");
+        let mut m = json!({"metadata": {}});
+        assert!(prepare_manifest(&mut m, &entry(true), "").is_err());
+        let mut m = json!({"kind": "StatefulSet"});
+        assert!(prepare_manifest(&mut m, &entry(true), "x").is_err());
+        let mut m = json!({"apiVersion": "apps/v2"});
+        assert!(prepare_manifest(&mut m, &entry(true), "x").is_err());
+        let mut m = json!({"metadata": {"name": "n"}});
+        assert_eq!(
+            prepare_manifest(&mut m, &entry(false), "ignored").unwrap(),
+            ""
+        );
+        let mut m = json!({"metadata": {"namespace": "../x"}});
+        assert!(prepare_manifest(&mut m, &entry(true), "").is_err());
+    }
+
+    #[test]
+    fn names_stay_in_their_path_segment() {
+        for bad in ["a/b", "..", ".", "a?b", "a#b", "a%2f", "a b", "a\nb"] {
+            assert!(segment(&Some(bad.into()), "name").is_err(), "{bad:?}");
+        }
+        assert!(segment(&None, "name").is_err());
+        assert_eq!(segment(&Some("web-1.x".into()), "name").unwrap(), "web-1.x");
+        assert_eq!(opt_segment(&None, "namespace").unwrap(), "");
+    }
+
+    #[test]
+    fn apply_names_must_agree() {
+        let mut m = json!({"metadata": {"name": "a"}});
+        assert_eq!(name_for(&mut m, &None).unwrap(), "a");
+        assert!(name_for(&mut m, &Some("b".into())).is_err());
+        let mut m = json!({"metadata": {}});
+        assert_eq!(name_for(&mut m, &Some("c".into())).unwrap(), "c");
+        assert_eq!(m["metadata"]["name"], "c");
+        assert!(name_for(&mut json!({"metadata": {}}), &None).is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! An agent with the real Kubernetes services, against the Kubernetes API
+//! test server (kube-sim), behind a real hub and tunnel. Each test gets its
+//! own hub, test server and agent.
+
+use std::time::Duration;
+
+use kube_sim::{ADMIN_TOKEN, KubeSim, SimConfig};
+use otter_agent::{Agent, AgentConfig, ServicesConfig, config::Secret};
+use otter_proto::{
+    resource::v1::resource_service_client::ResourceServiceClient,
+    runtime::v1::runtime_service_client::RuntimeServiceClient,
+};
+use otter_tunnel::TransportKind;
+use tonic::transport::Channel;
+
+use crate::{
+    TestHub,
+    double::{WAIT, wait_connected},
+};
+
+/// The group of the hub's admin token; tests let it do everything.
+pub const HUB_ADMINS: &str = "otterscale:admins";
+
+/// Hub, test server and agent for one test.
+#[derive(Debug)]
+pub struct KubeEnv {
+    pub hub: TestHub,
+    pub sim: KubeSim,
+    pub agent: Agent,
+    pub channel: Channel,
+    pub cluster: String,
+}
+
+/// The test server's rules for every test: the hub admin may do anything.
+pub fn sim_config() -> SimConfig {
+    otter_pki::tls::install_default_provider();
+    SimConfig::default_with_admin()
+        .allow(&format!("group:{HUB_ADMINS}"), &["*"], &["*"], &["*"])
+        .bookmark_interval(Duration::from_millis(200))
+}
+
+impl KubeEnv {
+    /// Starts everything with default service settings.
+    pub async fn start(sim: SimConfig) -> KubeEnv {
+        Self::start_with(sim, |_| {}).await
+    }
+
+    /// Starts everything; `tweak` changes the agent's service settings.
+    pub async fn start_with(sim: SimConfig, tweak: impl FnOnce(&mut ServicesConfig)) -> KubeEnv {
+        Self::start_over(TransportKind::H2, sim, tweak).await
+    }
+
+    /// Like [`KubeEnv::start_with`], with the agent's tunnel over `transport`.
+    pub async fn start_over(
+        transport: TransportKind,
+        sim: SimConfig,
+        tweak: impl FnOnce(&mut ServicesConfig),
+    ) -> KubeEnv {
+        otter_pki::tls::install_default_provider();
+        let sim = KubeSim::start(sim).await.expect("kube-sim starts");
+        let hub = TestHub::start().await;
+        let cluster = "edge-1".to_owned();
+        // The agent's own identity may impersonate (the test server's admin),
+        // and reaches the API through a kubeconfig file, as with --kubeconfig.
+        let kubeconfig = hub.dir.path().join("agent-kubeconfig.yaml");
+        std::fs::write(&kubeconfig, sim.kubeconfig_yaml(ADMIN_TOKEN)).expect("write kubeconfig");
+        let kube_config = otter_agent::kube::load_config(Some(&kubeconfig))
+            .await
+            .expect("kubeconfig loads");
+        let access = otter_agent::kube::KubeAccess::new(kube_config).expect("kube client");
+        let mut services = ServicesConfig::default();
+        tweak(&mut services);
+        let routes = otter_agent::services(access, &cluster, services);
+
+        let token = hub.hub.mint_join_token(&cluster).expect("join token");
+        let mut config = AgentConfig::new(hub.api_url(), &cluster, "agent-0", hub.hub.ca_pem());
+        config.join_token = Secret(token);
+        config.transports = vec![transport];
+        config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+        config.backoff_base = Duration::from_millis(100);
+        config.backoff_cap = Duration::from_millis(800);
+        let agent = Agent::start(config, routes).expect("agent starts");
+        agent
+            .wait_for(WAIT, |s| s.connected.is_some())
+            .await
+            .expect("agent connects");
+        let channel = hub.channel().await;
+        wait_connected(&channel, &hub.admin_token, 1).await;
+        KubeEnv {
+            hub,
+            sim,
+            agent,
+            channel,
+            cluster,
+        }
+    }
+
+    /// A hub API token for `user` in `groups`.
+    pub fn token_for(&self, user: &str, groups: &[&str]) -> String {
+        let groups: Vec<String> = groups.iter().map(|g| (*g).to_owned()).collect();
+        self.hub
+            .hub
+            .mint_api_token(user, &groups)
+            .expect("mint token")
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.hub.admin_token
+    }
+
+    pub fn resources(&self) -> ResourceServiceClient<Channel> {
+        ResourceServiceClient::new(self.channel.clone())
+    }
+
+    pub fn runtime(&self) -> RuntimeServiceClient<Channel> {
+        RuntimeServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(8 * 1024 * 1024)
+            .max_encoding_message_size(8 * 1024 * 1024)
+    }
+
+    /// Stops the agent, the hub and the test server.
+    pub async fn shutdown(self) {
+        self.agent.shutdown().await;
+        self.hub.hub.shutdown().await;
+        self.sim.shutdown().await;
+    }
+}
+
+/// Bounds a step of a test.
+pub async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
