@@ -25,27 +25,47 @@ async fn kubectl_through_the_hub() {
     // The member cluster: hub admins may do anything, bob only read pods.
     let cfg = kube_sim::SimConfig::default_with_admin()
         .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
-        .allow("user:bob", &["get", "list", "watch"], &["pods"], &["default"])
+        .allow(
+            "user:bob",
+            &["get", "list", "watch"],
+            &["pods"],
+            &["default"],
+        )
         .pod("default", "web-0", &["web"]);
     let sim = kube_sim::KubeSim::start(cfg).await.unwrap();
     let hub = TestHub::start().await;
     let join = hub.hub.mint_join_token("edge-1").unwrap();
 
     // The agent talks to its apiserver with its own (impersonating) identity.
-    let kubeconfig = kube::config::Kubeconfig::from_yaml(&sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
-    let kcfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+    let kubeconfig =
+        kube::config::Kubeconfig::from_yaml(&sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
+    let kcfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
     let proxy = otter_agent::kube_proxy::KubeProxy::new(kube::Client::try_from(kcfg).unwrap());
     let mut config = otter_agent::AgentConfig::new(hub.api_url(), "edge-1", "a1", hub.hub.ca_pem());
     config.join_token = otter_agent::config::Secret(join);
-    let agent = otter_agent::Agent::start_with_proxy(config, tonic::service::Routes::default(), Some(proxy)).unwrap();
-    agent.wait_for(WAIT, |s| s.connected.is_some()).await.expect("agent connects");
+    let agent = otter_agent::Agent::start_with_proxy(
+        config,
+        tonic::service::Routes::default(),
+        Some(proxy),
+    )
+    .unwrap();
+    agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("agent connects");
     wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
 
     let dir = tempfile::tempdir().unwrap();
     let data = hub.data_dir();
     let kube_path = dir.path().join("kubeconfig");
     let bob = hub.hub.mint_api_token("bob", &["devs".into()]).unwrap();
-    let (url, tok, ca) = (hub.api_url().to_string(), data.join("admin-token"), data.join("ca.crt"));
+    let (url, tok, ca) = (
+        hub.api_url().to_string(),
+        data.join("admin-token"),
+        data.join("ca.crt"),
+    );
     let sim_handle = &sim;
     let (d, kp) = (dir.path().to_owned(), kube_path.clone());
     let otter_cmd = move |args: &[&str]| {
@@ -60,9 +80,23 @@ async fn kubectl_through_the_hub() {
     };
 
     let outputs = tokio::task::block_in_place(|| {
-        let (code, _, err) = otter_cmd(&["login", "--hub", &url, "--token-file", tok.to_str().unwrap(), "--ca-file", ca.to_str().unwrap()]);
+        let (code, _, err) = otter_cmd(&[
+            "login",
+            "--hub",
+            &url,
+            "--token-file",
+            tok.to_str().unwrap(),
+            "--ca-file",
+            ca.to_str().unwrap(),
+        ]);
         assert_eq!(code, 0, "{err}");
-        let (code, out, err) = otter_cmd(&["kubeconfig", "--cluster", "edge-1", "--kubeconfig", kube_path.to_str().unwrap()]);
+        let (code, out, err) = otter_cmd(&[
+            "kubeconfig",
+            "--cluster",
+            "edge-1",
+            "--kubeconfig",
+            kube_path.to_str().unwrap(),
+        ]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("otter-edge-1"), "{out}");
 
@@ -78,7 +112,15 @@ async fn kubectl_through_the_hub() {
         let (code, out, err) = run(&["apply", "--server-side", "-f", cm_file.to_str().unwrap()]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("configmap/cm1 serverside-applied"), "{out}");
-        let (code, out, err) = run(&["patch", "configmap", "cm1", "--type", "merge", "-p", r#"{"data":{"k":"v2"}}"#]);
+        let (code, out, err) = run(&[
+            "patch",
+            "configmap",
+            "cm1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"k":"v2"}}"#,
+        ]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("configmap/cm1 patched"), "{out}");
         let (code, out, _) = run(&["get", "configmap", "cm1", "-o", "jsonpath={.data.k}"]);
@@ -99,7 +141,10 @@ async fn kubectl_through_the_hub() {
         // Who the cluster sees: the hub's verified caller, impersonated.
         let (code, out, err) = run(&["auth", "whoami"]);
         assert_eq!(code, 0, "{err}");
-        assert!(out.contains("admin") && out.contains("otterscale:admins"), "{out}");
+        assert!(
+            out.contains("admin") && out.contains("otterscale:admins"),
+            "{out}"
+        );
 
         // Watch and follow, for a bounded time, while things happen.
         let watcher = std::thread::spawn({
@@ -113,7 +158,10 @@ async fn kubectl_through_the_hub() {
         let (code, _, err) = run(&["create", "-f", pod_file.to_str().unwrap()]);
         assert_eq!(code, 0, "{err}");
         let (watched, _) = watcher.join().unwrap();
-        assert!(watched.contains("web-0") && watched.contains("late"), "get -w saw: {watched}");
+        assert!(
+            watched.contains("web-0") && watched.contains("late"),
+            "get -w saw: {watched}"
+        );
         let follower = std::thread::spawn({
             let mut cmd = k(&["logs", "-f", "web-0"]);
             move || run_for(&mut cmd, Duration::from_secs(3))
@@ -121,22 +169,35 @@ async fn kubectl_through_the_hub() {
         std::thread::sleep(Duration::from_millis(1000));
         sim_handle.append_log("default", "web-0", "web", "hello through the hub");
         let (logs, _) = follower.join().unwrap();
-        assert!(logs.contains("hello through the hub"), "logs -f saw: {logs:?}");
+        assert!(
+            logs.contains("hello through the hub"),
+            "logs -f saw: {logs:?}"
+        );
 
         // A forbidden action fails the usual way, with the cluster's message.
         let (code, _, err) = run(&["--token", &bob, "get", "secrets"]);
         assert_ne!(code, 0);
-        assert!(err.contains("Forbidden") && err.contains("User \"bob\" cannot list resource \"secrets\""), "{err}");
+        assert!(
+            err.contains("Forbidden")
+                && err.contains("User \"bob\" cannot list resource \"secrets\""),
+            "{err}"
+        );
         let (code, out, _) = run(&["--token", &bob, "get", "pods"]);
         assert_eq!(code, 0);
         assert!(out.contains("web-0"));
         // A client cannot pick its identity: kubectl's --as is dropped at the hub.
         let (code, out, _) = run(&["--token", &bob, "auth", "whoami", "--as", "admin"]);
-        assert!(code != 0 || !out.contains("otterscale:admins"), "impersonation headers passed through: {out}");
+        assert!(
+            code != 0 || !out.contains("otterscale:admins"),
+            "impersonation headers passed through: {out}"
+        );
         // A bad token is refused at the hub.
         let (code, _, err) = run(&["--token", "ots_0000000000000000_bad", "get", "pods"]);
         assert_ne!(code, 0);
-        assert!(err.contains("Unauthorized") || err.contains("logged in"), "{err}");
+        assert!(
+            err.contains("Unauthorized") || err.contains("logged in"),
+            "{err}"
+        );
         watched
     });
     assert!(!outputs.is_empty());
