@@ -323,8 +323,14 @@ pub fn kubectl_133() -> Option<PathBuf> {
         .filter(|p| p.exists())
 }
 
-/// Runs a command with a time bound; returns (exit code, stdout, stderr).
-pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, String, String) {
+/// A spawned child with threads collecting its stdout and stderr.
+struct Captured {
+    child: std::process::Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+}
+
+fn spawn_captured(cmd: &mut std::process::Command) -> Captured {
     use std::io::Read;
     let mut child = cmd
         .stdin(std::process::Stdio::null())
@@ -332,18 +338,25 @@ pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, St
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let reader = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("stdout")));
+    let err = reader(Box::new(child.stderr.take().expect("stderr")));
+    Captured { child, out, err }
+}
+
+/// Runs a command with a time bound; returns (exit code, stdout, stderr).
+pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, String, String) {
+    let Captured {
+        mut child,
+        out,
+        err,
+    } = spawn_captured(cmd);
     let deadline = std::time::Instant::now() + limit;
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait") {
@@ -358,35 +371,24 @@ pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, St
     };
     (
         status.code().unwrap_or(-1),
-        o.join().unwrap_or_default(),
-        e.join().unwrap_or_default(),
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
     )
 }
 
 /// Runs a command that does not end by itself (`get -w`, `logs -f`) for
 /// `duration`, then stops it; returns what it printed (stdout, stderr).
 pub fn run_for(cmd: &mut std::process::Command, duration: Duration) -> (String, String) {
-    use std::io::Read;
-    let mut child = cmd
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let Captured {
+        mut child,
+        out,
+        err,
+    } = spawn_captured(cmd);
     std::thread::sleep(duration);
     let _ = child.kill();
     let _ = child.wait();
-    (o.join().unwrap_or_default(), e.join().unwrap_or_default())
+    (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
 }
