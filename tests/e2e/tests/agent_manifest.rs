@@ -158,6 +158,20 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
 
+    // The manifest's bindings take effect: the named admins may do anything,
+    // anyone else may not.
+    for (user, allowed) in [("carol@example.com", true), ("mallory", false)] {
+        let mut cmd = std::process::Command::new(kubectl_133().unwrap());
+        cmd.arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "secrets", "-A", "--as", user]);
+        let (code, out, err) =
+            tokio::task::spawn_blocking(move || run_bounded(&mut cmd, Duration::from_secs(60)))
+                .await
+                .unwrap();
+        assert_eq!(code == 0, allowed, "{user}: {out}{err}");
+    }
+
     // Every object reads back.
     let ns = "otterscale-system";
     let deployment = sim

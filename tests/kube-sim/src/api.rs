@@ -65,7 +65,8 @@ pub(crate) async fn dispatch(
         verb,
         &resource,
         rr.namespace.as_deref(),
-    ) {
+    ) && !rbac::bound_cluster_admin(&state.store, &ctx.who)
+    {
         return Err(rbac::forbidden(
             &ctx.who,
             verb,

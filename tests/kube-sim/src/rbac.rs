@@ -97,6 +97,27 @@ pub fn allowed(
     })
 }
 
+/// Whether a ClusterRoleBinding stored in the server makes `who`
+/// cluster-admin. The rules table is the test server's own RBAC model; this
+/// honours the one binding agent manifests create, so a manifest applied to
+/// the server grants what it would grant on a real cluster.
+pub fn bound_cluster_admin(store: &crate::store::Store, who: &Identity) -> bool {
+    let (bindings, _) = store.list("rbac.authorization.k8s.io", "clusterrolebindings", None);
+    bindings.iter().any(|b| {
+        b["roleRef"]["kind"] == "ClusterRole"
+            && b["roleRef"]["name"] == "cluster-admin"
+            && b["subjects"].as_array().is_some_and(|subjects| {
+                subjects.iter().any(|s| match s["kind"].as_str() {
+                    Some("User") => s["name"] == who.user.as_str(),
+                    Some("Group") => s["name"]
+                        .as_str()
+                        .is_some_and(|g| who.groups.iter().any(|x| x == g)),
+                    _ => false,
+                })
+            })
+    })
+}
+
 /// The apiserver's 403 wording.
 pub fn forbidden(
     who: &Identity,
