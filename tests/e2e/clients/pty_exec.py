@@ -1,0 +1,53 @@
+"""Drives `otter exec -it` through a real pseudo-terminal, as a person at a
+terminal would: types a command, resizes the window, exits with a code.
+
+argv: otter binary, pod, cluster. Environment: OTTER_CONFIG for the login.
+Prints one JSON line: {"output": ..., "code": ...}.
+"""
+
+import json
+import os
+import pty
+import select
+import struct
+import sys
+import termios
+import fcntl
+import time
+
+otter, pod, cluster = sys.argv[1:4]
+
+
+def read_until(fd, needle, limit=20.0):
+    buf = b""
+    end = time.time() + limit
+    while needle not in buf and time.time() < end:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(otter, [otter, "exec", "-it", pod, "-c", cluster, "--", "sh"])
+
+# Start at 24x80, as a terminal would.
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+time.sleep(1.0)
+os.write(fd, b"echo hi-from-the-pty\n")
+out = read_until(fd, b"hi-from-the-pty")
+# A window change: the kernel signals SIGWINCH, otter sends ResizeTTY.
+fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 132, 0, 0))
+time.sleep(1.0)
+os.write(fd, b"exit 3\n")
+out += read_until(fd, b"\x00", limit=5.0)
+_, status = os.waitpid(pid, 0)
+code = os.waitstatus_to_exitcode(status)
+print(json.dumps({"output": out.decode(errors="replace"), "code": code}))
