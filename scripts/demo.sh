@@ -118,6 +118,13 @@ IFS= read -r -t 10 reply <&3 || reply="(no reply)"
 exec 3>&-
 echo "sent 'ping through the tunnel', got back '$reply'"
 
+if [ -n "$kubectl_133" ]; then
+    echo
+    echo "\$ otter kubeconfig --cluster edge-2 && kubectl get deploy,pods   (kubectl through the hub)"
+    "$bin/otter" kubeconfig --cluster edge-2 --kubeconfig "$demo/kubeconfig" >/dev/null
+    "$kubectl_133" --kubeconfig "$demo/kubeconfig" get deploy,pods
+fi
+
 cat <<EOF2
 
 == the demo is running; try it yourself (Ctrl-C stops everything):
@@ -126,7 +133,7 @@ cat <<EOF2
    $bin/otter get deploy -c edge-2
    $bin/otter logs web-0 -c edge-1 -f
    $bin/otter exec -it tools -c edge-1 -- sh
-   kubectl for a cluster: see the README (otter kubeconfig, once the kubectl proxy lands)
+   $bin/otter kubeconfig --all --kubeconfig $demo/kubeconfig && kubectl --kubeconfig $demo/kubeconfig --context otter-edge-1 get pods
    hub log: $demo/hub.log   agent logs: $demo/edge-*-agent.log
 EOF2
 while true; do sleep 3600; done

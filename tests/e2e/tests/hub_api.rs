@@ -659,3 +659,39 @@ fn frame(msg: &[u8]) -> Vec<u8> {
     out.extend_from_slice(msg);
     out
 }
+
+/// Local development without TLS: `--api-plaintext` serves gRPC over h2c
+/// (prior knowledge) and Connect over plain HTTP/1.1 on the API port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_api_serves_h2c_and_http1() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| c.api_plaintext = true).await;
+    let addr = hub.hub.api_addr;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let links = otter_proto::link::v1::link_service_client::LinkServiceClient::new(channel)
+        .list_links(otter_e2e::with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap();
+    assert!(links.get_ref().links.is_empty());
+
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = send
+        .send_request(post(
+            "/otterscale.link.v1.LinkService/ListLinks",
+            "application/json",
+            Some(&hub.admin_token),
+            "{}",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    hub.hub.shutdown().await;
+}
