@@ -57,7 +57,7 @@ impl AgentConfig {
             join_token: Secret::default(),
             hub_ca_pem: hub_ca_pem.to_owned(),
             rancher_project_id: String::new(),
-            transports: vec![TransportKind::Quic, TransportKind::H2],
+            transports: vec![TransportKind::Quic, TransportKind::H2, TransportKind::Ws],
             state_dir: None,
             keepalive: Keepalive::default(),
             connect_timeout: Duration::from_secs(10),

@@ -355,9 +355,22 @@ async fn dial(
                 h2::dial(addr, name, Arc::new(client(h2::ALPN)?), settings).await?,
             ))
         }
-        other => Err(AgentError::Config(format!(
-            "transport {other} is not available in this build"
-        ))),
+        TransportKind::Ws => {
+            let settings = H2Settings {
+                keepalive: config.keepalive,
+                connect_timeout: config.connect_timeout,
+                ..Default::default()
+            };
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| AgentError::Config(format!("tunnel host {host}: {e}")))?;
+            let tls = Arc::new(client(otter_tunnel::ws::ALPN)?);
+            Ok(Box::new(
+                otter_tunnel::ws::dial(addr, name, tls, settings).await?,
+            ))
+        }
+        TransportKind::Mem => Err(AgentError::Config(
+            "the in-memory transport is for tests".into(),
+        )),
     }
 }
 

@@ -126,12 +126,12 @@ impl HubConfig {
         })
     }
 
-    /// Tunnel URLs, defaulting to QUIC then HTTP/2 on localhost.
+    /// Tunnel URLs, defaulting to QUIC, then HTTP/2, then WebSocket on localhost.
     pub fn tunnel_urls(&self, tunnel_port: u16) -> Vec<Url> {
         if !self.tunnel_urls.is_empty() {
             return self.tunnel_urls.clone();
         }
-        ["quic", "h2"]
+        ["quic", "h2", "wss"]
             .iter()
             .map(|s| Url::parse(&format!("{s}://localhost:{tunnel_port}")).expect("valid URL"))
             .collect()

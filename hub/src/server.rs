@@ -122,7 +122,7 @@ impl Hub {
             &key,
             ca.cert_pem(),
             tls::ClientAuth::Required,
-            &[h2::ALPN],
+            &[h2::ALPN, otter_tunnel::ws::ALPN],
         )?;
         let quic_tls = tls::server_config(
             &cert,

@@ -78,6 +78,16 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 
 /// Runs the HTTP/2 client on a connection the agent dialled.
 pub async fn hub_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2Opener> {
+    hub_handshake_as(io, settings, TransportKind::H2).await
+}
+
+/// Like [`hub_handshake`], on a byte stream of another transport (`kind`),
+/// such as a WebSocket.
+pub async fn hub_handshake_as(
+    io: Box<dyn Io>,
+    settings: H2Settings,
+    kind: TransportKind,
+) -> Result<H2Opener> {
     let (send, mut conn) = client::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
@@ -112,6 +122,7 @@ pub async fn hub_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2Op
         closed,
         reason,
         rtt,
+        kind,
     })
 }
 
@@ -121,6 +132,7 @@ pub struct H2Opener {
     closed: CancellationToken,
     reason: Arc<Mutex<String>>,
     rtt: Arc<Mutex<Option<Duration>>>,
+    kind: TransportKind,
 }
 
 impl std::fmt::Debug for H2Opener {
@@ -177,7 +189,7 @@ impl Opener for H2Opener {
     }
 
     fn kind(&self) -> TransportKind {
-        TransportKind::H2
+        self.kind
     }
 }
 
@@ -225,18 +237,31 @@ pub async fn accept_loop(
             let handshake = async {
                 let tls = acceptor.accept(tcp).await?;
                 let (_, conn) = tls.get_ref();
-                if conn.alpn_protocol() != Some(ALPN) {
-                    return Err(TunnelError::protocol(
-                        "client did not negotiate the tunnel ALPN",
-                    ));
-                }
                 let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
-                let opener = hub_handshake(Box::new(tls), settings).await?;
+                // The same port serves HTTP/2 directly and HTTP/2 inside a
+                // WebSocket; ALPN tells them apart.
+                let (opener, transport) = match conn.alpn_protocol() {
+                    Some(p) if p == ALPN => (
+                        hub_handshake(Box::new(tls), settings).await?,
+                        TransportKind::H2,
+                    ),
+                    Some(p) if p == crate::ws::ALPN => {
+                        let ws = crate::ws::accept(Box::new(tls)).await?;
+                        let opener =
+                            hub_handshake_as(Box::new(ws), settings, TransportKind::Ws).await?;
+                        (opener, TransportKind::Ws)
+                    }
+                    _ => {
+                        return Err(TunnelError::protocol(
+                            "client did not negotiate a tunnel ALPN",
+                        ));
+                    }
+                };
                 Ok::<_, TunnelError>(Accepted {
                     opener: Arc::new(opener),
                     peer_cert,
                     remote,
-                    transport: TransportKind::H2,
+                    transport,
                 })
             };
             let accepted = tokio::select! {
@@ -281,6 +306,15 @@ pub async fn dial(
 
 /// Runs the HTTP/2 server on a connection to the hub.
 pub async fn agent_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2Acceptor> {
+    agent_handshake_as(io, settings, TransportKind::H2).await
+}
+
+/// Like [`agent_handshake`], on a byte stream of another transport.
+pub async fn agent_handshake_as(
+    io: Box<dyn Io>,
+    settings: H2Settings,
+    kind: TransportKind,
+) -> Result<H2Acceptor> {
     let mut conn = server::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
@@ -309,6 +343,7 @@ pub async fn agent_handshake(io: Box<dyn Io>, settings: H2Settings) -> Result<H2
         dead,
         reason,
         rtt,
+        kind,
     })
 }
 
@@ -319,6 +354,7 @@ pub struct H2Acceptor {
     dead: CancellationToken,
     reason: Arc<Mutex<String>>,
     rtt: Arc<Mutex<Option<Duration>>>,
+    kind: TransportKind,
 }
 
 impl std::fmt::Debug for H2Acceptor {
@@ -369,7 +405,7 @@ impl Acceptor for H2Acceptor {
     }
 
     fn kind(&self) -> TransportKind {
-        TransportKind::H2
+        self.kind
     }
 }
 

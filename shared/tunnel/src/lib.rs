@@ -5,8 +5,9 @@
 //! - [`transport`] — the two halves of a tunnel as traits: the hub's
 //!   [`Opener`] and the agent's [`Acceptor`], and the [`TunnelStream`] they
 //!   hand out; [`TransportKind`] and the keepalive settings.
-//! - [`quic`], [`h2`], [`mem`] — one file per transport: QUIC streams
-//!   (quinn), HTTP/2 streams over TLS/TCP (h2), and in-memory pipes for tests.
+//! - [`quic`], [`h2`], [`ws`], [`mem`] — one file per transport: QUIC
+//!   streams (quinn), HTTP/2 streams over TLS/TCP (h2), the same HTTP/2 over
+//!   a WebSocket (for HTTPS-only networks), and in-memory pipes for tests.
 //! - [`frame`] — sans-IO framing of a stream: typed, length-prefixed chunks
 //!   with hard size limits.
 //! - [`http`] — HTTP exchanges over one stream: the hub side
@@ -24,6 +25,7 @@ pub mod http;
 pub mod mem;
 pub mod quic;
 pub mod transport;
+pub mod ws;
 
 pub use frame::Caller;
 pub use transport::{Acceptor, Keepalive, Opener, TransportKind, TunnelStream};

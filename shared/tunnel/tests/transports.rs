@@ -147,7 +147,37 @@ async fn connect(kind: &str, dropped: Arc<AtomicBool>) -> Arc<dyn Opener> {
         .unwrap()
     };
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    if kind == "quic" {
+    if kind == "ws" {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let settings = H2Settings::default();
+        let tls = tls::server_config(
+            &p.server.0,
+            &p.server.1,
+            p.ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[h2::ALPN, otter_tunnel::ws::ALPN],
+        )
+        .unwrap();
+        tokio::spawn(h2::accept_loop(
+            listener,
+            Arc::new(tls),
+            settings,
+            tx,
+            shutdown,
+        ));
+        let name = "localhost".try_into().unwrap();
+        let acceptor = otter_tunnel::ws::dial(
+            addr,
+            name,
+            Arc::new(client(otter_tunnel::ws::ALPN)),
+            settings,
+        )
+        .await
+        .unwrap();
+        assert_eq!(acceptor.kind(), otter_tunnel::TransportKind::Ws);
+        spawn_agent(acceptor, dropped);
+    } else if kind == "quic" {
         let settings = QuicSettings::default();
         let endpoint = quic::hub_endpoint(addr, server(quic::ALPN), &settings).unwrap();
         let addr = endpoint.local_addr().unwrap();
@@ -270,4 +300,10 @@ async fn h2_transport() {
 async fn quic_transport() {
     tls::install_default_provider();
     scenarios("quic").await;
+}
+
+#[tokio::test]
+async fn ws_transport() {
+    tls::install_default_provider();
+    scenarios("ws").await;
 }

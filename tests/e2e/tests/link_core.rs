@@ -267,6 +267,11 @@ async fn link_core_over_quic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_core_over_websocket() {
+    link_core(TransportKind::Ws).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_core_over_h2() {
     link_core(TransportKind::H2).await;
 }

@@ -1,0 +1,168 @@
+//! WebSocket over TLS: for networks where only HTTPS gets out (corporate
+//! proxies, load balancers that speak HTTP/1.1). The WebSocket carries a
+//! byte stream, and HTTP/2 runs on it exactly as on the TLS transport, so
+//! calls keep their own streams and flow-control windows.
+//!
+//! It shares the TLS tunnel port: the agent offers ALPN `http/1.1` and asks
+//! for an upgrade on [`PATH`]; the hub tells it apart from the HTTP/2
+//! transport by ALPN.
+
+use std::{
+    io,
+    pin::Pin,
+    task::{Context, Poll, ready},
+};
+
+use bytes::{Buf, Bytes};
+use futures::{Sink, Stream};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::{
+    WebSocketStream,
+    tungstenite::{Message, protocol::WebSocketConfig},
+};
+
+use crate::{Result, TunnelError, h2::Io};
+
+/// ALPN the agent offers for this transport.
+pub const ALPN: &[u8] = b"http/1.1";
+/// Request path of the tunnel upgrade.
+pub const PATH: &str = "/otter/tunnel";
+/// Largest WebSocket message either side accepts; HTTP/2 frames are smaller.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
+
+/// WebSocket limits of both ends.
+pub fn config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE))
+}
+
+/// A WebSocket as a byte stream: writes become binary messages, binary
+/// messages are read back as bytes. Pings are answered by the WebSocket
+/// layer; a close ends the stream.
+pub struct WsIo<S> {
+    ws: WebSocketStream<S>,
+    buf: Bytes,
+}
+
+impl<S> std::fmt::Debug for WsIo<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WsIo")
+    }
+}
+
+impl<S> WsIo<S> {
+    pub fn new(ws: WebSocketStream<S>) -> Self {
+        Self {
+            ws,
+            buf: Bytes::new(),
+        }
+    }
+}
+
+fn ws_err(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionReset, e)
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsIo<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.buf.is_empty() {
+                let n = self.buf.len().min(out.remaining());
+                out.put_slice(&self.buf[..n]);
+                self.buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut self.ws).poll_next(cx)) {
+                None | Some(Ok(Message::Close(_))) => return Poll::Ready(Ok(())),
+                Some(Ok(Message::Binary(b))) => self.buf = b,
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Poll::Ready(Err(ws_err(e))),
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        ready!(Pin::new(&mut self.ws).poll_ready(cx)).map_err(ws_err)?;
+        let n = data.len().min(MAX_MESSAGE / 2);
+        Pin::new(&mut self.ws)
+            .start_send(Message::Binary(Bytes::copy_from_slice(&data[..n])))
+            .map_err(ws_err)?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.ws).poll_flush(cx).map_err(ws_err)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.ws).poll_close(cx).map_err(ws_err)
+    }
+}
+
+/// Hub side: completes the upgrade on an accepted TLS connection, refusing
+/// any other path.
+// The callback's error type is tungstenite's own (an HTTP response).
+#[allow(clippy::result_large_err)]
+pub async fn accept(io: Box<dyn Io>) -> Result<WsIo<Box<dyn Io>>> {
+    use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+    let check = |req: &Request, resp: Response| -> std::result::Result<Response, ErrorResponse> {
+        if req.uri().path() == PATH {
+            Ok(resp)
+        } else {
+            let mut e = ErrorResponse::new(Some("not a tunnel endpoint".into()));
+            *e.status_mut() = http::StatusCode::NOT_FOUND;
+            Err(e)
+        }
+    };
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(io, check, Some(config()))
+        .await
+        .map_err(|e| TunnelError::protocol(format!("WebSocket upgrade: {e}")))?;
+    Ok(WsIo::new(ws))
+}
+
+/// Agent side: upgrades a TLS connection to the hub's tunnel WebSocket.
+pub async fn connect(io: Box<dyn Io>, host: &str, port: u16) -> Result<WsIo<Box<dyn Io>>> {
+    let url = format!("wss://{host}:{port}{PATH}");
+    let (ws, _) = tokio_tungstenite::client_async_with_config(url, io, Some(config()))
+        .await
+        .map_err(|e| TunnelError::protocol(format!("WebSocket upgrade: {e}")))?;
+    Ok(WsIo::new(ws))
+}
+
+/// Dials the hub's tunnel port, verifies it with `tls` (which must offer
+/// [`ALPN`]), upgrades to the tunnel WebSocket and serves HTTP/2 on it.
+pub async fn dial(
+    addr: std::net::SocketAddr,
+    server_name: rustls::pki_types::ServerName<'static>,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    settings: crate::h2::H2Settings,
+) -> Result<crate::h2::H2Acceptor> {
+    let host = match &server_name {
+        rustls::pki_types::ServerName::DnsName(d) => d.as_ref().to_owned(),
+        rustls::pki_types::ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
+        _ => addr.ip().to_string(),
+    };
+    let connect = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let _ = tcp.set_nodelay(true);
+        let tls = tokio_rustls::TlsConnector::from(tls)
+            .connect(server_name, tcp)
+            .await?;
+        let ws = connect(Box::new(tls), &host, addr.port()).await?;
+        crate::h2::agent_handshake_as(Box::new(ws), settings, crate::TransportKind::Ws).await
+    };
+    tokio::time::timeout(settings.connect_timeout, connect)
+        .await
+        .map_err(|_| TunnelError::Timeout("WebSocket tunnel handshake"))?
+}
