@@ -36,7 +36,7 @@ pub struct Cli {
         long,
         env = "OTTER_TRANSPORTS",
         value_delimiter = ',',
-        default_value = "quic,h2"
+        default_value = "quic,h2,ws"
     )]
     pub transports: Vec<TransportKind>,
     /// Tunnel keepalive interval in seconds.
