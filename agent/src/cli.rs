@@ -39,6 +39,10 @@ pub struct Cli {
         default_value = "quic,h2,ws"
     )]
     pub transports: Vec<TransportKind>,
+    /// HTTP CONNECT proxy (`http://[user:pass@]host:port`); without it,
+    /// `HTTPS_PROXY` / `HTTP_PROXY` and `NO_PROXY` are honoured.
+    #[arg(long, env = "OTTER_PROXY")]
+    pub proxy: Option<Url>,
     /// Tunnel keepalive interval in seconds.
     #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
     pub keepalive_secs: u64,
@@ -122,6 +126,15 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     config.state_dir = cli.state_dir;
     config.rancher_project_id = cli.rancher_project_id;
     config.transports = cli.transports;
+    config.proxy = match cli.proxy {
+        Some(url) => {
+            let no_proxy = std::env::var("NO_PROXY")
+                .or_else(|_| std::env::var("no_proxy"))
+                .unwrap_or_default();
+            Some(otter_tunnel::proxy::Proxy::new(url, &no_proxy)?)
+        }
+        None => otter_tunnel::proxy::Proxy::from_env().transpose()?,
+    };
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
     config.validate()?;

@@ -40,6 +40,8 @@ pub struct AgentConfig {
     pub keepalive: Keepalive,
     /// Bound of one transport's dial before the next is tried.
     pub connect_timeout: Duration,
+    /// HTTP CONNECT proxy for the TCP transports (QUIC is skipped through one).
+    pub proxy: Option<otter_tunnel::proxy::Proxy>,
     /// First reconnect delay ceiling and the cap.
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
@@ -61,6 +63,7 @@ impl AgentConfig {
             state_dir: None,
             keepalive: Keepalive::default(),
             connect_timeout: Duration::from_secs(10),
+            proxy: None,
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(30),
             renew_at: 2.0 / 3.0,

@@ -334,10 +334,40 @@ async fn dial(
             &[alpn],
         )
     };
+    let proxy = config
+        .proxy
+        .as_ref()
+        .filter(|p| !p.bypass(&host, addr.port()));
+    let h2_settings = H2Settings {
+        keepalive: config.keepalive,
+        connect_timeout: config.connect_timeout,
+        ..Default::default()
+    };
+    let server_name = || {
+        rustls::pki_types::ServerName::try_from(host.clone())
+            .map_err(|e| AgentError::Config(format!("tunnel host {host}: {e}")))
+    };
+    // TCP to the hub, or through the proxy.
+    let tcp = async || -> Result<tokio::net::TcpStream> {
+        let connect = otter_tunnel::proxy::tcp(&host, addr.port(), addr, proxy);
+        let (tcp, _) = tokio::time::timeout(config.connect_timeout, connect)
+            .await
+            .map_err(|_| {
+                AgentError::Connect(format!("TCP connect to {host}:{} timed out", addr.port()))
+            })??;
+        Ok(tcp)
+    };
     match kind {
         TransportKind::Quic => {
+            if let Some(p) = proxy {
+                return Err(AgentError::Connect(format!(
+                    "QUIC skipped: traffic goes through the proxy {}",
+                    p.display()
+                )));
+            }
             let settings = QuicSettings {
                 keepalive: config.keepalive,
+                connect_timeout: config.connect_timeout,
                 ..Default::default()
             };
             Ok(Box::new(
@@ -345,27 +375,17 @@ async fn dial(
             ))
         }
         TransportKind::H2 => {
-            let settings = H2Settings {
-                keepalive: config.keepalive,
-                ..Default::default()
-            };
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| AgentError::Config(format!("tunnel host {host}: {e}")))?;
+            let tls = Arc::new(client(h2::ALPN)?);
             Ok(Box::new(
-                h2::dial(addr, name, Arc::new(client(h2::ALPN)?), settings).await?,
+                h2::dial_tcp(tcp().await?, server_name()?, tls, h2_settings).await?,
             ))
         }
         TransportKind::Ws => {
-            let settings = H2Settings {
-                keepalive: config.keepalive,
-                connect_timeout: config.connect_timeout,
-                ..Default::default()
-            };
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| AgentError::Config(format!("tunnel host {host}: {e}")))?;
             let tls = Arc::new(client(otter_tunnel::ws::ALPN)?);
+            let tcp = tcp().await?;
             Ok(Box::new(
-                otter_tunnel::ws::dial(addr, name, tls, settings).await?,
+                otter_tunnel::ws::dial_tcp(tcp, addr.port(), server_name()?, tls, h2_settings)
+                    .await?,
             ))
         }
         TransportKind::Mem => Err(AgentError::Config(

@@ -291,6 +291,21 @@ pub async fn dial(
     let connect = async {
         let tcp = TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
+        dial_tcp(tcp, server_name, tls, settings).await
+    };
+    tokio::time::timeout(settings.connect_timeout, connect)
+        .await
+        .map_err(|_| TunnelError::Timeout("TLS tunnel handshake"))?
+}
+
+/// Like [`dial`], over a TCP connection already open (through a proxy).
+pub async fn dial_tcp(
+    tcp: TcpStream,
+    server_name: rustls::pki_types::ServerName<'static>,
+    tls: Arc<rustls::ClientConfig>,
+    settings: H2Settings,
+) -> Result<H2Acceptor> {
+    let connect = async {
         let tls = TlsConnector::from(tls).connect(server_name, tcp).await?;
         if tls.get_ref().1.alpn_protocol() != Some(ALPN) {
             return Err(TunnelError::protocol(

@@ -23,6 +23,7 @@ pub mod frame;
 pub mod h2;
 pub mod http;
 pub mod mem;
+pub mod proxy;
 pub mod quic;
 pub mod transport;
 pub mod ws;

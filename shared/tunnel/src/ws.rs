@@ -148,18 +148,35 @@ pub async fn dial(
     tls: std::sync::Arc<rustls::ClientConfig>,
     settings: crate::h2::H2Settings,
 ) -> Result<crate::h2::H2Acceptor> {
+    let tcp = tokio::time::timeout(
+        settings.connect_timeout,
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    .map_err(|_| TunnelError::Timeout("WebSocket tunnel connect"))??;
+    let _ = tcp.set_nodelay(true);
+    dial_tcp(tcp, addr.port(), server_name, tls, settings).await
+}
+
+/// Like [`dial`], over a TCP connection already open (through a proxy) to
+/// the hub's `port`.
+pub async fn dial_tcp(
+    tcp: tokio::net::TcpStream,
+    port: u16,
+    server_name: rustls::pki_types::ServerName<'static>,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    settings: crate::h2::H2Settings,
+) -> Result<crate::h2::H2Acceptor> {
     let host = match &server_name {
         rustls::pki_types::ServerName::DnsName(d) => d.as_ref().to_owned(),
         rustls::pki_types::ServerName::IpAddress(ip) => std::net::IpAddr::from(*ip).to_string(),
-        _ => addr.ip().to_string(),
+        _ => "localhost".to_owned(),
     };
     let connect = async {
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
-        let _ = tcp.set_nodelay(true);
         let tls = tokio_rustls::TlsConnector::from(tls)
             .connect(server_name, tcp)
             .await?;
-        let ws = connect(Box::new(tls), &host, addr.port()).await?;
+        let ws = connect(Box::new(tls), &host, port).await?;
         crate::h2::agent_handshake_as(Box::new(ws), settings, crate::TransportKind::Ws).await
     };
     tokio::time::timeout(settings.connect_timeout, connect)

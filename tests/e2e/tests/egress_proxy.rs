@@ -1,0 +1,164 @@
+//! Agents behind an HTTP CONNECT proxy (tinyproxy, started here on
+//! loopback): QUIC is skipped with the reason said, HTTP/2 and WebSocket go
+//! through the proxy, and proxy credentials are used and checked.
+
+use std::{sync::Arc, time::Duration};
+
+use otter_e2e::{
+    TestHub,
+    double::{WAIT, field, get, start_agent_with, wait_connected},
+    tool_missing, with_token,
+};
+use otter_proto::resource::v1::resource_service_client::ResourceServiceClient;
+use otter_tunnel::TransportKind;
+
+/// A tinyproxy on a free loopback port; killed when dropped.
+struct Tinyproxy {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Tinyproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
+    let bin = std::path::Path::new("/usr/bin/tinyproxy");
+    if !bin.exists() {
+        tool_missing("tinyproxy (scripts/setup.sh installs it)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = dir.path().join("tinyproxy.log");
+    let mut conf = format!(
+        "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nTimeout 60\nMaxClients 50\nLogLevel Info\nLogFile \"{}\"\nPidFile \"{}\"\n",
+        log.display(),
+        dir.path().join("pid").display()
+    );
+    if let Some((u, p)) = auth {
+        conf.push_str(&format!("BasicAuth {u} {p}\n"));
+    }
+    let conf_path = dir.path().join("tinyproxy.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let child = std::process::Command::new(bin)
+        .arg("-d")
+        .arg("-c")
+        .arg(&conf_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(Tinyproxy {
+                child,
+                port,
+                _dir: dir,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("tinyproxy did not start");
+}
+
+fn proxy(url: &str) -> otter_tunnel::proxy::Proxy {
+    otter_tunnel::proxy::Proxy::new(url::Url::parse(url).unwrap(), "").unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_through_a_connect_proxy() {
+    let Some(tp) = tinyproxy(None) else { return };
+    let hub = TestHub::start().await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let url = format!("http://127.0.0.1:{}", tp.port);
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.transports = vec![TransportKind::Quic, TransportKind::H2, TransportKind::Ws];
+        c.proxy = Some(proxy(&url));
+    });
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects through the proxy");
+    assert_eq!(s.connected, Some(TransportKind::H2));
+    let quic = &s.attempts[0];
+    assert_eq!(quic.0, TransportKind::Quic);
+    assert!(
+        quic.1.as_ref().unwrap_err().contains("QUIC skipped"),
+        "{:?}",
+        s.attempts
+    );
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let r = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-1", "via-proxy"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "name"), "via-proxy");
+    agent.agent.shutdown().await;
+
+    // The WebSocket transport through the same proxy.
+    let token = hub.hub.mint_join_token("edge-2").unwrap();
+    let ws = start_agent_with(&hub, "edge-2", "a2", &token, TransportKind::Ws, |c| {
+        c.proxy = Some(proxy(&url))
+    });
+    let s = ws
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("WebSocket through the proxy");
+    assert_eq!(s.connected, Some(TransportKind::Ws));
+    ws.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_credentials_are_sent_and_checked() {
+    let Some(tp) = tinyproxy(Some(("otter", "s3cret"))) else {
+        return;
+    };
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |_| {}).await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let wrong = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.proxy = Some(proxy(&format!("http://otter:nope@127.0.0.1:{}", tp.port)));
+    });
+    let s = wrong
+        .agent
+        .wait_for(WAIT, |s| !s.attempts.is_empty())
+        .await
+        .expect("an attempt");
+    assert!(s.connected.is_none());
+    let err = s.attempts[0].1.as_ref().unwrap_err();
+    // tinyproxy answers 401 where the RFC says 407; both mean the same here.
+    assert!(err.contains("401") || err.contains("407"), "{err}");
+    assert!(
+        err.contains("proxy credentials"),
+        "says what is wrong: {err}"
+    );
+    assert!(
+        !err.contains("nope"),
+        "the password stays out of messages: {err}"
+    );
+    wrong.agent.shutdown().await;
+    let right = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.proxy = Some(proxy(&format!("http://otter:s3cret@127.0.0.1:{}", tp.port)));
+    });
+    let s = right
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects with credentials");
+    assert_eq!(s.connected, Some(TransportKind::H2));
+    right.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
