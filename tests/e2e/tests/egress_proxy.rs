@@ -67,6 +67,9 @@ fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let mut child = child;
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("tinyproxy did not start");
 }
 
