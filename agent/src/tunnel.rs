@@ -37,6 +37,8 @@ pub struct AgentStatus {
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
     pub attempts: Vec<(TransportKind, Result<(), String>)>,
+    /// The proxy the tunnel goes through, without credentials.
+    pub proxy: Option<String>,
     pub last_error: String,
 }
 
@@ -190,11 +192,24 @@ async fn run(
             continue;
         };
         let kind = acceptor.kind_dyn();
+        // What the hub asks for to show how this agent got through.
+        let diag = bytes::Bytes::from(
+            serde_json::json!({
+                "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
+                    "transport": t.as_str(),
+                    "ok": r.is_ok(),
+                    "error": r.as_ref().err().cloned().unwrap_or_default(),
+                })).collect::<Vec<_>>(),
+                "proxy": config.proxy.as_ref().map(|p| p.display()),
+            })
+            .to_string(),
+        );
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
         status.send_modify(|s| {
             s.connected = Some(kind);
             s.connects += 1;
             s.attempts = attempts;
+            s.proxy = config.proxy.as_ref().map(|p| p.display());
         });
         backoff.reset();
 
@@ -211,8 +226,9 @@ async fn run(
                     Ok(Some(stream)) => {
                         let routes = routes.clone();
                         let kube = kube.as_ref().map(|k| k.service());
+                        let diag = Some(diag.clone());
                         tasks.spawn(async move {
-                            if let Err(e) = otter_tunnel::http::serve_stream_with(stream, routes, kube, Limits::default()).await {
+                            if let Err(e) = otter_tunnel::http::serve_stream_full(stream, routes, kube, diag, Limits::default()).await {
                                 tracing::debug!(error = %e, "stream ended with an error");
                             }
                         });

@@ -243,7 +243,7 @@ impl LinkService for LinkSvc {
                     certificate_expires: Some(timestamp(r.cert_not_after)),
                     certificate_serial: Some(r.cert_serial),
                     remote_address: live.as_ref().map(|t| t.remote.to_string()),
-                    diagnosis: None,
+                    diagnosis: live.as_ref().map(|t| diagnosis(t)),
                 }
             })
             .collect();
@@ -363,4 +363,34 @@ pub fn manifest_from_url(
             "the hub could not render the manifest; see its log".to_owned(),
         )
     })
+}
+
+/// The agent's report, plus the round-trip time the hub measures.
+fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDiagnosis {
+    let report = t
+        .diagnosis
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default();
+    let attempts = report["attempts"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|a| otter_proto::link::v1::TransportAttempt {
+                    transport: a["transport"].as_str().map(str::to_owned),
+                    ok: a["ok"].as_bool(),
+                    error: a["error"]
+                        .as_str()
+                        .filter(|e| !e.is_empty())
+                        .map(str::to_owned),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    otter_proto::link::v1::LinkDiagnosis {
+        attempts,
+        proxy: report["proxy"].as_str().map(str::to_owned),
+        rtt_micros: t.opener.rtt().map(|d| d.as_micros() as i64),
+    }
 }

@@ -27,6 +27,8 @@ pub struct TunnelEntry {
     /// One permit per call in flight; the bound on concurrent calls.
     pub calls: Arc<Semaphore>,
     pub max_calls: u32,
+    /// The agent's report on how it got through (JSON), once fetched.
+    pub diagnosis: std::sync::Mutex<Option<serde_json::Value>>,
 }
 
 impl std::fmt::Debug for TunnelEntry {

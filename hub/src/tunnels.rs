@@ -70,6 +70,7 @@ fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
         connected_at: unix_now(),
         calls: Arc::new(Semaphore::new(max_calls as usize)),
         max_calls,
+        diagnosis: std::sync::Mutex::new(None),
     });
     if let Some(old) = state.registry.insert(entry.clone()) {
         drain(
@@ -89,6 +90,7 @@ fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
     gauge.inc();
     tracing::info!(%cluster, agent_id = %entry.agent_id, transport = %a.transport, remote = %a.remote, "tunnel up");
 
+    state.tasks.spawn(fetch_diagnosis(entry.clone()));
     let state = state.clone();
     state.tasks.clone().spawn(async move {
         let reason = entry.opener.closed().await;
@@ -115,5 +117,36 @@ fn touch(state: &HubState, cluster: &str, transport: &str) {
     };
     if let Err(e) = update() {
         tracing::warn!(%cluster, error = %e, "could not record last seen");
+    }
+}
+
+/// Asks the agent, on a stream of its own, how it got through (transports
+/// tried, proxy) and keeps the answer for ListLinks.
+async fn fetch_diagnosis(entry: Arc<TunnelEntry>) {
+    use http_body_util::BodyExt;
+    let fetch = async {
+        let stream = entry.opener.open().await.ok()?;
+        let req = http::Request::get("/diag")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .ok()?;
+        let resp = otter_tunnel::http::forward_to(
+            otter_tunnel::frame::TARGET_DIAG,
+            stream,
+            None,
+            req,
+            otter_tunnel::frame::Limits::default(),
+            None,
+        )
+        .await
+        .ok()?;
+        let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        serde_json::from_slice::<serde_json::Value>(&body).ok()
+    };
+    if let Ok(Some(diag)) = tokio::time::timeout(std::time::Duration::from_secs(10), fetch).await {
+        *entry.diagnosis.lock().unwrap_or_else(|p| p.into_inner()) = Some(diag);
     }
 }

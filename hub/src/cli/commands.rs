@@ -175,6 +175,29 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
                     .as_ref()
                     .map_or("-".into(), |t| format!("in {}", ago(t.seconds - now))),
             );
+            let d = l.diagnosis.as_ref();
+            row.push(
+                d.and_then(|d| d.proxy.clone())
+                    .unwrap_or_else(|| "direct".into()),
+            );
+            row.push(
+                d.and_then(|d| d.rtt_micros)
+                    .map_or("-".into(), |us| format!("{:.1}ms", us as f64 / 1000.0)),
+            );
+            let failed: Vec<String> = d
+                .map(|d| {
+                    d.attempts
+                        .iter()
+                        .filter(|a| a.ok == Some(false))
+                        .filter_map(|a| a.transport.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            row.push(if failed.is_empty() {
+                "-".into()
+            } else {
+                format!("{} failed", failed.join(","))
+            });
         }
         rows.push(row);
     }
@@ -186,7 +209,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
         "LAST SEEN",
     ];
     if wide {
-        headers.extend(["AGENT", "REMOTE", "CERT EXPIRES"]);
+        headers.extend(["AGENT", "REMOTE", "CERT EXPIRES", "VIA", "RTT", "FALLBACK"]);
     }
     print!("{}", output::table(&headers, &rows));
     Ok(())

@@ -191,6 +191,10 @@ pub struct RequestHead {
 /// [`RequestHead::target`] of requests for the agent's Kubernetes API proxy.
 pub const TARGET_KUBE: &str = "kube";
 
+/// [`RequestHead::target`] of the hub's request for the agent's own report
+/// on how it connected (transports tried, proxy).
+pub const TARGET_DIAG: &str = "diag";
+
 /// First chunk from the agent.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHead {

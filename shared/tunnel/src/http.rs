@@ -318,6 +318,28 @@ where
     KB: Body<Data = Bytes>,
     KB::Error: Into<BoxError>,
 {
+    serve_stream_full(stream, service, kube, None, limits).await
+}
+
+/// Like [`serve_stream_with`], also answering [`crate::frame::TARGET_DIAG`]
+/// requests with `diag` (the agent's own report, JSON).
+pub async fn serve_stream_full<S, B, K, KB>(
+    stream: TunnelStream,
+    service: S,
+    kube: Option<K>,
+    diag: Option<Bytes>,
+    limits: Limits,
+) -> Result<()>
+where
+    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    K: tower_service::Service<http::Request<RequestBody>, Response = http::Response<KB>>,
+    K::Error: Into<BoxError>,
+    KB: Body<Data = Bytes>,
+    KB::Error: Into<BoxError>,
+{
     let codec = ChunkCodec { limits };
     let mut reader: Reader = FramedRead::new(stream.recv, codec);
     let (kind, payload) = tokio::time::timeout(HEAD_TIMEOUT, reader.next())
@@ -384,7 +406,21 @@ where
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     let exchange = async {
-        if target == crate::frame::TARGET_KUBE {
+        if target == crate::frame::TARGET_DIAG {
+            let body = diag.unwrap_or_else(|| Bytes::from_static(b"{}"));
+            let diag = tower::service_fn(move |_: http::Request<RequestBody>| {
+                let body = body.clone();
+                async move {
+                    let mut resp = http::Response::new(http_body_util::Full::new(body));
+                    resp.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            respond(diag, request, &mut writer, limits).await
+        } else if target == crate::frame::TARGET_KUBE {
             match kube {
                 Some(kube) => respond(kube, request, &mut writer, limits).await,
                 None => respond(NoService, request, &mut writer, limits).await,

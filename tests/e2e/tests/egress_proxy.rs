@@ -107,6 +107,50 @@ async fn tunnels_through_a_connect_proxy() {
         .await
         .unwrap();
     assert_eq!(field(r.get_ref(), "name"), "via-proxy");
+
+    // The agent's own account of how it got through shows in ListLinks.
+    let mut links =
+        otter_proto::link::v1::link_service_client::LinkServiceClient::new(channel.clone());
+    let mut diag = None;
+    for _ in 0..100 {
+        let l = links
+            .list_links(with_token(
+                otter_proto::link::v1::ListLinksRequest {},
+                &hub.admin_token,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .links
+            .remove(0);
+        // The round-trip time comes with the first keepalive answer.
+        if l.diagnosis
+            .as_ref()
+            .is_some_and(|d| !d.attempts.is_empty() && d.rtt_micros.is_some())
+        {
+            diag = l.diagnosis;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let diag = diag.expect("diagnosis reported");
+    assert_eq!(
+        diag.proxy.as_deref(),
+        Some(format!("{url}/").as_str()),
+        "proxy without credentials"
+    );
+    assert_eq!(diag.attempts[0].transport.as_deref(), Some("quic"));
+    assert_eq!(diag.attempts[0].ok, Some(false));
+    assert!(
+        diag.attempts[0]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("QUIC skipped")
+    );
+    assert_eq!(diag.attempts[1].transport.as_deref(), Some("h2"));
+    assert_eq!(diag.attempts[1].ok, Some(true));
+    assert!(diag.rtt_micros.is_some(), "round-trip time measured");
     agent.agent.shutdown().await;
 
     // The WebSocket transport through the same proxy.
