@@ -191,6 +191,31 @@ async fn kubectl_through_the_hub() {
             code != 0 || !out.contains("otterscale:admins"),
             "impersonation headers passed through: {out}"
         );
+        // The same through the exec credential plugin (`otter token get`).
+        let exec_kube = dir.path().join("kubeconfig-exec");
+        let (code, _, err) = otter_cmd(&[
+            "kubeconfig",
+            "--cluster",
+            "edge-1",
+            "--exec-plugin",
+            "--kubeconfig",
+            exec_kube.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let text = std::fs::read_to_string(&exec_kube).unwrap();
+        assert!(
+            text.contains("exec:") && !text.contains("ots_"),
+            "no token stored with the plugin: {text}"
+        );
+        let mut with_plugin = std::process::Command::new(kubectl_133().unwrap());
+        with_plugin
+            .arg("--kubeconfig")
+            .arg(&exec_kube)
+            .args(["get", "pods"]);
+        let (code, out, err) = run_bounded(&mut with_plugin, Duration::from_secs(60));
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("web-0"), "{out}");
+
         // A bad token is refused at the hub.
         let (code, _, err) = run(&["--token", "ots_0000000000000000_bad", "get", "pods"]);
         assert_ne!(code, 0);

@@ -883,16 +883,42 @@ async fn forward_one(
     }
 }
 
+/// How `otter kubeconfig` writes its entries.
+#[derive(Debug)]
+pub struct KubeconfigOptions {
+    pub all: bool,
+    pub prefix: String,
+    pub exec_plugin: bool,
+}
+
+/// `otter token get`: the login's token as a kubectl ExecCredential.
+pub fn token_get(flags: &super::client::HubFlags) -> anyhow::Result<()> {
+    let token = match &flags.token {
+        Some(t) => t.clone(),
+        None => super::client::load_file()?
+            .token
+            .ok_or_else(|| anyhow::anyhow!("no token: run `otter login` or set OTTER_TOKEN"))?,
+    };
+    let cred = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": { "token": token },
+    });
+    println!("{cred}");
+    Ok(())
+}
+
 /// `otter kubeconfig`: writes or merges one context per cluster, pointing
-/// kubectl at the hub's Kubernetes API proxy with this login's token.
+/// kubectl at the hub's Kubernetes API proxy with this login's token (or
+/// with `otter token get` as a credential plugin).
 pub async fn kubeconfig(
     hub: &Hub,
     mut clusters: Vec<String>,
-    all: bool,
     path: PathBuf,
-    prefix: &str,
+    opts: &KubeconfigOptions,
 ) -> anyhow::Result<()> {
     use base64::Engine;
+    let (all, prefix) = (opts.all, opts.prefix.as_str());
     if all {
         let resp = LinkServiceClient::new(hub.channel.clone())
             .list_links(hub.req(ListLinksRequest {}))
@@ -926,11 +952,24 @@ pub async fn kubeconfig(
         items.push(entry);
         config[list] = Json::Array(items);
     };
+    let credentials = if opts.exec_plugin {
+        let otter = std::env::current_exe()?.display().to_string();
+        let config_path = super::client::config_path().display().to_string();
+        serde_json::json!({ "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": otter,
+            "args": ["token", "get"],
+            "env": [{ "name": "OTTER_CONFIG", "value": config_path }],
+            "interactiveMode": "Never",
+        }})
+    } else {
+        serde_json::json!({ "token": hub.token })
+    };
     upsert(
         &mut config,
         "users",
         &user,
-        serde_json::json!({ "name": user, "user": { "token": hub.token } }),
+        serde_json::json!({ "name": user, "user": credentials }),
     );
     for cluster in &clusters {
         let name = format!("otter-{cluster}");

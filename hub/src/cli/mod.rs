@@ -221,6 +221,9 @@ pub enum Command {
         /// The hub's Kubernetes proxy prefix.
         #[arg(long, default_value = "/clusters")]
         prefix: String,
+        /// Let kubectl ask `otter token get` for the token instead of storing it.
+        #[arg(long)]
+        exec_plugin: bool,
         #[command(flatten)]
         hub: client::HubFlags,
     },
@@ -239,6 +242,12 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
+    /// Print the login's token as a kubectl ExecCredential (for kubeconfigs
+    /// written with `otter kubeconfig --exec-plugin`).
+    Get {
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
     /// Create an API token for a user (admins only); prints the token.
     ///
     /// Example: otter token create alice --group devs
@@ -443,6 +452,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             };
             commands::login(hub, token, ca_file).await?;
         }
+        Command::Token(TokenCommand::Get { hub }) => commands::token_get(&hub)?,
         Command::Token(TokenCommand::Create { name, groups, hub }) => {
             commands::token_create(&hub.connect().await?, &name, &groups).await?
         }
@@ -627,6 +637,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             all,
             kubeconfig,
             prefix,
+            exec_plugin,
             hub,
         } => {
             let path = kubeconfig
@@ -635,7 +646,12 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
                 })
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config")))
                 .ok_or_else(|| anyhow::anyhow!("no kubeconfig path: pass --kubeconfig"))?;
-            commands::kubeconfig(&hub.connect().await?, clusters, all, path, &prefix).await?
+            let opts = commands::KubeconfigOptions {
+                all,
+                prefix,
+                exec_plugin,
+            };
+            commands::kubeconfig(&hub.connect().await?, clusters, path, &opts).await?
         }
         Command::Restart {
             resource,
