@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use otter_agent::{Agent, AgentConfig, config::Secret};
-use otter_e2e::{client_channel, double::Double, with_token};
+use otter_e2e::{double::Double, with_token};
 use otter_proto::{
     link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
     resource::v1::resource_service_server::ResourceServiceServer,
@@ -53,6 +53,8 @@ pub async fn hub_child(dir: PathBuf, api: u16, tunnel: u16, clusters: usize) -> 
         }
     })
     .await?;
+    // Stdin closed: a graceful stop (tunnels are closed, so agents know at once).
+    hub.shutdown().await;
     Ok(())
 }
 
@@ -99,6 +101,18 @@ impl HubProc {
     fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Closes stdin: the hub shuts down gracefully (killed after 15 s).
+    fn stop(mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -208,7 +222,7 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     let hub = HubProc::start(dir.path(), 0, 0, n)?;
     let token = admin_token(dir.path())?;
     let ca = std::fs::read_to_string(dir.path().join("bench-ca.pem"))?;
-    let ch = client_channel(hub.api, &ca, None).await;
+    let ch = crate::calls::hub_channel(hub.api, &ca).await?;
     connected_links(&ch, &token).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss0 = rss_kib(&hub.pid()).unwrap_or(0);
@@ -254,39 +268,48 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     figs.add(&format!("scale.listlinks-p50.n{n}"), "ms", None, l.p50 / 1000.0);
     figs.add(&format!("scale.listlinks-max.n{n}"), "ms", None, l.max / 1000.0);
 
-    // Reconnect storm: the hub is killed and started again on the same
-    // ports and data.
-    eprintln!("bench: reconnect storm with {n} agents");
-    for (_, f) in &agents {
-        f.store(0, Ordering::Relaxed);
-    }
+    // Reconnect storm: the hub stops (gracefully, then by SIGKILL as in a
+    // crash) and starts again on the same ports and data.
     let (api, tunnel) = (hub.api.port(), hub.tunnel.port());
-    hub.kill();
-    let down = Instant::now();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let hub = HubProc::start(dir.path(), api, tunnel, n)?;
-    let pid = hub.pid();
-    let ch = client_channel(hub.api, &ca, None).await;
-    let back = wait_links(&ch, &token, n, limit).await;
-    let outage = down.elapsed();
-    let cpu = cpu_secs(&pid).unwrap_or(0.0);
-    let peak = status_kib(&pid, "VmHWM:").unwrap_or(0);
-    match back {
-        Ok(_) => figs.add(&format!("storm.reconnect-all.n{n}"), "s", None, outage.as_secs_f64()),
-        Err(e) => figs.push(Figure::skipped(format!("storm.reconnect-all.n{n}"), e.to_string())),
+    let mut hub = Some(hub);
+    for mode in ["graceful", "crash"] {
+        eprintln!("bench: reconnect storm ({mode}) with {n} agents");
+        for (_, f) in &agents {
+            f.store(0, Ordering::Relaxed);
+        }
+        let old = hub.take().context("hub")?;
+        let down = Instant::now();
+        if mode == "crash" {
+            old.kill();
+        } else {
+            old.stop();
+        }
+        let restarted = HubProc::start(dir.path(), api, tunnel, n)?;
+        let pid = restarted.pid();
+        let ch = crate::calls::hub_channel(restarted.api, &ca).await?;
+        let back = wait_links(&ch, &token, n, limit).await;
+        let outage = down.elapsed();
+        let cpu = cpu_secs(&pid).unwrap_or(0.0);
+        let peak = status_kib(&pid, "VmHWM:").unwrap_or(0);
+        let name = |what: &str| format!("storm-{mode}.{what}.n{n}");
+        match back {
+            Ok(_) => figs.add(&name("reconnect-all"), "s", None, outage.as_secs_f64()),
+            Err(e) => figs.push(Figure::skipped(name("reconnect-all"), e.to_string())),
+        }
+        figs.add(&name("hub-peak-rss"), "MiB", None, peak as f64 / 1024.0);
+        figs.add(&name("hub-cpu"), "CPU s", None, cpu);
+        let bound = backoff_bound(outage);
+        let rounds: Vec<u32> = agents.iter().map(|(_, f)| f.load(Ordering::Relaxed)).collect();
+        let max = rounds.iter().copied().max().unwrap_or(0);
+        let over = rounds.iter().filter(|r| **r > bound).count();
+        figs.add(&name("max-failed-rounds"), "rounds", None, f64::from(max));
+        figs.add(&name("agents-over-backoff"), "agents", None, over as f64);
+        figs.note(
+            &name("agents-over-backoff"),
+            &format!("bound {bound} rounds in the outage (every delay a tenth of its ceiling)"),
+        );
+        hub = Some(restarted);
     }
-    figs.add(&format!("storm.hub-peak-rss.n{n}"), "MiB", None, peak as f64 / 1024.0);
-    figs.add(&format!("storm.hub-cpu.n{n}"), "CPU s", None, cpu);
-    let bound = backoff_bound(outage);
-    let rounds: Vec<u32> = agents.iter().map(|(_, f)| f.load(Ordering::Relaxed)).collect();
-    let max = rounds.iter().copied().max().unwrap_or(0);
-    let over = rounds.iter().filter(|r| **r > bound).count();
-    figs.add(&format!("storm.max-failed-rounds.n{n}"), "rounds", None, f64::from(max));
-    figs.add(&format!("storm.agents-over-backoff.n{n}"), "agents", None, over as f64);
-    figs.note(
-        &format!("storm.agents-over-backoff.n{n}"),
-        &format!("bound {bound} rounds in the outage (every delay a tenth of its ceiling)"),
-    );
     for (a, _) in agents {
         tokio::spawn(a.shutdown());
     }
