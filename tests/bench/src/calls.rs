@@ -225,6 +225,7 @@ struct Setup {
     _agents: Vec<otter_agent::Agent>,
     direct: Channel,
     via_hub: Channel,
+    bulk: Channel,
 }
 
 async fn setup() -> anyhow::Result<Setup> {
@@ -277,6 +278,7 @@ async fn setup() -> anyhow::Result<Setup> {
     }
     let via_hub = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
     otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 2).await;
+    let bulk = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
     Ok(Setup {
         _sim: sim,
         kube,
@@ -284,6 +286,7 @@ async fn setup() -> anyhow::Result<Setup> {
         _agents: agents,
         direct,
         via_hub,
+        bulk,
     })
 }
 
@@ -364,7 +367,9 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         for cluster in ["quic", "h2"] {
             let (ch, token) = (&s.via_hub, token.as_str());
             let idle = Latency::of(&series(hol_calls, || hub_get(ch, token, cluster)).await?);
-            let mut watch = ResourceServiceClient::new(ch.clone())
+            // The bulk stream has its own client connection, so only the
+            // tunnel is shared with the small calls.
+            let mut watch = ResourceServiceClient::new(s.bulk.clone())
                 .watch(with_token(
                     WatchRequest {
                         cluster: Some(cluster.into()),

@@ -232,13 +232,15 @@ async fn agent_loop(mut acceptor: Box<dyn Acceptor>, sink_addr: SocketAddr, stop
             n = acceptor.accept() => n,
             _ = stop.cancelled() => return,
         };
-        let Ok(Some(mut stream)) = next else { return };
+        let Ok(Some(stream)) = next else { return };
         tokio::spawn(async move {
             let Ok(mut tcp) = TcpStream::connect(sink_addr).await else {
                 return;
             };
             let _ = tcp.set_nodelay(true);
-            let _ = tokio::io::copy(&mut stream.recv, &mut tcp).await;
+            // The same 64 KiB the hub side writes (tokio's copy reads 8 KiB).
+            let mut recv = tokio::io::BufReader::with_capacity(CHUNK, stream.recv);
+            let _ = tokio::io::copy_buf(&mut recv, &mut tcp).await;
         });
     }
 }
@@ -473,6 +475,12 @@ pub fn run(secs: Duration, runs: usize, rathole: Option<PathBuf>) -> anyhow::Res
     let mut rathole_tls_ok = true;
     for run in 0..runs {
         eprintln!("bench: throughput run {}/{runs}", run + 1);
+        // OTTER_BENCH_ONLY=quic (or h2) runs just that transport, for profiling.
+        if let Ok(only) = std::env::var("OTTER_BENCH_ONLY") {
+            let r = run_transport(&roles, &only, secs)?;
+            figs.add(&format!("throughput.{only}"), "Gbit/s", None, r.gbit);
+            continue;
+        }
         let mut rows: Vec<(&str, anyhow::Result<Sample>)> = vec![
             ("direct-tcp", run_direct(&roles, secs)),
             ("quic", run_transport(&roles, "quic", secs)),
