@@ -256,16 +256,15 @@ async fn setup() -> anyhow::Result<Setup> {
         .await?;
 
     // One cluster per transport, each with its own agent.
-    let hub = TestHub::start_with(
-        Arc::new(tempfile::tempdir()?),
-        None,
-        |c| c.keepalive = otter_tunnel::Keepalive::default(),
-    )
+    let hub = TestHub::start_with(Arc::new(tempfile::tempdir()?), None, |c| {
+        c.keepalive = otter_tunnel::Keepalive::default()
+    })
     .await;
     let mut agents = Vec::new();
     for (cluster, kind) in [("quic", TransportKind::Quic), ("h2", TransportKind::H2)] {
         let token = hub.hub.mint_join_token(cluster)?;
-        let mut config = otter_agent::AgentConfig::new(hub.api_url(), cluster, "agent-0", hub.hub.ca_pem());
+        let mut config =
+            otter_agent::AgentConfig::new(hub.api_url(), cluster, "agent-0", hub.hub.ca_pem());
         config.join_token = otter_agent::config::Secret(token);
         config.transports = vec![kind];
         let routes = tonic::service::Routes::new(ResourceServiceServer::new(svc.clone()));
@@ -295,19 +294,21 @@ async fn setup() -> anyhow::Result<Setup> {
 pub async fn hub_channel(addr: std::net::SocketAddr, ca_pem: &str) -> anyhow::Result<Channel> {
     let tls = otter_pki::tls::client_config(ca_pem, None, &[b"h2"])?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
-    Ok(Channel::from_shared(format!("http://localhost:{}", addr.port()))?
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let connector = connector.clone();
-            async move {
-                let tcp = tokio::net::TcpStream::connect(addr).await?;
-                tcp.set_nodelay(true)?;
-                let tls = connector
-                    .connect("localhost".try_into().expect("static name"), tcp)
-                    .await?;
-                Ok::<_, std::io::Error>(TokioIo::new(tls))
-            }
-        }))
-        .await?)
+    Ok(
+        Channel::from_shared(format!("http://localhost:{}", addr.port()))?
+            .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                let connector = connector.clone();
+                async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    tcp.set_nodelay(true)?;
+                    let tls = connector
+                        .connect("localhost".try_into().expect("static name"), tcp)
+                        .await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(tls))
+                }
+            }))
+            .await?,
+    )
 }
 
 async fn hub_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()> {
@@ -318,7 +319,12 @@ async fn hub_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()>
 }
 
 fn add_latency(figs: &mut Figures, path: &str, l: Latency, baseline: Option<&str>) {
-    for (q, v) in [("p50", l.p50), ("p90", l.p90), ("p99", l.p99), ("max", l.max)] {
+    for (q, v) in [
+        ("p50", l.p50),
+        ("p90", l.p90),
+        ("p99", l.p99),
+        ("max", l.max),
+    ] {
         let base = baseline.map(|b| format!("latency.{b}.{q}"));
         figs.add(&format!("latency.{path}.{q}"), "µs", base.as_deref(), v);
     }
@@ -356,7 +362,12 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             let (ch, token) = (&s.via_hub, token.as_str());
             series(warmup, || hub_get(ch, token, cluster)).await?;
             let h = Latency::of(&series(calls, || hub_get(ch, token, cluster)).await?);
-            add_latency(&mut figs, &format!("hub-{cluster}"), h, Some("direct-agent"));
+            add_latency(
+                &mut figs,
+                &format!("hub-{cluster}"),
+                h,
+                Some("direct-agent"),
+            );
             eprintln!("bench: hub-{cluster} p50 {:.0} µs", h.p50);
             for (q, hv, dv) in [("p50", h.p50, d.p50), ("p99", h.p99, d.p99)] {
                 figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, hv - dv);
@@ -397,14 +408,18 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             let t = Instant::now();
             let b0 = bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
             let busy = Latency::of(&series(hol_calls, || hub_get(ch, token, cluster)).await?);
-            let rate = (bulk_bytes.load(std::sync::atomic::Ordering::Relaxed) - b0) as f64
-                * 8.0
+            let rate = (bulk_bytes.load(std::sync::atomic::Ordering::Relaxed) - b0) as f64 * 8.0
                 / 1e9
                 / t.elapsed().as_secs_f64();
             reader.abort();
             let idle_name = format!("hol.{cluster}.idle-p99");
             figs.add(&idle_name, "µs", None, idle.p99);
-            figs.add(&format!("hol.{cluster}.bulk-p99"), "µs", Some(&idle_name), busy.p99);
+            figs.add(
+                &format!("hol.{cluster}.bulk-p99"),
+                "µs",
+                Some(&idle_name),
+                busy.p99,
+            );
             figs.add(&format!("hol.{cluster}.bulk-rate"), "Gbit/s", None, rate);
         }
     }

@@ -90,7 +90,9 @@ fn main() -> anyhow::Result<()> {
             ));
         }
         "report" => return report(samples()?, arg(&args, 2, "results file")?),
-        _ => bail!("usage: otter-bench throughput|calls|scale|footprint|report|skip ... (see the source)"),
+        _ => bail!(
+            "usage: otter-bench throughput|calls|scale|footprint|report|skip ... (see the source)"
+        ),
     };
     figs.append_to(&samples()?)
 }
@@ -147,7 +149,9 @@ fn report(samples: PathBuf, results: PathBuf) -> anyhow::Result<()> {
             max,
             f.samples.len(),
             f.baseline.as_deref().unwrap_or("-"),
-            ratio.map(|r| format!("{r:.2}")).unwrap_or_else(|| "-".into()),
+            ratio
+                .map(|r| format!("{r:.2}"))
+                .unwrap_or_else(|| "-".into()),
         );
         out.push(serde_json::json!({
             "name": f.name,
@@ -161,7 +165,11 @@ fn report(samples: PathBuf, results: PathBuf) -> anyhow::Result<()> {
             "note": f.note,
         }));
     }
-    for f in merged.0.iter().filter(|f| f.note.is_some() && f.skipped.is_none()) {
+    for f in merged
+        .0
+        .iter()
+        .filter(|f| f.note.is_some() && f.skipped.is_none())
+    {
         println!("  note {}: {}", f.name, f.note.as_deref().unwrap_or(""));
     }
     if let Some(dir) = results.parent() {

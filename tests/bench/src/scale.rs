@@ -48,7 +48,11 @@ pub async fn hub_child(dir: PathBuf, api: u16, tunnel: u16, clusters: usize) -> 
     // Runs until the parent closes stdin (or kills us).
     tokio::task::spawn_blocking(|| {
         let mut line = String::new();
-        while std::io::stdin().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        while std::io::stdin()
+            .read_line(&mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
             line.clear();
         }
     })
@@ -124,7 +128,9 @@ impl Drop for HubProc {
 }
 
 fn admin_token(dir: &Path) -> anyhow::Result<String> {
-    Ok(std::fs::read_to_string(dir.join("admin-token"))?.trim().to_owned())
+    Ok(std::fs::read_to_string(dir.join("admin-token"))?
+        .trim()
+        .to_owned())
 }
 
 async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Option<usize> {
@@ -161,13 +167,18 @@ async fn wait_links(
     }
 }
 
-fn start_agent(hub: &HubProc, ca: &str, i: usize, token: &str) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
+fn start_agent(
+    hub: &HubProc,
+    ca: &str,
+    i: usize,
+    token: &str,
+) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
     let url = url::Url::parse(&format!("https://localhost:{}", hub.api.port()))?;
     let cluster = format!("c-{i}");
     let mut config = AgentConfig::new(url, &cluster, "agent-0", ca);
     config.join_token = Secret(token.to_owned());
     // Half the agents on each transport.
-    config.transports = vec![if i % 2 == 0 {
+    config.transports = vec![if i.is_multiple_of(2) {
         TransportKind::Quic
     } else {
         TransportKind::H2
@@ -242,7 +253,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     let limit = Duration::from_secs(60 + n as u64 / 20);
     let connect_all = wait_links(&ch, &token, n, limit).await?;
     let _ = t;
-    figs.add(&format!("scale.connect-all.n{n}"), "s", None, connect_all.as_secs_f64());
+    figs.add(
+        &format!("scale.connect-all.n{n}"),
+        "s",
+        None,
+        connect_all.as_secs_f64(),
+    );
 
     // Idle with keepalives.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -256,8 +272,18 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         (rss.saturating_sub(rss0)) as f64 / n as f64,
     );
-    figs.add(&format!("scale.hub-rss.n{n}"), "MiB", None, rss as f64 / 1024.0);
-    figs.add(&format!("scale.hub-idle-cpu.n{n}"), "% of a core", None, idle_cpu * 100.0);
+    figs.add(
+        &format!("scale.hub-rss.n{n}"),
+        "MiB",
+        None,
+        rss as f64 / 1024.0,
+    );
+    figs.add(
+        &format!("scale.hub-idle-cpu.n{n}"),
+        "% of a core",
+        None,
+        idle_cpu * 100.0,
+    );
     let mut lat = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
@@ -265,8 +291,18 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         lat.push(t.elapsed());
     }
     let l = Latency::of(&lat);
-    figs.add(&format!("scale.listlinks-p50.n{n}"), "ms", None, l.p50 / 1000.0);
-    figs.add(&format!("scale.listlinks-max.n{n}"), "ms", None, l.max / 1000.0);
+    figs.add(
+        &format!("scale.listlinks-p50.n{n}"),
+        "ms",
+        None,
+        l.p50 / 1000.0,
+    );
+    figs.add(
+        &format!("scale.listlinks-max.n{n}"),
+        "ms",
+        None,
+        l.max / 1000.0,
+    );
 
     // Reconnect storm: the hub stops (gracefully, then by SIGKILL as in a
     // crash) and starts again on the same ports and data.
@@ -299,7 +335,10 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         figs.add(&name("hub-peak-rss"), "MiB", None, peak as f64 / 1024.0);
         figs.add(&name("hub-cpu"), "CPU s", None, cpu);
         let bound = backoff_bound(outage);
-        let rounds: Vec<u32> = agents.iter().map(|(_, f)| f.load(Ordering::Relaxed)).collect();
+        let rounds: Vec<u32> = agents
+            .iter()
+            .map(|(_, f)| f.load(Ordering::Relaxed))
+            .collect();
         let max = rounds.iter().copied().max().unwrap_or(0);
         let over = rounds.iter().filter(|r| **r > bound).count();
         figs.add(&name("max-failed-rounds"), "rounds", None, f64::from(max));
@@ -333,7 +372,10 @@ pub async fn agent_child(
         agent: "agent-0".into(),
         live_watches: Default::default(),
     };
-    let agent = Agent::start(config, tonic::service::Routes::new(ResourceServiceServer::new(double)))?;
+    let agent = Agent::start(
+        config,
+        tonic::service::Routes::new(ResourceServiceServer::new(double)),
+    )?;
     agent
         .wait_for(Duration::from_secs(30), |s| s.connected.is_some())
         .await
@@ -341,7 +383,11 @@ pub async fn agent_child(
     println!("CONNECTED");
     tokio::task::spawn_blocking(|| {
         let mut line = String::new();
-        while std::io::stdin().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        while std::io::stdin()
+            .read_line(&mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
             line.clear();
         }
     })
@@ -396,15 +442,26 @@ pub async fn footprint(agent_bin: Option<PathBuf>, runs: usize) -> anyhow::Resul
         Some(bin) => {
             let stripped = dir.path().join("agent-stripped");
             std::fs::copy(&bin, &stripped)?;
-            let ok = Command::new("strip").arg(&stripped).status().map(|s| s.success());
+            let ok = Command::new("strip")
+                .arg(&stripped)
+                .status()
+                .map(|s| s.success());
             if ok.unwrap_or(false) {
                 let size = std::fs::metadata(&stripped)?.len();
-                figs.add("footprint.agent-binary", "MiB", None, size as f64 / 1048576.0);
+                figs.add(
+                    "footprint.agent-binary",
+                    "MiB",
+                    None,
+                    size as f64 / 1048576.0,
+                );
             } else {
                 figs.push(Figure::skipped("footprint.agent-binary", "strip failed"));
             }
         }
-        None => figs.push(Figure::skipped("footprint.agent-binary", "no release agent binary given")),
+        None => figs.push(Figure::skipped(
+            "footprint.agent-binary",
+            "no release agent binary given",
+        )),
     }
     Ok(figs)
 }

@@ -176,14 +176,12 @@ fn tunnel(
     let hub_addr = if kind == "quic" {
         let server = server(quic::ALPN)?;
         let stop = stop.clone();
-        roles
-            .hub
-            .block_on(roles.hub.spawn(async move {
-                let endpoint = quic::hub_endpoint(any, server, &QuicSettings::default())?;
-                let addr = endpoint.local_addr()?;
-                tokio::spawn(quic::accept_loop(endpoint, tx, stop));
-                anyhow::Ok(addr)
-            }))??
+        roles.hub.block_on(roles.hub.spawn(async move {
+            let endpoint = quic::hub_endpoint(any, server, &QuicSettings::default())?;
+            let addr = endpoint.local_addr()?;
+            tokio::spawn(quic::accept_loop(endpoint, tx, stop));
+            anyhow::Ok(addr)
+        }))??
     } else {
         let server = Arc::new(server(h2::ALPN)?);
         let stop = stop.clone();
@@ -226,7 +224,11 @@ fn tunnel(
 }
 
 /// The agent side: every stream the hub opens is copied to the sink.
-async fn agent_loop(mut acceptor: Box<dyn Acceptor>, sink_addr: SocketAddr, stop: CancellationToken) {
+async fn agent_loop(
+    mut acceptor: Box<dyn Acceptor>,
+    sink_addr: SocketAddr,
+    stop: CancellationToken,
+) {
     loop {
         let next = tokio::select! {
             n = acceptor.accept() => n,
@@ -309,7 +311,9 @@ impl Drop for Rathole {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Noise keys from `rathole --genkey` (private, public).
@@ -398,7 +402,10 @@ fn start_rathole(bin: &Path, transport: &str, sink_addr: SocketAddr) -> anyhow::
     let client_toml = format!(
         "[client]\nremote_addr = \"127.0.0.1:{control}\"\ndefault_token = \"bench\"\n{client_tx}[client.services.bench]\nlocal_addr = \"{sink_addr}\"\nnodelay = true\n"
     );
-    let (s, c) = (dir.path().join("server.toml"), dir.path().join("client.toml"));
+    let (s, c) = (
+        dir.path().join("server.toml"),
+        dir.path().join("client.toml"),
+    );
     std::fs::write(&s, server_toml)?;
     std::fs::write(&c, client_toml)?;
     let spawn = |flag: &str, cfg: &Path| {
@@ -421,7 +428,12 @@ fn start_rathole(bin: &Path, transport: &str, sink_addr: SocketAddr) -> anyhow::
     })
 }
 
-fn run_rathole(roles: &Roles, bin: &Path, transport: &str, secs: Duration) -> anyhow::Result<Sample> {
+fn run_rathole(
+    roles: &Roles,
+    bin: &Path,
+    transport: &str,
+    secs: Duration,
+) -> anyhow::Result<Sample> {
     let (sink_addr, count) = roles.sink.block_on(roles.sink.spawn(sink()))??;
     let rathole = start_rathole(bin, transport, sink_addr)?;
     let stop = CancellationToken::new();
@@ -450,7 +462,10 @@ fn run_rathole(roles: &Roles, bin: &Path, transport: &str, secs: Duration) -> an
         stop.cancel();
         bail!("no bytes reached the sink through rathole {transport}");
     }
-    let (sp, cp) = (rathole.server.id().to_string(), rathole.client.id().to_string());
+    let (sp, cp) = (
+        rathole.server.id().to_string(),
+        rathole.client.id().to_string(),
+    );
     let hub: CpuReader = Box::new(move || cpu_secs(&sp).unwrap_or(0.0));
     let agent: CpuReader = Box::new(move || cpu_secs(&cp).unwrap_or(0.0));
     let sample = measure(&roles.sink, &count, secs, &hub, &agent);
