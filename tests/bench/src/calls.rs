@@ -411,7 +411,22 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             let rate = (bulk_bytes.load(std::sync::atomic::Ordering::Relaxed) - b0) as f64 * 8.0
                 / 1e9
                 / t.elapsed().as_secs_f64();
+            // Control: Gets that bypass the hub and the tunnel, while the
+            // bulk stream still runs. What this grows by is CPU contention
+            // on this machine, not queueing in the tunnel.
+            let direct = s.direct.clone();
+            let one = || {
+                let mut c = ResourceServiceClient::new(direct.clone());
+                async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
+            };
+            let control = Latency::of(&series(hol_calls, one).await?);
             reader.abort();
+            figs.add(
+                &format!("hol.{cluster}.bulk-direct-p99"),
+                "µs",
+                Some("latency.direct-agent.p99"),
+                control.p99,
+            );
             let idle_name = format!("hol.{cluster}.idle-p99");
             figs.add(&idle_name, "µs", None, idle.p99);
             figs.add(

@@ -321,6 +321,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             old.stop();
         }
         let restarted = HubProc::start(dir.path(), api, tunnel, n)?;
+        figs.add(
+            &format!("storm-{mode}.hub-down.n{n}"),
+            "s",
+            None,
+            down.elapsed().as_secs_f64(),
+        );
         let pid = restarted.pid();
         let ch = crate::calls::hub_channel(restarted.api, &ca).await?;
         let back = wait_links(&ch, &token, n, limit).await;
