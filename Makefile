@@ -62,9 +62,11 @@ test: setup
 demo:
 	scripts/demo.sh
 
-## bench: throughput, latency, memory (results in target/bench/results.json)
+## bench: throughput, latency, head-of-line isolation, scale, reconnect storm,
+## footprint (table on stdout, target/bench/results.json); QUICK=1 short, FULL=1
+## with 10,000 agents
 bench:
-	@echo "not yet available: benchmarks (need the tunnel transports)"; exit 1
+	QUICK="$(QUICK)" FULL="$(FULL)" scripts/bench.sh
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,450 @@
+//! Call latency and head-of-line isolation through the real hub and agent.
+//!
+//! The agent serves a bench ResourceService whose Get reads the pod from the
+//! Kubernetes API test server over HTTPS, the way the real service does; the
+//! agent's real Kubernetes services are not on this branch. The same Get is
+//! also sent straight to that service (plaintext gRPC on loopback, no hub)
+//! and straight to the test server.
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kube_sim::{KubeSim, SimConfig};
+use otter_e2e::{TestHub, with_token};
+use otter_proto::resource::v1::{
+    self as res, GetRequest, Resource, WatchEvent, WatchRequest,
+    resource_service_client::ResourceServiceClient,
+    resource_service_server::{ResourceService, ResourceServiceServer},
+};
+use otter_tunnel::TransportKind;
+use prost_types::{ListValue, Struct, Value, value::Kind};
+use tonic::{Request, Response, Status, transport::Channel};
+
+use anyhow::Context;
+
+use crate::common::{Figures, Latency};
+
+const POD: &str = "bench-0";
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTPS client of the test server: one HTTP/2 connection, shared.
+#[derive(Clone, Debug)]
+pub struct Kube {
+    send: SendRequest<Empty<Bytes>>,
+    authority: String,
+}
+
+impl Kube {
+    pub async fn connect(sim: &KubeSim) -> anyhow::Result<Kube> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in otter_pki::tls::parse_certs(&sim.ca_pem())? {
+            roots.add(c)?;
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(otter_pki::tls::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(sim.addr()).await?;
+        tcp.set_nodelay(true)?;
+        let name = rustls::pki_types::ServerName::from(sim.addr().ip());
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await?;
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        Ok(Kube {
+            send,
+            authority: sim.addr().to_string(),
+        })
+    }
+
+    /// GET of one pod; the JSON body.
+    pub async fn get_pod(&self, name: &str) -> anyhow::Result<Bytes> {
+        let req = http::Request::get(format!(
+            "https://{}/api/v1/namespaces/default/pods/{name}",
+            self.authority
+        ))
+        .header("authorization", format!("Bearer {}", kube_sim::ADMIN_TOKEN))
+        .body(Empty::new())?;
+        let resp = self.send.clone().send_request(req).await?;
+        anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
+        Ok(resp.into_body().collect().await?.to_bytes())
+    }
+}
+
+fn to_value(v: serde_json::Value) -> Value {
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) => Kind::StringValue(s),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.into_iter().map(to_value).collect(),
+        }),
+        serde_json::Value::Object(o) => Kind::StructValue(to_struct(o)),
+    };
+    Value { kind: Some(kind) }
+}
+
+fn to_struct(o: serde_json::Map<String, serde_json::Value>) -> Struct {
+    Struct {
+        fields: o.into_iter().map(|(k, v)| (k, to_value(v))).collect(),
+    }
+}
+
+/// The bench ResourceService: Get reads the pod from the test server; Watch
+/// of resource "bulk" streams 256 KiB events for as long as it is read.
+#[derive(Debug, Clone)]
+pub struct BenchService {
+    pub kube: Kube,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ResourceService for BenchService {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<Resource>, Status> {
+        let name = request.into_inner().name.unwrap_or_default();
+        let body = self
+            .kube
+            .get_pod(&name)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let json: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&body).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Resource {
+            object: Some(to_struct(json)),
+        }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(&self, request: Request<WatchRequest>) -> Result<Response<EventStream>, Status> {
+        if request.into_inner().resource.as_deref() != Some("bulk") {
+            return Err(Status::unimplemented("bench service"));
+        }
+        let payload = "x".repeat(256 * 1024);
+        let stream = futures::stream::repeat_with(move || {
+            Ok(WatchEvent {
+                r#type: Some(res::watch_event::Type::Added as i32),
+                resource: Some(Resource {
+                    object: Some(Struct {
+                        fields: [(
+                            "payload".to_owned(),
+                            Value {
+                                kind: Some(Kind::StringValue(payload.clone())),
+                            },
+                        )]
+                        .into(),
+                    }),
+                }),
+                resource_version: None,
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn discovery(
+        &self,
+        _: Request<res::DiscoveryRequest>,
+    ) -> Result<Response<res::DiscoveryResponse>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn schema(
+        &self,
+        _: Request<res::SchemaRequest>,
+    ) -> Result<Response<res::SchemaResponse>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn list(
+        &self,
+        _: Request<res::ListRequest>,
+    ) -> Result<Response<res::ListResponse>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn describe(
+        &self,
+        _: Request<res::DescribeRequest>,
+    ) -> Result<Response<res::DescribeResponse>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn create(&self, _: Request<res::CreateRequest>) -> Result<Response<Resource>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn apply(&self, _: Request<res::ApplyRequest>) -> Result<Response<Resource>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn update(&self, _: Request<res::UpdateRequest>) -> Result<Response<Resource>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+    async fn delete(&self, _: Request<res::DeleteRequest>) -> Result<Response<()>, Status> {
+        Err(Status::unimplemented("bench service"))
+    }
+}
+
+fn get(cluster: &str) -> GetRequest {
+    GetRequest {
+        cluster: Some(cluster.into()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        namespace: Some("default".into()),
+        name: Some(POD.into()),
+        ..Default::default()
+    }
+}
+
+/// Times `n` sequential calls of `call`.
+async fn series<F, Fut>(n: usize, mut call: F) -> anyhow::Result<Vec<Duration>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        tokio::time::timeout(TIMEOUT, call()).await??;
+        out.push(t.elapsed());
+    }
+    Ok(out)
+}
+
+struct Setup {
+    _sim: KubeSim,
+    kube: Kube,
+    hub: TestHub,
+    _agents: Vec<otter_agent::Agent>,
+    direct: Channel,
+    via_hub: Channel,
+    bulk: Channel,
+}
+
+async fn setup() -> anyhow::Result<Setup> {
+    otter_pki::tls::install_default_provider();
+    let sim = KubeSim::start(SimConfig::default_with_admin().pod("default", POD, &["app"])).await?;
+    let kube = Kube::connect(&sim).await?;
+    let svc = BenchService { kube: kube.clone() };
+
+    // The service without the hub: plaintext gRPC on loopback.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let direct_svc = svc.clone();
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(ResourceServiceServer::new(direct_svc))
+            .serve_with_incoming(
+                tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| {
+                    r.inspect(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    })
+                }),
+            )
+            .await;
+    });
+    let direct = Channel::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+
+    // One cluster per transport, each with its own agent.
+    let hub = TestHub::start_with(Arc::new(tempfile::tempdir()?), None, |c| {
+        c.keepalive = otter_tunnel::Keepalive::default()
+    })
+    .await;
+    let mut agents = Vec::new();
+    for (cluster, kind) in [("quic", TransportKind::Quic), ("h2", TransportKind::H2)] {
+        let token = hub.hub.mint_join_token(cluster)?;
+        let mut config =
+            otter_agent::AgentConfig::new(hub.api_url(), cluster, "agent-0", hub.hub.ca_pem());
+        config.join_token = otter_agent::config::Secret(token);
+        config.transports = vec![kind];
+        let routes = tonic::service::Routes::new(ResourceServiceServer::new(svc.clone()));
+        let agent = otter_agent::Agent::start(config, routes)?;
+        agent
+            .wait_for(Duration::from_secs(20), |s| s.connected.is_some())
+            .await
+            .ok_or_else(|| anyhow::anyhow!("agent over {kind} did not connect"))?;
+        agents.push(agent);
+    }
+    let via_hub = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
+    otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 2).await;
+    let bulk = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
+    Ok(Setup {
+        _sim: sim,
+        kube,
+        hub,
+        _agents: agents,
+        direct,
+        via_hub,
+        bulk,
+    })
+}
+
+/// A gRPC channel to the hub over TLS, trusting only its CA, with Nagle off
+/// (as any latency-minded client has it).
+pub async fn hub_channel(addr: std::net::SocketAddr, ca_pem: &str) -> anyhow::Result<Channel> {
+    let tls = otter_pki::tls::client_config(ca_pem, None, &[b"h2"])?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    Ok(
+        Channel::from_shared(format!("http://localhost:{}", addr.port()))?
+            .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                let connector = connector.clone();
+                async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    tcp.set_nodelay(true)?;
+                    let tls = connector
+                        .connect("localhost".try_into().expect("static name"), tcp)
+                        .await?;
+                    Ok::<_, std::io::Error>(TokioIo::new(tls))
+                }
+            }))
+            .await?,
+    )
+}
+
+async fn hub_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()> {
+    ResourceServiceClient::new(ch.clone())
+        .get(with_token(get(cluster), token))
+        .await?;
+    Ok(())
+}
+
+fn add_latency(figs: &mut Figures, path: &str, l: Latency, baseline: Option<&str>) {
+    for (q, v) in [
+        ("p50", l.p50),
+        ("p90", l.p90),
+        ("p99", l.p99),
+        ("max", l.max),
+    ] {
+        let base = baseline.map(|b| format!("latency.{b}.{q}"));
+        figs.add(&format!("latency.{path}.{q}"), "µs", base.as_deref(), v);
+    }
+}
+
+/// Latency of `calls` Gets per path and run, and head-of-line isolation.
+pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<Figures> {
+    let s = tokio::time::timeout(Duration::from_secs(60), setup())
+        .await
+        .context("setup timed out")??;
+    eprintln!("bench: hub, agents and test server up");
+    let token = s.hub.admin_token.clone();
+    let mut figs = Figures::default();
+    let warmup = (calls / 10).max(100);
+    for run in 0..runs {
+        eprintln!("bench: latency run {}/{runs}", run + 1);
+        // Straight to the test server.
+        let kube = s.kube.clone();
+        series(warmup, || async { kube.get_pod(POD).await.map(drop) }).await?;
+        let k = Latency::of(&series(calls, || async { kube.get_pod(POD).await.map(drop) }).await?);
+        add_latency(&mut figs, "kube-sim", k, None);
+        eprintln!("bench: kube-sim p50 {:.0} µs", k.p50);
+        // Straight to the agent's service, no hub.
+        let direct = s.direct.clone();
+        let one = || {
+            let mut c = ResourceServiceClient::new(direct.clone());
+            async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
+        };
+        series(warmup, one).await?;
+        let d = Latency::of(&series(calls, one).await?);
+        add_latency(&mut figs, "direct-agent", d, Some("kube-sim"));
+        eprintln!("bench: direct-agent p50 {:.0} µs", d.p50);
+        // Through the hub and the tunnel.
+        for cluster in ["quic", "h2"] {
+            let (ch, token) = (&s.via_hub, token.as_str());
+            series(warmup, || hub_get(ch, token, cluster)).await?;
+            let h = Latency::of(&series(calls, || hub_get(ch, token, cluster)).await?);
+            add_latency(
+                &mut figs,
+                &format!("hub-{cluster}"),
+                h,
+                Some("direct-agent"),
+            );
+            eprintln!("bench: hub-{cluster} p50 {:.0} µs", h.p50);
+            for (q, hv, dv) in [("p50", h.p50, d.p50), ("p99", h.p99, d.p99)] {
+                figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, hv - dv);
+            }
+        }
+
+        // Head-of-line: small Gets while a bulk watch saturates the tunnel.
+        for cluster in ["quic", "h2"] {
+            let (ch, token) = (&s.via_hub, token.as_str());
+            let idle = Latency::of(&series(hol_calls, || hub_get(ch, token, cluster)).await?);
+            // The bulk stream has its own client connection, so only the
+            // tunnel is shared with the small calls.
+            let mut watch = ResourceServiceClient::new(s.bulk.clone())
+                .watch(with_token(
+                    WatchRequest {
+                        cluster: Some(cluster.into()),
+                        version: Some("v1".into()),
+                        resource: Some("bulk".into()),
+                        ..Default::default()
+                    },
+                    token,
+                ))
+                .await?
+                .into_inner();
+            let bulk_bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let counted = bulk_bytes.clone();
+            let reader = tokio::spawn(async move {
+                // Bounded by the abort below and by this cap.
+                let deadline = Instant::now() + Duration::from_secs(300);
+                while let Some(Ok(_)) = watch.next().await {
+                    counted.fetch_add(256 * 1024, std::sync::atomic::Ordering::Relaxed);
+                    if Instant::now() > deadline {
+                        break;
+                    }
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let t = Instant::now();
+            let b0 = bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
+            let busy = Latency::of(&series(hol_calls, || hub_get(ch, token, cluster)).await?);
+            let rate = (bulk_bytes.load(std::sync::atomic::Ordering::Relaxed) - b0) as f64 * 8.0
+                / 1e9
+                / t.elapsed().as_secs_f64();
+            // Control: Gets that bypass the hub and the tunnel, while the
+            // bulk stream still runs. What this grows by is CPU contention
+            // on this machine, not queueing in the tunnel.
+            let direct = s.direct.clone();
+            let one = || {
+                let mut c = ResourceServiceClient::new(direct.clone());
+                async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
+            };
+            let control = Latency::of(&series(hol_calls, one).await?);
+            reader.abort();
+            figs.add(
+                &format!("hol.{cluster}.bulk-direct-p99"),
+                "µs",
+                Some("latency.direct-agent.p99"),
+                control.p99,
+            );
+            let idle_name = format!("hol.{cluster}.idle-p99");
+            figs.add(&idle_name, "µs", None, idle.p99);
+            figs.add(
+                &format!("hol.{cluster}.bulk-p99"),
+                "µs",
+                Some(&idle_name),
+                busy.p99,
+            );
+            figs.add(&format!("hol.{cluster}.bulk-rate"), "Gbit/s", None, rate);
+        }
+    }
+    figs.note(
+        "latency.direct-agent.p50",
+        "bench ResourceService (Get reads the pod from the test server); real agent services are not on this branch",
+    );
+    figs.note(
+        "latency.hub-quic.p50",
+        "client→hub over TLS; the direct path is plaintext gRPC",
+    );
+    Ok(figs)
+}

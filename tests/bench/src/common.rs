@@ -1,0 +1,200 @@
+//! Shared pieces: figures and where they go, percentiles, and resource
+//! usage read from /proc.
+
+use std::{io::Write, path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+/// One measured figure: the samples of every run, or why it was skipped.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Figure {
+    pub name: String,
+    pub unit: String,
+    #[serde(default)]
+    pub samples: Vec<f64>,
+    /// Name of the figure this one is compared with (ratio = median / its median).
+    #[serde(default)]
+    pub baseline: Option<String>,
+    #[serde(default)]
+    pub note: Option<String>,
+    #[serde(default)]
+    pub skipped: Option<String>,
+}
+
+impl Figure {
+    pub fn new(name: impl Into<String>, unit: &str, baseline: Option<&str>) -> Self {
+        Self {
+            name: name.into(),
+            unit: unit.to_owned(),
+            samples: Vec::new(),
+            baseline: baseline.map(str::to_owned),
+            note: None,
+            skipped: None,
+        }
+    }
+
+    pub fn skipped(name: impl Into<String>, why: impl Into<String>) -> Self {
+        let mut f = Self::new(name, "", None);
+        f.skipped = Some(why.into());
+        f
+    }
+}
+
+/// Collects figures by name, keeping the order they first appeared in.
+#[derive(Debug, Default)]
+pub struct Figures(pub Vec<Figure>);
+
+impl Figures {
+    /// Adds one sample to `name`, creating the figure on first use.
+    pub fn add(&mut self, name: &str, unit: &str, baseline: Option<&str>, value: f64) {
+        if let Some(f) = self.0.iter_mut().find(|f| f.name == name) {
+            f.samples.push(value);
+        } else {
+            let mut f = Figure::new(name, unit, baseline);
+            f.samples.push(value);
+            self.0.push(f);
+        }
+    }
+
+    pub fn note(&mut self, name: &str, note: &str) {
+        if let Some(f) = self.0.iter_mut().find(|f| f.name == name) {
+            f.note = Some(note.to_owned());
+        }
+    }
+
+    pub fn push(&mut self, f: Figure) {
+        self.0.push(f);
+    }
+
+    /// Appends every figure as one JSON line to `path`.
+    pub fn append_to(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        for f in &self.0 {
+            writeln!(file, "{}", serde_json::to_string(f)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Median of `v` (sorted copy); 0 for no samples.
+pub fn median(v: &[f64]) -> f64 {
+    percentile_of(v, 50.0)
+}
+
+/// Percentile by nearest rank over a copy of `v`.
+pub fn percentile_of(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    percentile_sorted(&s, p)
+}
+
+pub fn percentile_sorted(s: &[f64], p: f64) -> f64 {
+    if s.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// Latency percentiles (µs) of one series of calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Latency {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Latency {
+    pub fn of(durations: &[Duration]) -> Self {
+        let mut us: Vec<f64> = durations.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        us.sort_by(f64::total_cmp);
+        Self {
+            p50: percentile_sorted(&us, 50.0),
+            p90: percentile_sorted(&us, 90.0),
+            p99: percentile_sorted(&us, 99.0),
+            max: us.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ /proc
+
+/// Clock ticks per second of /proc CPU times (USER_HZ, 100 on Linux).
+const TICKS: f64 = 100.0;
+
+/// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
+pub fn status_kib(pid: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+pub fn rss_kib(pid: &str) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// (command name, user + system CPU seconds) of a /proc stat file.
+fn parse_stat(text: &str) -> Option<(String, f64)> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text[open + 1..close].to_owned();
+    // Fields after the name: state is field 3; utime and stime are 14 and 15.
+    let rest: Vec<&str> = text[close + 2..].split_whitespace().collect();
+    let utime: f64 = rest.get(11)?.parse().ok()?;
+    let stime: f64 = rest.get(12)?.parse().ok()?;
+    Some((comm, (utime + stime) / TICKS))
+}
+
+/// CPU seconds used by process `pid` so far.
+pub fn cpu_secs(pid: &str) -> Option<f64> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?).map(|(_, s)| s)
+}
+
+/// CPU seconds used so far by this process's threads whose name starts
+/// with `prefix` (runtimes are named per role so roles can be told apart).
+pub fn thread_cpu_secs(prefix: &str) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|t| parse_stat(&t))
+        .filter(|(comm, _)| comm.starts_with(prefix))
+        .map(|(_, s)| s)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_line_with_spaces_in_the_name() {
+        let line = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 150 50 0 0";
+        let (comm, secs) = parse_stat(line).unwrap();
+        assert_eq!(comm, "a b");
+        assert!((secs - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile_of(&v, 50.0), 50.0);
+        assert_eq!(percentile_of(&v, 99.0), 99.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+    }
+}

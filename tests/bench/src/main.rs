@@ -1,0 +1,181 @@
+//! `make bench`: tunnel throughput, call latency, head-of-line isolation,
+//! hub memory per agent, reconnect storm and footprint, each reported as a
+//! ratio against a baseline measured in the same invocation.
+//!
+//! Every scenario appends its figures (one JSON object per line) to a
+//! samples file; `report` turns that into the table and `results.json`.
+//!
+//! ```text
+//! otter-bench throughput SAMPLES SECS RUNS [RATHOLE_BIN]
+//! otter-bench calls      SAMPLES CALLS HOL_CALLS RUNS
+//! otter-bench scale      SAMPLES N IDLE_SECS
+//! otter-bench footprint  SAMPLES RUNS [AGENT_BIN]
+//! otter-bench report     SAMPLES RESULTS_JSON
+//! otter-bench skip       SAMPLES NAME MESSAGE
+//! ```
+
+mod calls;
+mod common;
+mod scale;
+mod throughput;
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context, bail};
+use common::{Figure, Figures, median};
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> anyhow::Result<T> {
+    args.get(i)
+        .with_context(|| format!("missing {what}"))?
+        .parse()
+        .map_err(|_| anyhow::anyhow!("bad {what}: {:?}", args[i]))
+}
+
+fn tokio_rt() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cmd = args.first().map(String::as_str).unwrap_or("");
+    let samples = || -> anyhow::Result<PathBuf> { arg(&args, 1, "samples file") };
+    let figs = match cmd {
+        "throughput" => {
+            let secs: u64 = arg(&args, 2, "seconds")?;
+            let runs = arg(&args, 3, "runs")?;
+            let rathole = args.get(4).filter(|s| !s.is_empty()).map(PathBuf::from);
+            throughput::run(Duration::from_secs(secs), runs, rathole)?
+        }
+        "calls" => {
+            let (calls, hol, runs) = (
+                arg(&args, 2, "calls")?,
+                arg(&args, 3, "head-of-line calls")?,
+                arg(&args, 4, "runs")?,
+            );
+            tokio_rt()?.block_on(calls::run(calls, hol, runs))?
+        }
+        "scale" => {
+            let (n, idle) = (arg(&args, 2, "agents")?, arg(&args, 3, "idle seconds")?);
+            tokio_rt()?.block_on(scale::run(n, idle))?
+        }
+        "footprint" => {
+            let runs = arg(&args, 2, "runs")?;
+            let bin = args.get(3).filter(|s| !s.is_empty()).map(PathBuf::from);
+            tokio_rt()?.block_on(scale::footprint(bin, runs))?
+        }
+        "skip" => {
+            let mut f = Figures::default();
+            f.push(Figure::skipped(
+                arg::<String>(&args, 2, "name")?,
+                arg::<String>(&args, 3, "message")?,
+            ));
+            f
+        }
+        "hub-child" => {
+            return tokio_rt()?.block_on(scale::hub_child(
+                arg(&args, 1, "dir")?,
+                arg(&args, 2, "api port")?,
+                arg(&args, 3, "tunnel port")?,
+                arg(&args, 4, "clusters")?,
+            ));
+        }
+        "agent-child" => {
+            return tokio_rt()?.block_on(scale::agent_child(
+                arg(&args, 1, "api port")?,
+                arg(&args, 2, "CA file")?,
+                arg(&args, 3, "cluster")?,
+                arg(&args, 4, "token")?,
+            ));
+        }
+        "report" => return report(samples()?, arg(&args, 2, "results file")?),
+        _ => bail!(
+            "usage: otter-bench throughput|calls|scale|footprint|report|skip ... (see the source)"
+        ),
+    };
+    figs.append_to(&samples()?)
+}
+
+/// Merges the samples file into one object per figure, prints the table
+/// and writes `results`.
+fn report(samples: PathBuf, results: PathBuf) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&samples).unwrap_or_default();
+    let mut merged = Figures::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Figure = serde_json::from_str(line)?;
+        match merged.0.iter_mut().find(|m| m.name == f.name) {
+            Some(m) => {
+                m.samples.extend(f.samples);
+                if m.note.is_none() {
+                    m.note = f.note;
+                }
+            }
+            None => merged.push(f),
+        }
+    }
+    let medians: std::collections::HashMap<String, f64> = merged
+        .0
+        .iter()
+        .filter(|f| !f.samples.is_empty())
+        .map(|f| (f.name.clone(), median(&f.samples)))
+        .collect();
+    let mut out = Vec::new();
+    println!(
+        "{:<40} {:>12} {:>10} {:>10} {:>10} {:>4}  {:<28} {:>7}",
+        "figure", "unit", "median", "min", "max", "runs", "baseline", "ratio"
+    );
+    for f in &merged.0 {
+        if let Some(why) = &f.skipped {
+            println!("{:<40} skipped: {why}", f.name);
+            out.push(serde_json::json!({"name": f.name, "skipped": why}));
+            continue;
+        }
+        let med = median(&f.samples);
+        let min = f.samples.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = f.samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let ratio = f
+            .baseline
+            .as_ref()
+            .and_then(|b| medians.get(b))
+            .filter(|b| **b != 0.0)
+            .map(|b| med / b);
+        println!(
+            "{:<40} {:>12} {:>10.3} {:>10.3} {:>10.3} {:>4}  {:<28} {:>7}",
+            f.name,
+            f.unit,
+            med,
+            min,
+            max,
+            f.samples.len(),
+            f.baseline.as_deref().unwrap_or("-"),
+            ratio
+                .map(|r| format!("{r:.2}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+        out.push(serde_json::json!({
+            "name": f.name,
+            "unit": f.unit,
+            "median": med,
+            "min": min,
+            "max": max,
+            "runs": f.samples.len(),
+            "baseline": f.baseline,
+            "ratio": ratio,
+            "note": f.note,
+        }));
+    }
+    for f in merged
+        .0
+        .iter()
+        .filter(|f| f.note.is_some() && f.skipped.is_none())
+    {
+        println!("  note {}: {}", f.name, f.note.as_deref().unwrap_or(""));
+    }
+    if let Some(dir) = results.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&results, serde_json::to_string_pretty(&out)?)?;
+    println!("results: {}", results.display());
+    Ok(())
+}

@@ -1,0 +1,473 @@
+//! Scale, reconnect storm and footprint. The hub runs as a child process of
+//! this binary (`hub-child`) so its RSS and CPU are its own; the N agents
+//! are real agents (join token, certificate, TLS or QUIC) in this process.
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use otter_agent::{Agent, AgentConfig, config::Secret};
+use otter_e2e::{double::Double, with_token};
+use otter_proto::{
+    link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
+    resource::v1::resource_service_server::ResourceServiceServer,
+};
+use otter_tunnel::TransportKind;
+
+use crate::common::{Figure, Figures, Latency, cpu_secs, rss_kib, status_kib};
+
+/// `hub-child`: a hub in `dir` on the given ports (0: free), with join
+/// tokens for `clusters` clusters written to `dir/bench-tokens`. Prints
+/// `READY <api> <tunnel>` and runs until stdin closes.
+pub async fn hub_child(dir: PathBuf, api: u16, tunnel: u16, clusters: usize) -> anyhow::Result<()> {
+    let mut config = otter_hub::HubConfig::new(&dir);
+    config.api_listen = SocketAddr::from(([127, 0, 0, 1], api));
+    config.tunnel_listen = SocketAddr::from(([127, 0, 0, 1], tunnel));
+    config.drain_timeout = Duration::from_secs(2);
+    let hub = otter_hub::Hub::start(config).await?;
+    std::fs::write(dir.join("bench-ca.pem"), hub.ca_pem())?;
+    let tokens = dir.join("bench-tokens");
+    if !tokens.exists() {
+        let mut text = String::new();
+        for i in 0..clusters {
+            text.push_str(&hub.mint_join_token(&format!("c-{i}"))?);
+            text.push('\n');
+        }
+        std::fs::write(&tokens, text)?;
+    }
+    println!("READY {} {}", hub.api_addr, hub.tunnel_addr);
+    // Runs until the parent closes stdin (or kills us).
+    tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        while std::io::stdin()
+            .read_line(&mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            line.clear();
+        }
+    })
+    .await?;
+    // Stdin closed: a graceful stop (tunnels are closed, so agents know at once).
+    hub.shutdown().await;
+    Ok(())
+}
+
+/// A hub child process.
+struct HubProc {
+    child: Child,
+    _stdout: BufReader<ChildStdout>,
+    api: SocketAddr,
+    tunnel: SocketAddr,
+}
+
+impl HubProc {
+    fn start(dir: &Path, api: u16, tunnel: u16, clusters: usize) -> anyhow::Result<HubProc> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("hub-child")
+            .arg(dir)
+            .args([api.to_string(), tunnel.to_string(), clusters.to_string()])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        // Minting 10,000 tokens takes a while; the child prints READY after.
+        stdout.read_line(&mut line)?;
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() != 3 || parts[0] != "READY" {
+            let _ = child.kill();
+            bail!("hub child did not start: {line:?}");
+        }
+        Ok(HubProc {
+            child,
+            _stdout: stdout,
+            api: parts[1].parse()?,
+            tunnel: parts[2].parse()?,
+        })
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Closes stdin: the hub shuts down gracefully (killed after 15 s).
+    fn stop(mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for HubProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn admin_token(dir: &Path) -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string(dir.join("admin-token"))?
+        .trim()
+        .to_owned())
+}
+
+async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Option<usize> {
+    let r = LinkServiceClient::new(ch.clone())
+        .list_links(with_token(ListLinksRequest {}, token))
+        .await
+        .ok()?;
+    Some(
+        r.into_inner()
+            .links
+            .iter()
+            .filter(|l| l.state == Some(LinkState::Connected as i32))
+            .count(),
+    )
+}
+
+/// Polls ListLinks until `n` links are connected; the time it took.
+async fn wait_links(
+    ch: &tonic::transport::Channel,
+    token: &str,
+    n: usize,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let got = connected_links(ch, token).await.unwrap_or(0);
+        if got >= n {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            bail!("only {got} of {n} links connected after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn start_agent(
+    hub: &HubProc,
+    ca: &str,
+    i: usize,
+    token: &str,
+) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
+    let url = url::Url::parse(&format!("https://localhost:{}", hub.api.port()))?;
+    let cluster = format!("c-{i}");
+    let mut config = AgentConfig::new(url, &cluster, "agent-0", ca);
+    config.join_token = Secret(token.to_owned());
+    // Half the agents on each transport.
+    config.transports = vec![if i.is_multiple_of(2) {
+        TransportKind::Quic
+    } else {
+        TransportKind::H2
+    }];
+    let double = Double {
+        cluster: cluster.clone(),
+        agent: "agent-0".into(),
+        live_watches: Default::default(),
+    };
+    let routes = tonic::service::Routes::new(ResourceServiceServer::new(double));
+    let agent = Agent::start(config, routes)?;
+    // Counts failed connect rounds (status updates that report an error
+    // while no tunnel is up); updates that coalesce count once.
+    let failures = Arc::new(AtomicU32::new(0));
+    let (mut rx, f) = (agent.status_watch(), failures.clone());
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let s = rx.borrow_and_update();
+            if s.connected.is_none() && s.attempts.iter().any(|(_, r)| r.is_err()) {
+                f.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    Ok((agent, failures))
+}
+
+/// Connect rounds an agent may make in `outage` under the backoff: the
+/// rounds that fit if every delay were a tenth of its ceiling (full jitter
+/// makes shorter delays possible, but not ten in a row).
+fn backoff_bound(outage: Duration) -> u32 {
+    let defaults = AgentConfig::new(
+        url::Url::parse("https://localhost").expect("static URL"),
+        "c",
+        "a",
+        "",
+    );
+    let mut b = otter_agent::backoff::Backoff::new(defaults.backoff_base, defaults.backoff_cap);
+    let (mut spent, mut rounds) = (Duration::ZERO, 1u32);
+    while spent <= outage && rounds < 10_000 {
+        spent += b.ceiling() / 10;
+        b.next_with(0.0);
+        rounds += 1;
+    }
+    rounds
+}
+
+/// Scale and reconnect storm with `n` agents; hub idle RSS with none.
+pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
+    otter_pki::tls::install_default_provider();
+    let mut figs = Figures::default();
+    let dir = tempfile::tempdir()?;
+    let hub = HubProc::start(dir.path(), 0, 0, n)?;
+    let token = admin_token(dir.path())?;
+    let ca = std::fs::read_to_string(dir.path().join("bench-ca.pem"))?;
+    let ch = crate::calls::hub_channel(hub.api, &ca).await?;
+    connected_links(&ch, &token).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss0 = rss_kib(&hub.pid()).unwrap_or(0);
+    figs.add("footprint.hub-idle-rss", "MiB", None, rss0 as f64 / 1024.0);
+
+    // N agents, started together.
+    eprintln!("bench: starting {n} agents");
+    let tokens: Vec<String> = std::fs::read_to_string(dir.path().join("bench-tokens"))?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let t = Instant::now();
+    let mut agents = Vec::with_capacity(n);
+    for (i, tok) in tokens.iter().enumerate().take(n) {
+        agents.push(start_agent(&hub, &ca, i, tok)?);
+    }
+    let limit = Duration::from_secs(60 + n as u64 / 20);
+    let connect_all = wait_links(&ch, &token, n, limit).await?;
+    let _ = t;
+    figs.add(
+        &format!("scale.connect-all.n{n}"),
+        "s",
+        None,
+        connect_all.as_secs_f64(),
+    );
+
+    // Idle with keepalives.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (c0, t0) = (cpu_secs(&hub.pid()).unwrap_or(0.0), Instant::now());
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let idle_cpu = (cpu_secs(&hub.pid()).unwrap_or(0.0) - c0) / t0.elapsed().as_secs_f64();
+    let rss = rss_kib(&hub.pid()).unwrap_or(0);
+    figs.add(
+        &format!("scale.hub-rss-per-tunnel.n{n}"),
+        "KiB",
+        None,
+        (rss.saturating_sub(rss0)) as f64 / n as f64,
+    );
+    figs.add(
+        &format!("scale.hub-rss.n{n}"),
+        "MiB",
+        None,
+        rss as f64 / 1024.0,
+    );
+    figs.add(
+        &format!("scale.hub-idle-cpu.n{n}"),
+        "% of a core",
+        None,
+        idle_cpu * 100.0,
+    );
+    let mut lat = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        connected_links(&ch, &token).await;
+        lat.push(t.elapsed());
+    }
+    let l = Latency::of(&lat);
+    figs.add(
+        &format!("scale.listlinks-p50.n{n}"),
+        "ms",
+        None,
+        l.p50 / 1000.0,
+    );
+    figs.add(
+        &format!("scale.listlinks-max.n{n}"),
+        "ms",
+        None,
+        l.max / 1000.0,
+    );
+
+    // Reconnect storm: the hub stops (gracefully, then by SIGKILL as in a
+    // crash) and starts again on the same ports and data.
+    let (api, tunnel) = (hub.api.port(), hub.tunnel.port());
+    let mut hub = Some(hub);
+    for mode in ["graceful", "crash"] {
+        eprintln!("bench: reconnect storm ({mode}) with {n} agents");
+        for (_, f) in &agents {
+            f.store(0, Ordering::Relaxed);
+        }
+        let old = hub.take().context("hub")?;
+        let down = Instant::now();
+        if mode == "crash" {
+            old.kill();
+        } else {
+            old.stop();
+        }
+        let restarted = HubProc::start(dir.path(), api, tunnel, n)?;
+        figs.add(
+            &format!("storm-{mode}.hub-down.n{n}"),
+            "s",
+            None,
+            down.elapsed().as_secs_f64(),
+        );
+        let pid = restarted.pid();
+        let ch = crate::calls::hub_channel(restarted.api, &ca).await?;
+        let back = wait_links(&ch, &token, n, limit).await;
+        let outage = down.elapsed();
+        let cpu = cpu_secs(&pid).unwrap_or(0.0);
+        let peak = status_kib(&pid, "VmHWM:").unwrap_or(0);
+        let name = |what: &str| format!("storm-{mode}.{what}.n{n}");
+        match back {
+            Ok(_) => figs.add(&name("reconnect-all"), "s", None, outage.as_secs_f64()),
+            Err(e) => figs.push(Figure::skipped(name("reconnect-all"), e.to_string())),
+        }
+        figs.add(&name("hub-peak-rss"), "MiB", None, peak as f64 / 1024.0);
+        figs.add(&name("hub-cpu"), "CPU s", None, cpu);
+        let bound = backoff_bound(outage);
+        let rounds: Vec<u32> = agents
+            .iter()
+            .map(|(_, f)| f.load(Ordering::Relaxed))
+            .collect();
+        let max = rounds.iter().copied().max().unwrap_or(0);
+        let over = rounds.iter().filter(|r| **r > bound).count();
+        figs.add(&name("max-failed-rounds"), "rounds", None, f64::from(max));
+        figs.add(&name("agents-over-backoff"), "agents", None, over as f64);
+        figs.note(
+            &name("agents-over-backoff"),
+            &format!("bound {bound} rounds in the outage (every delay a tenth of its ceiling)"),
+        );
+        hub = Some(restarted);
+    }
+    for (a, _) in agents {
+        tokio::spawn(a.shutdown());
+    }
+    drop(hub);
+    Ok(figs)
+}
+
+/// `agent-child`: one agent serving the test double; prints CONNECTED once up.
+pub async fn agent_child(
+    api: u16,
+    ca_file: PathBuf,
+    cluster: String,
+    token: String,
+) -> anyhow::Result<()> {
+    let ca = std::fs::read_to_string(ca_file)?;
+    let url = url::Url::parse(&format!("https://localhost:{api}"))?;
+    let mut config = AgentConfig::new(url, &cluster, "agent-0", &ca);
+    config.join_token = Secret(token);
+    let double = Double {
+        cluster,
+        agent: "agent-0".into(),
+        live_watches: Default::default(),
+    };
+    let agent = Agent::start(
+        config,
+        tonic::service::Routes::new(ResourceServiceServer::new(double)),
+    )?;
+    agent
+        .wait_for(Duration::from_secs(30), |s| s.connected.is_some())
+        .await
+        .context("agent did not connect")?;
+    println!("CONNECTED");
+    tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        while std::io::stdin()
+            .read_line(&mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            line.clear();
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Agent idle RSS (an agent process connected to a hub, idle) and the size
+/// of the stripped release agent binary when given.
+pub async fn footprint(agent_bin: Option<PathBuf>, runs: usize) -> anyhow::Result<Figures> {
+    let mut figs = Figures::default();
+    let dir = tempfile::tempdir()?;
+    let hub = HubProc::start(dir.path(), 0, 0, runs)?;
+    let ca_file = dir.path().join("bench-ca.pem");
+    let tokens: Vec<String> = std::fs::read_to_string(dir.path().join("bench-tokens"))?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for (run, token) in tokens.iter().enumerate().take(runs) {
+        eprintln!("bench: footprint run {}/{runs}", run + 1);
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("agent-child")
+            .arg(hub.api.port().to_string())
+            .arg(&ca_file)
+            .arg(format!("c-{run}"))
+            .arg(token)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut out = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        if line.trim() == "CONNECTED" {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            if let Some(kib) = rss_kib(&child.id().to_string()) {
+                figs.add("footprint.agent-idle-rss", "MiB", None, kib as f64 / 1024.0);
+            }
+        } else {
+            eprintln!("bench: agent child did not connect");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    figs.note(
+        "footprint.agent-idle-rss",
+        "the agent library serving the test double, in the bench binary",
+    );
+    drop(hub);
+    match agent_bin {
+        Some(bin) => {
+            let stripped = dir.path().join("agent-stripped");
+            std::fs::copy(&bin, &stripped)?;
+            let ok = Command::new("strip")
+                .arg(&stripped)
+                .status()
+                .map(|s| s.success());
+            if ok.unwrap_or(false) {
+                let size = std::fs::metadata(&stripped)?.len();
+                figs.add(
+                    "footprint.agent-binary",
+                    "MiB",
+                    None,
+                    size as f64 / 1048576.0,
+                );
+            } else {
+                figs.push(Figure::skipped("footprint.agent-binary", "strip failed"));
+            }
+        }
+        None => figs.push(Figure::skipped(
+            "footprint.agent-binary",
+            "no release agent binary given",
+        )),
+    }
+    Ok(figs)
+}
