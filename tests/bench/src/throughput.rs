@@ -183,7 +183,14 @@ fn tunnel(
             anyhow::Ok(addr)
         }))??
     } else {
-        let server = Arc::new(server(h2::ALPN)?);
+        // The TLS port serves HTTP/2 and WebSocket tunnels, told apart by ALPN.
+        let server = Arc::new(tls::server_config(
+            &p.server.0,
+            &p.server.1,
+            p.ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[h2::ALPN, otter_tunnel::ws::ALPN],
+        )?);
         let stop = stop.clone();
         roles.hub.block_on(roles.hub.spawn(async move {
             let listener = TcpListener::bind(any).await?;
@@ -198,13 +205,26 @@ fn tunnel(
             anyhow::Ok(addr)
         }))??
     };
-    let client = client(if kind == "quic" { quic::ALPN } else { h2::ALPN })?;
+    let client = client(match kind {
+        "quic" => quic::ALPN,
+        "ws" => otter_tunnel::ws::ALPN,
+        _ => h2::ALPN,
+    })?;
     let quic_kind = kind == "quic";
+    let ws_kind = kind == "ws";
     roles.agent.spawn(async move {
         let acceptor: Box<dyn Acceptor> = if quic_kind {
             match quic::dial(hub_addr, "localhost", client, &QuicSettings::default()).await {
                 Ok(a) => Box::new(a),
                 Err(e) => return eprintln!("bench: QUIC dial failed: {e}"),
+            }
+        } else if ws_kind {
+            let name = "localhost".try_into().expect("static name");
+            match otter_tunnel::ws::dial(hub_addr, name, Arc::new(client), H2Settings::default())
+                .await
+            {
+                Ok(a) => Box::new(a),
+                Err(e) => return eprintln!("bench: WebSocket dial failed: {e}"),
             }
         } else {
             let name = "localhost".try_into().expect("static name");
@@ -247,7 +267,7 @@ async fn agent_loop(
     }
 }
 
-/// One run over a library transport ("quic" or "h2").
+/// One run over a library transport ("quic", "h2" or "ws").
 fn run_transport(roles: &Roles, kind: &str, secs: Duration) -> anyhow::Result<Sample> {
     let stop = CancellationToken::new();
     let (sink_addr, count) = roles.sink.block_on(roles.sink.spawn(sink()))??;
@@ -500,6 +520,7 @@ pub fn run(secs: Duration, runs: usize, rathole: Option<PathBuf>) -> anyhow::Res
             ("direct-tcp", run_direct(&roles, secs)),
             ("quic", run_transport(&roles, "quic", secs)),
             ("h2", run_transport(&roles, "h2", secs)),
+            ("ws", run_transport(&roles, "ws", secs)),
         ];
         if let (true, Some(bin)) = (rathole_ok, rathole.as_deref()) {
             for t in ["tcp", "tls", "noise"] {
@@ -547,10 +568,6 @@ pub fn run(secs: Duration, runs: usize, rathole: Option<PathBuf>) -> anyhow::Res
         "cpu-hub.direct-tcp",
         "the writer alone (no tunnel): the cost of producing the bytes",
     );
-    figs.push(Figure::skipped(
-        "throughput.ws",
-        "not available: WebSocket transport not built yet",
-    ));
     if rathole.is_none() {
         figs.push(Figure::skipped(
             "throughput.rathole-*",
