@@ -69,7 +69,7 @@ scenario() {
 scenario 600 throughput throughput "$samples" "$tp_secs" "$tp_runs" "$rathole"
 scenario 300 calls calls "$samples" "$calls" "$hol_calls" "$call_runs"
 "$bench" skip "$samples" "portforward" \
-    "not available: RuntimeService port-forward and the kubectl proxy are not on this branch yet"
+    "not measured yet: RuntimeService port-forward and the kubectl proxy"
 scenario 900 scale scale "$samples" "$agents" "$idle"
 scenario 120 footprint footprint "$samples" "$fp_runs" "$agent_bin"
 

@@ -2,7 +2,7 @@
 //!
 //! The agent serves a bench ResourceService whose Get reads the pod from the
 //! Kubernetes API test server over HTTPS, the way the real service does; the
-//! agent's real Kubernetes services are not on this branch. The same Get is
+//! agent's Kubernetes client is kept out of this figure. The same Get is
 //! also sent straight to that service (plaintext gRPC on loopback, no hub)
 //! and straight to the test server.
 
@@ -440,7 +440,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
     }
     figs.note(
         "latency.direct-agent.p50",
-        "bench ResourceService (Get reads the pod from the test server); real agent services are not on this branch",
+        "bench ResourceService (Get reads the pod from the test server), isolating hub and tunnel from the agent's Kubernetes client",
     );
     figs.note(
         "latency.hub-quic.p50",
