@@ -92,7 +92,7 @@ impl Hub {
     pub async fn start(config: HubConfig) -> Result<Hub> {
         config.validate()?;
         tls::install_default_provider();
-        let store: Arc<dyn Store> = Arc::new(SledStore::open(&config.data_dir)?);
+        let store: Arc<dyn Store> = Arc::new(open_store(&config.data_dir).await?);
         let ca = authority::load_or_create_ca(&*store)?;
         let admin_token = tokens::ensure_admin_token(&*store, &config.data_dir)?;
         let pruned = tokens::prune_join_tokens(&*store)?;
@@ -258,6 +258,33 @@ impl Hub {
             tracing::warn!("some hub tasks did not stop within 10 s");
         }
         let _ = self.state.store.flush();
+        // Connection tasks the HTTP server spawned for in-flight streams may
+        // still hold the state (and with it the store's file lock) for a
+        // moment; wait, bounded, until this is the last reference, so a hub
+        // started right after on the same data dir can open it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while Arc::strong_count(&self.state) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Opens the store, waiting (bounded) while a previous hub of this process
+/// still releases its lock; another process holding it is an error at once
+/// after that.
+async fn open_store(dir: &std::path::Path) -> Result<SledStore> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match SledStore::open(dir) {
+            Ok(store) => return Ok(store),
+            Err(HubError::Store(e))
+                if e.contains("could not acquire lock")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
