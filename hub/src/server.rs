@@ -144,11 +144,16 @@ impl Hub {
             // Reuse the UDP socket reserved alongside the TCP port.
             let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(quic_tls)
                 .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
-            let _ = &quic_settings;
             let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
             server.transport_config(Arc::new(quic::transport_config(&quic_settings)));
+            // A stateless-reset key kept in the store: after a crash the
+            // restarted hub's resets of old connections are recognised by
+            // the agents, which reconnect at once instead of waiting for
+            // their keepalive timeout.
+            let reset_key =
+                ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &quic_reset_secret(&*store)?);
             quinn::Endpoint::new(
-                quinn::EndpointConfig::default(),
+                quinn::EndpointConfig::new(Arc::new(reset_key)),
                 Some(server),
                 endpoint_udp,
                 Arc::new(quinn::TokioRuntime),
@@ -267,6 +272,21 @@ impl Hub {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// The QUIC stateless-reset secret, made once and kept in the store.
+fn quic_reset_secret(store: &dyn Store) -> Result<Vec<u8>> {
+    use crate::store::StoreExt;
+    if let Some(hex_key) = store.get::<String>(crate::store::tree::META, "quic-reset-key")? {
+        return hex::decode(hex_key).map_err(|e| HubError::Store(format!("quic-reset-key: {e}")));
+    }
+    let key: [u8; 32] = rand::random();
+    store.put(
+        crate::store::tree::META,
+        "quic-reset-key",
+        &hex::encode(key),
+    )?;
+    Ok(key.to_vec())
 }
 
 /// Opens the store, waiting (bounded) while a previous hub of this process
