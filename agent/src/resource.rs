@@ -56,6 +56,19 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// The answer to a create, apply or update: the object as written. A
+    /// CRD change also refreshes discovery, so the new kind is found at once.
+    async fn written<T: serde::Serialize>(
+        &self,
+        entry: &ApiEntry,
+        obj: &T,
+    ) -> Result<Response<Resource>, Status> {
+        if is_crd(entry) {
+            self.catalog.invalidate().await;
+        }
+        Ok(Response::new(object_out(typed(to_json(obj)?, entry))))
+    }
+
     /// Starts the CRD watch of the discovery cache: call inside a runtime.
     pub fn new(kube: KubeAccess, config: ResourceConfig) -> Self {
         let catalog = Arc::new(Catalog::new(
@@ -356,10 +369,7 @@ impl ResourceService for Resources {
             .create(&PostParams::default(), &dynamic(obj)?)
             .await
             .map_err(from_kube)?;
-        if is_crd(&entry) {
-            self.catalog.invalidate().await;
-        }
-        Ok(Response::new(object_out(typed(to_json(&created)?, &entry))))
+        self.written(&entry, &created).await
     }
 
     async fn apply(
@@ -395,10 +405,7 @@ impl ResourceService for Resources {
             .patch(&name, &pp, &Patch::Apply(&obj))
             .await
             .map_err(from_kube)?;
-        if is_crd(&entry) {
-            self.catalog.invalidate().await;
-        }
-        Ok(Response::new(object_out(typed(to_json(&applied)?, &entry))))
+        self.written(&entry, &applied).await
     }
 
     async fn update(
@@ -430,10 +437,7 @@ impl ResourceService for Resources {
             .replace(&wanted, &pp, &dynamic(obj)?)
             .await
             .map_err(from_kube)?;
-        if is_crd(&entry) {
-            self.catalog.invalidate().await;
-        }
-        Ok(Response::new(object_out(typed(to_json(&updated)?, &entry))))
+        self.written(&entry, &updated).await
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<()>, Status> {
