@@ -158,7 +158,18 @@ mod tests {
             .unwrap();
             s.delete(tree::LINKS, "edge-2").unwrap();
         }
-        let s = SledStore::open(dir.path()).unwrap();
+        // sled's flusher thread can hold the file lock a moment after drop.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let s = loop {
+            match SledStore::open(dir.path()) {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    assert!(e.to_string().contains("could not acquire lock"), "{e}");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
         let all: Vec<serde_json::Value> = s.scan(tree::LINKS).unwrap();
         assert_eq!(all, vec![serde_json::json!({"cluster": "edge-1"})]);
         assert!(s.writable());
