@@ -81,5 +81,10 @@ demo:
 bench:
 	QUICK="$(QUICK)" FULL="$(FULL)" scripts/bench.sh
 
+## fuzz: every fuzz target (shared/tunnel, shared/pki, hub) for FUZZ_SECONDS
+## each (default 30), on nightly; installs cargo-fuzz into ~/.cache once
+fuzz:
+	FUZZ_SECONDS="$(FUZZ_SECONDS)" scripts/fuzz.sh
+
 clean:
 	$(CARGO) clean

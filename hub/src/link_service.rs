@@ -147,6 +147,8 @@ impl LinkSvc {
                 PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
                     Status::invalid_argument(e.to_string())
                 }
+                PkiError::CsrTooLarge { .. } => Status::resource_exhausted(e.to_string()),
+                PkiError::CsrIdentityMismatch { .. } => Status::permission_denied(e.to_string()),
                 other => crate::HubError::from(other).into_status(),
             })?;
 

@@ -70,8 +70,10 @@ fn copy_metadata(from: &HeaderMap, to: &mut HeaderMap, prefix: &str) {
     }
 }
 
-/// The request message of a Connect GET (`?message=…&encoding=…&base64=1&compression=gzip`).
-fn get_message(uri: &http::Uri) -> Result<(Vec<u8>, bool, bool), Status> {
+/// The request message of a Connect GET (`?message=…&encoding=…&base64=1&compression=gzip`):
+/// the message bytes, whether they are JSON, whether they are gzipped.
+/// Public so the fuzz targets feed it the same queries the hub parses.
+pub fn get_message(uri: &http::Uri) -> Result<(Vec<u8>, bool, bool), Status> {
     let query = uri.query().unwrap_or("");
     let mut message = None;
     let (mut json, mut b64, mut gz) = (true, false, false);

@@ -20,10 +20,9 @@ pub async fn call(
 ) -> http::Response<HttpBody> {
     let (parts, body) = req.into_parts();
     let body: HttpBody = if text {
-        // Decode base64 in whole 4-character groups, across chunk borders.
         let s = futures::stream::unfold(
-            (body, BytesMut::new(), false),
-            |(mut body, mut pending, done)| async move {
+            (body, TextDecoder::default(), false),
+            |(mut body, mut decoder, done)| async move {
                 if done {
                     return None;
                 }
@@ -33,28 +32,21 @@ pub async fn call(
                             let Ok(data) = frame.into_data() else {
                                 continue;
                             };
-                            pending.extend(data.iter().filter(|b| !b.is_ascii_whitespace()));
-                            let whole = pending.len() / 4 * 4;
-                            if whole == 0 {
-                                continue;
+                            match decoder.push(&data) {
+                                Ok(None) => continue,
+                                Ok(Some(d)) => {
+                                    return Some((data_frame(d), (body, decoder, false)));
+                                }
+                                Err(e) => return Some((err_frame(e), (body, decoder, true))),
                             }
-                            let chunk = pending.split_to(whole);
-                            return Some(match B64.decode(&chunk) {
-                                Ok(d) => (data_frame(Bytes::from(d)), (body, pending, false)),
-                                Err(e) => (
-                                    err_frame(format!("grpc-web-text body is not base64: {e}")),
-                                    (body, pending, true),
-                                ),
-                            });
                         }
-                        Some(Err(e)) => return Some((err_frame(e), (body, pending, true))),
-                        None if !pending.is_empty() => {
-                            return Some((
-                                err_frame("grpc-web-text body ends mid base64 group"),
-                                (body, pending, true),
-                            ));
+                        Some(Err(e)) => return Some((err_frame(e), (body, decoder, true))),
+                        None => {
+                            return decoder
+                                .finish()
+                                .err()
+                                .map(|e| (err_frame(e), (body, decoder, true)));
                         }
-                        None => return None,
                     }
                 }
             },
@@ -121,6 +113,50 @@ pub async fn call(
     http::Response::from_parts(rparts, StreamBody::new(s).boxed_unsync())
 }
 
+/// Decodes a `grpc-web-text` request body, sans IO: base64 in whole
+/// 4-character groups across chunk borders, whitespace ignored. Each message
+/// may be encoded (and padded) on its own, so a padded group ends a segment
+/// and decoding starts afresh after it. Public so the fuzz targets drive the
+/// same code the hub runs.
+#[derive(Debug, Default)]
+pub struct TextDecoder {
+    pending: BytesMut,
+}
+
+impl TextDecoder {
+    /// Takes the next chunk of the body; returns the bytes of the whole
+    /// groups seen so far, if any.
+    pub fn push(&mut self, data: &[u8]) -> Result<Option<Bytes>, String> {
+        self.pending
+            .extend(data.iter().filter(|b| !b.is_ascii_whitespace()));
+        let whole = self.pending.len() / 4 * 4;
+        if whole == 0 {
+            return Ok(None);
+        }
+        let chunk = self.pending.split_to(whole);
+        let mut out = Vec::with_capacity(whole / 4 * 3);
+        let mut start = 0;
+        for group in (0..whole).step_by(4) {
+            let end = group + 4;
+            if chunk[group..end].contains(&b'=') || end == whole {
+                B64.decode_vec(&chunk[start..end], &mut out)
+                    .map_err(|e| format!("grpc-web-text body is not base64: {e}"))?;
+                start = end;
+            }
+        }
+        Ok(Some(out.into()))
+    }
+
+    /// Checks the body did not end inside a group.
+    pub fn finish(&self) -> Result<(), String> {
+        if self.pending.is_empty() {
+            Ok(())
+        } else {
+            Err("grpc-web-text body ends mid base64 group".into())
+        }
+    }
+}
+
 /// Trailers as gRPC-Web's last frame: `name: value\r\n` lines.
 fn trailer_frame(trailers: &HeaderMap) -> Bytes {
     let mut text = Vec::new();
@@ -135,4 +171,24 @@ fn trailer_frame(trailers: &HeaderMap) -> Bytes {
         text.extend_from_slice(b"\r\n");
     }
     frames::encode(frames::FLAG_TRAILERS, &text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_decoder_joins_chunks_and_separately_padded_messages() {
+        let mut d = TextDecoder::default();
+        let a = B64.encode(b"ab");
+        let b = B64.encode(b"cdef");
+        let text = format!("{a}\n{b}");
+        let (first, second) = text.as_bytes().split_at(3);
+        assert_eq!(d.push(first).unwrap(), None);
+        assert_eq!(d.push(second).unwrap().unwrap(), Bytes::from_static(b"abcdef"));
+        d.finish().unwrap();
+        assert_eq!(d.push(b"QQ").unwrap(), None);
+        assert!(d.finish().is_err());
+        assert!(TextDecoder::default().push(b"!!!!").is_err());
+    }
 }

@@ -4,7 +4,7 @@ use std::{net::IpAddr, time::Duration};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     PKCS_ECDSA_P256_SHA256, PKCS_ED25519, SanType, SerialNumber,
 };
 use time::OffsetDateTime;
@@ -96,7 +96,9 @@ impl CertificateAuthority {
     }
 
     /// Signs an agent's CSR. Only the CSR's public key is used: subject,
-    /// SANs, usages, validity and serial are what the hub decides.
+    /// SANs, usages, validity and serial are what the hub decides. A CSR
+    /// whose common name or agent URI names another cluster or agent is
+    /// refused, though: it is asking for an identity it was not given.
     pub fn sign_agent_csr(
         &self,
         csr_pem: &str,
@@ -104,10 +106,10 @@ impl CertificateAuthority {
         lifetime: Duration,
     ) -> Result<IssuedCertificate> {
         if csr_pem.len() > MAX_CSR_PEM_LEN {
-            return Err(PkiError::MalformedCsr(format!(
-                "{} bytes, at most {MAX_CSR_PEM_LEN} allowed",
-                csr_pem.len()
-            )));
+            return Err(PkiError::CsrTooLarge {
+                len: csr_pem.len(),
+                max: MAX_CSR_PEM_LEN,
+            });
         }
         // from_pem checks the CSR's self-signature, so a CSR for a key the
         // agent does not hold is refused here.
@@ -117,6 +119,7 @@ impl CertificateAuthority {
         if alg != &PKCS_ECDSA_P256_SHA256 && alg != &PKCS_ED25519 {
             return Err(PkiError::KeyTypeNotAllowed(format!("{alg:?}")));
         }
+        check_claimed_identity(&csr.params, identity)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = dn(
             &format!("{}/{}", identity.cluster, identity.agent_id),
@@ -171,6 +174,40 @@ impl CertificateAuthority {
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem()))
     }
+}
+
+/// The identity-bearing parts of a CSR (common name `<cluster>/<agent>`,
+/// agent URI SANs) must, when present, name `identity`.
+fn check_claimed_identity(params: &CertificateParams, identity: &AgentIdentity) -> Result<()> {
+    let expected = format!("{}/{}", identity.cluster, identity.agent_id);
+    let mismatch = |claimed: String| PkiError::CsrIdentityMismatch {
+        claimed,
+        expected: expected.clone(),
+    };
+    for (kind, value) in params.distinguished_name.iter() {
+        if *kind != DnType::CommonName {
+            continue;
+        }
+        let text = match value {
+            DnValue::Utf8String(s) => s.clone(),
+            DnValue::PrintableString(s) => s.as_str().to_owned(),
+            DnValue::Ia5String(s) => s.as_str().to_owned(),
+            other => format!("{other:?}"),
+        };
+        if text != expected {
+            return Err(mismatch(text));
+        }
+    }
+    let uri = identity.to_uri();
+    for san in &params.subject_alt_names {
+        if let SanType::URI(claimed) = san
+            && claimed.as_str().starts_with(crate::identity::SPIFFE_PREFIX)
+            && claimed.as_str() != uri
+        {
+            return Err(mismatch(claimed.as_str().to_owned()));
+        }
+    }
+    Ok(())
 }
 
 /// SHA-256 fingerprint (lower-case hex) of the first certificate in a PEM.
@@ -237,7 +274,7 @@ mod tests {
         let huge = "A".repeat(MAX_CSR_PEM_LEN + 1);
         assert!(matches!(
             ca.sign_agent_csr(&huge, &id, life),
-            Err(PkiError::MalformedCsr(_))
+            Err(PkiError::CsrTooLarge { .. })
         ));
 
         // Flip one byte inside the signed body: the self-signature fails.

@@ -27,6 +27,12 @@ pub enum PkiError {
     /// The CSR could not be parsed or its self-signature does not verify.
     #[error("malformed CSR: {0}")]
     MalformedCsr(String),
+    /// The CSR is larger than any CSR of an allowed key type can be.
+    #[error("CSR of {len} bytes is over the limit of {max}")]
+    CsrTooLarge { len: usize, max: usize },
+    /// The CSR names an identity other than the one being registered.
+    #[error("CSR names {claimed:?}, but this registration is for {expected:?}")]
+    CsrIdentityMismatch { claimed: String, expected: String },
     /// The CSR's key is of a type the hub does not sign.
     #[error("CSR key type not allowed: {0} (use ECDSA P-256 or Ed25519)")]
     KeyTypeNotAllowed(String),

@@ -124,12 +124,7 @@ where
             "expected response head, got {kind:?}"
         )));
     }
-    let head = ResponseHead::decode(payload)
-        .map_err(|e| TunnelError::protocol(format!("response head: {e}")))?;
-    let status = http::StatusCode::from_u16(head.status as u16)
-        .ok()
-        .filter(|_| head.status <= 999)
-        .ok_or_else(|| TunnelError::protocol(format!("bad status {}", head.status)))?;
+    let (status, headers) = parse_response_head(payload)?;
     let mut response = http::Response::new(ResponseBody {
         reader,
         done: Some(done_tx),
@@ -137,8 +132,61 @@ where
         _guard: guard,
     });
     *response.status_mut() = status;
-    *response.headers_mut() = from_wire(head.headers)?;
+    *response.headers_mut() = headers;
     Ok(response)
+}
+
+/// Decodes the payload of a HEAD chunk (what the agent sent) into a status
+/// and headers, refusing statuses and headers HTTP does not allow. Public so
+/// the fuzz targets feed it exactly what the hub parses.
+pub fn parse_response_head(payload: Bytes) -> Result<(http::StatusCode, http::HeaderMap)> {
+    let head = ResponseHead::decode(payload)
+        .map_err(|e| TunnelError::protocol(format!("response head: {e}")))?;
+    // Checked before the cast: a u32 status must not wrap into a valid u16.
+    let status = Some(head.status)
+        .filter(|s| *s <= 999)
+        .and_then(|s| http::StatusCode::from_u16(s as u16).ok())
+        .ok_or_else(|| TunnelError::protocol(format!("bad status {}", head.status)))?;
+    Ok((status, from_wire(head.headers)?))
+}
+
+/// Decodes the payload of a TRAILERS chunk.
+pub fn parse_trailers(payload: Bytes) -> Result<http::HeaderMap> {
+    let list =
+        HeaderList::decode(payload).map_err(|e| TunnelError::protocol(format!("trailers: {e}")))?;
+    from_wire(list.headers)
+}
+
+/// A request head as the agent uses it: checked method, path and headers,
+/// and the caller the hub verified.
+#[derive(Debug)]
+pub struct ParsedRequestHead {
+    /// Which of the agent's services (see [`RequestHead::target`]).
+    pub target: String,
+    pub method: http::Method,
+    pub uri: http::Uri,
+    pub headers: http::HeaderMap,
+    pub caller: Option<Caller>,
+}
+
+/// Decodes the payload of an OPEN chunk (what the hub sent). Public so the
+/// fuzz targets feed it exactly what the agent parses.
+pub fn parse_request_head(payload: Bytes) -> Result<ParsedRequestHead> {
+    let head = RequestHead::decode(payload)
+        .map_err(|e| TunnelError::protocol(format!("request head: {e}")))?;
+    let method = http::Method::from_bytes(head.method.as_bytes())
+        .map_err(|_| TunnelError::protocol(format!("bad method {:?}", head.method)))?;
+    let uri: http::Uri = head
+        .path
+        .parse()
+        .map_err(|_| TunnelError::protocol(format!("bad path {:?}", head.path)))?;
+    Ok(ParsedRequestHead {
+        target: head.target,
+        method,
+        uri,
+        headers: from_wire(head.headers)?,
+        caller: head.caller,
+    })
 }
 
 /// Streams the request body to the agent, then holds the stream open until
@@ -218,10 +266,7 @@ impl Body for ResponseBody {
             Some(Ok((ChunkKind::Data, data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
             Some(Ok((ChunkKind::Trailers, payload))) => {
                 self.finish();
-                let trailers = HeaderList::decode(payload)
-                    .map_err(|e| TunnelError::protocol(format!("trailers: {e}")))
-                    .and_then(|t| from_wire(t.headers));
-                Poll::Ready(Some(trailers.map(Frame::trailers)))
+                Poll::Ready(Some(parse_trailers(payload).map(Frame::trailers)))
             }
             Some(Ok((kind, _))) => {
                 self.finished = true;
@@ -351,21 +396,14 @@ where
             "expected request head, got {kind:?}"
         )));
     }
-    let head = RequestHead::decode(payload)
-        .map_err(|e| TunnelError::protocol(format!("request head: {e}")))?;
-    let target = head.target.clone();
-    let method = http::Method::from_bytes(head.method.as_bytes())
-        .map_err(|_| TunnelError::protocol(format!("bad method {:?}", head.method)))?;
-    let uri: http::Uri = head
-        .path
-        .parse()
-        .map_err(|_| TunnelError::protocol(format!("bad path {:?}", head.path)))?;
+    let head = parse_request_head(payload)?;
+    let target = head.target;
 
     let (tx, rx) = mpsc::channel(2);
     let mut request = http::Request::new(RequestBody { rx });
-    *request.method_mut() = method;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = from_wire(head.headers)?;
+    *request.method_mut() = head.method;
+    *request.uri_mut() = head.uri;
+    *request.headers_mut() = head.headers;
     if let Some(caller) = head.caller {
         request.extensions_mut().insert(caller);
     }

@@ -1,0 +1,5 @@
+//! The fuzz harness of otter-hub, shared by the fuzz targets and by the
+//! crate's `fuzz_regressions` test.
+
+#[path = "harness.rs"]
+pub mod harness;
