@@ -1,0 +1,300 @@
+//! Tunnel identity under attack, through a real hub on loopback: client
+//! certificates from another CA, expired ones, and a genuine certificate of
+//! cluster A used to try to serve cluster B. None is admitted for what it
+//! is not, the hub keeps running, and another agent's calls keep working
+//! during and after.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use otter_e2e::{
+    TestHub,
+    double::{Double, WAIT, field, get, start_agent, wait_connected},
+    with_token,
+};
+use otter_pki::{AgentIdentity, CertificateAuthority};
+use otter_proto::{
+    link::v1::{
+        LinkState, ListLinksRequest, RegisterRequest, link_service_client::LinkServiceClient,
+    },
+    resource::v1::{
+        resource_service_client::ResourceServiceClient, resource_service_server::ResourceServiceServer,
+    },
+};
+use otter_tunnel::{Acceptor, TransportKind, frame::Limits};
+use tonic::Code;
+
+/// Certificate and key PEM for `cluster`/`agent`, signed by `ca`.
+fn cert_from(ca: &CertificateAuthority, cluster: &str, agent: &str, life: Duration) -> (String, String) {
+    let (key, csr) = otter_pki::csr::generate(cluster, agent).unwrap();
+    let id = AgentIdentity::new(cluster, agent).unwrap();
+    (ca.sign_agent_csr(&csr, &id, life).unwrap().pem, key)
+}
+
+/// Dials the hub's tunnel port as an agent would, presenting `cert`.
+async fn dial(
+    hub: &TestHub,
+    transport: TransportKind,
+    cert: &str,
+    key: &str,
+) -> otter_tunnel::Result<Box<dyn Acceptor>> {
+    let addr = hub.hub.tunnel_addr;
+    Ok(match transport {
+        TransportKind::Quic => {
+            let tls = otter_pki::tls::client_config(
+                hub.hub.ca_pem(),
+                Some((cert, key)),
+                &[otter_tunnel::quic::ALPN],
+            )
+            .unwrap();
+            Box::new(
+                otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default()).await?,
+            )
+        }
+        _ => {
+            let tls = otter_pki::tls::client_config(
+                hub.hub.ca_pem(),
+                Some((cert, key)),
+                &[otter_tunnel::h2::ALPN],
+            )
+            .unwrap();
+            Box::new(
+                otter_tunnel::h2::dial(
+                    addr,
+                    "localhost".try_into().unwrap(),
+                    Arc::new(tls),
+                    Default::default(),
+                )
+                .await?,
+            )
+        }
+    })
+}
+
+/// The error a refused dialler sees: at the handshake, or (TLS 1.3 and
+/// QUIC check the client's certificate after the client considers the
+/// handshake done) on its first wait for a stream.
+async fn refusal(hub: &TestHub, transport: TransportKind, cert: &str, key: &str) -> String {
+    match dial(hub, transport, cert, key).await {
+        Err(e) => e.to_string(),
+        Ok(mut acceptor) => match tokio::time::timeout(WAIT, acceptor.accept()).await {
+            Err(_) => panic!("{transport:?}: tunnel neither refused nor closed"),
+            Ok(Ok(Some(_))) => panic!("{transport:?}: the hub opened a stream on a refused tunnel"),
+            Ok(Ok(None)) => "closed".into(),
+            Ok(Err(e)) => e.to_string(),
+        },
+    }
+}
+
+/// The TLS alert (TCP) or QUIC crypto error naming an unknown issuer.
+fn unknown_ca(why: &str) -> bool {
+    why.contains("UnknownCA") || why.contains("UnknownIssuer")
+}
+
+/// The same naming an expired certificate.
+fn expired(why: &str) -> bool {
+    why.contains("CertificateExpired") || why.contains("certificate expired")
+}
+
+/// Calls `cluster` in a loop until stopped (bounded: at most 10,000 calls),
+/// counting answers from `agent` and anything else.
+fn keep_calling(
+    hub: &TestHub,
+    channel: tonic::transport::Channel,
+    cluster: &'static str,
+    agent: &'static str,
+) -> (Arc<AtomicBool>, tokio::task::JoinHandle<(usize, Vec<String>)>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let token = hub.admin_token.clone();
+    let handle = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut client = ResourceServiceClient::new(channel);
+            let (mut ok, mut bad) = (0, Vec::new());
+            for i in 0..10_000 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                match client.get(with_token(get(cluster, &format!("n{i}")), &token)).await {
+                    Ok(r) if field(r.get_ref(), "agent") == agent => ok += 1,
+                    Ok(r) => bad.push(format!("answered by {}", field(r.get_ref(), "agent"))),
+                    Err(e) => bad.push(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (ok, bad)
+        }
+    });
+    (stop, handle)
+}
+
+async fn refuses_foreign_and_expired(transport: TransportKind) {
+    let hub = TestHub::start().await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, transport);
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let (stop, calls) = keep_calling(&hub, channel.clone(), "edge-1", "a1");
+
+    // The same identity as the live agent, signed by another CA.
+    let rogue_ca = CertificateAuthority::generate("rogue CA").unwrap();
+    let (cert, key) = cert_from(&rogue_ca, "edge-1", "a1", Duration::from_secs(3600));
+    let why = refusal(&hub, transport, &cert, &key).await;
+    assert!(unknown_ca(&why), "{transport:?}: {why}");
+
+    // The live agent's identity from the hub's own CA, but expired.
+    let (cert, key) = cert_from(&hub.hub.state.ca, "edge-1", "a1", Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let why = refusal(&hub, transport, &cert, &key).await;
+    assert!(expired(&why), "{transport:?}: {why}");
+
+    // A burst of both at once does not disturb the live agent either.
+    let burst: Vec<_> = (0..8)
+        .map(|i| {
+            let (cert, key) = if i % 2 == 0 {
+                cert_from(&rogue_ca, "edge-1", "a1", Duration::from_secs(3600))
+            } else {
+                (cert.clone(), key.clone())
+            };
+            let hub = &hub;
+            async move { refusal(hub, transport, &cert, &key).await }
+        })
+        .collect();
+    for why in futures::future::join_all(burst).await {
+        assert!(unknown_ca(&why) || expired(&why), "{why}");
+    }
+
+    stop.store(true, Ordering::SeqCst);
+    let (ok, bad) = calls.await.unwrap();
+    assert!(bad.is_empty(), "the live agent's calls failed: {bad:?}");
+    assert!(ok > 0);
+    // After: still the same agent, still connected, still answering.
+    let r = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-1", "after"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "agent"), "a1");
+    assert_eq!(agent.agent.status().connects, 1, "the live tunnel was dropped");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_ca_and_expired_certificates_are_refused_over_quic() {
+    refuses_foreign_and_expired(TransportKind::Quic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_ca_and_expired_certificates_are_refused_over_h2() {
+    refuses_foreign_and_expired(TransportKind::H2).await;
+}
+
+/// Serves the test double on a tunnel dialled by hand.
+fn serve(mut acceptor: Box<dyn Acceptor>, cluster: &str, agent: &str) -> tokio::task::JoinHandle<()> {
+    let routes = tonic::service::Routes::new(ResourceServiceServer::new(Double {
+        cluster: cluster.into(),
+        agent: agent.into(),
+        live_watches: Arc::new(AtomicUsize::new(0)),
+    }));
+    tokio::spawn(async move {
+        while let Ok(Some(stream)) = acceptor.accept().await {
+            let routes = routes.clone();
+            tokio::spawn(otter_tunnel::http::serve_stream(stream, routes, Limits::default()));
+        }
+    })
+}
+
+/// A genuine certificate of cluster A cannot serve cluster B: the hub reads
+/// the cluster from the certificate, so the tunnel is A's, B's calls keep
+/// going to B's agent, and when B's agent is gone they fail as offline
+/// rather than reach A's tunnel. Nor can A's certificate be renewed into
+/// B's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
+    let hub = TestHub::start().await;
+    let token_b = hub.hub.mint_join_token("edge-b").unwrap();
+    let agent_b = start_agent(&hub, "edge-b", "b1", &token_b, TransportKind::Quic);
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let (stop, calls) = keep_calling(&hub, channel.clone(), "edge-b", "b1");
+
+    // Cluster A's agent registers the ordinary way and gets its certificate.
+    let (key, csr) = otter_pki::csr::generate("edge-a", "a1").unwrap();
+    let token_a = hub.hub.mint_join_token("edge-a").unwrap();
+    let register = |cluster: &str, token: &str, csr: &str| RegisterRequest {
+        cluster: Some(cluster.into()),
+        csr: Some(csr.as_bytes().to_vec()),
+        agent_id: Some("a1".into()),
+        agent_version: Some("v0.1.0".into()),
+        rancher_project_id: None,
+        join_token: Some(token.into()),
+    };
+    let resp = LinkServiceClient::new(channel.clone())
+        .register(register("edge-a", &token_a, &csr))
+        .await
+        .unwrap()
+        .into_inner();
+    let cert = String::from_utf8(resp.certificate.unwrap()).unwrap();
+
+    // It renews into cluster B: refused.
+    let mtls = otter_e2e::client_channel(hub.hub.api_addr, hub.hub.ca_pem(), Some((&cert, &key))).await;
+    let (_, csr_b) = otter_pki::csr::generate("edge-b", "a1").unwrap();
+    let e = LinkServiceClient::new(mtls)
+        .register(register("edge-b", "", &csr_b))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // It dials the tunnel with its certificate and serves a double that
+    // would answer anything, as whoever it likes.
+    let acceptor = dial(&hub, TransportKind::H2, &cert, &key).await.unwrap();
+    let rogue = serve(acceptor, "edge-b", "rogue");
+    wait_connected(&channel, &hub.admin_token, 2).await;
+    let links = LinkServiceClient::new(channel.clone())
+        .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner()
+        .links;
+    let link = |c: &str| links.iter().find(|l| l.cluster.as_deref() == Some(c)).unwrap().clone();
+    assert_eq!(link("edge-b").agent_id.as_deref(), Some("b1"));
+    assert_eq!(link("edge-b").transport.as_deref(), Some("quic"));
+    assert_eq!(link("edge-a").transport.as_deref(), Some("h2"));
+    // Its tunnel carries cluster A's calls only.
+    let r = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-a", "x"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "agent"), "rogue");
+
+    stop.store(true, Ordering::SeqCst);
+    let (ok, bad) = calls.await.unwrap();
+    assert!(bad.is_empty(), "cluster B's calls went wrong: {bad:?}");
+    assert!(ok > 0);
+
+    // B's agent goes away: B's calls fail as offline, never reach A's tunnel.
+    agent_b.agent.shutdown().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let e = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-b", "x"), &hub.admin_token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("offline"), "{e:?}");
+    let still = LinkServiceClient::new(channel.clone())
+        .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner()
+        .links;
+    let b = still.iter().find(|l| l.cluster.as_deref() == Some("edge-b")).unwrap();
+    assert_eq!(b.state, Some(LinkState::Offline as i32));
+    assert_eq!(b.agent_id.as_deref(), Some("b1"));
+    rogue.abort();
+    hub.hub.shutdown().await;
+}
