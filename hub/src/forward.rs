@@ -196,6 +196,26 @@ fn format_time(unix: i64) -> String {
     }
 }
 
+/// Checks the first gRPC message of `req` against `max` (from its length
+/// prefix, before buffering it) and gives the request back with the body
+/// unchanged.
+pub async fn limit_first_message(
+    req: http::Request<HttpBody>,
+    max: usize,
+) -> Result<http::Request<HttpBody>, Status> {
+    use futures::StreamExt;
+    let (parts, body) = req.into_parts();
+    let (prefix, rest) = read_first_message(body, max).await?;
+    let first = futures::stream::once(async move {
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Frame::data(prefix))
+    });
+    let body = first.chain(http_body_util::BodyStream::new(rest));
+    Ok(http::Request::from_parts(
+        parts,
+        http_body_util::StreamBody::new(body).boxed_unsync(),
+    ))
+}
+
 /// Reads the body up to the end of the first gRPC message. Returns the bytes
 /// read (the first message and anything after it) and the rest of the body.
 async fn read_first_message(mut body: HttpBody, max: usize) -> Result<(Bytes, HttpBody), Status> {
@@ -219,6 +239,11 @@ async fn read_first_message(mut body: HttpBody, max: usize) -> Result<(Bytes, Ht
                 }
             }
             Some(Err(e)) => {
+                // The protocol layer says which status a body it rewrote
+                // failed with (an oversized or undecodable message).
+                if let Some(status) = e.downcast_ref::<Status>() {
+                    return Err(status.clone());
+                }
                 return Err(Status::cancelled(format!("reading request: {e}")));
             }
             None => {

@@ -180,8 +180,13 @@ pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
     }
     for u in users {
         if u.is_empty() || u.len() > 253 || u.chars().any(char::is_control) {
+            // Only the start of the name goes back: the answer carries it in
+            // a header, and an echo of a huge name would be refused as too
+            // large by the caller's HTTP/2 stack instead of explained.
+            let start: String = u.chars().take(64).collect();
+            let more = if u.chars().count() > 64 { "…" } else { "" };
             return Err(format!(
-                "user name {u:?} must be 1 to 253 printable characters"
+                "user name {start:?}{more} must be 1 to 253 printable characters"
             ));
         }
     }

@@ -738,6 +738,11 @@ async fn grpc_call(
     crate::metrics::observe(metrics, path, started, resp)
 }
 
+/// Largest request message of the hub's own services (Register, ListLinks,
+/// manifests, health, reflection): a CSR and a few names are the most any
+/// of them carries.
+pub const MAX_OWN_MESSAGE: usize = 1024 * 1024;
+
 async fn grpc_handlers(
     state: Arc<HubState>,
     routes: tonic::service::Routes,
@@ -746,6 +751,15 @@ async fn grpc_handlers(
     if forward::is_forwarded(req.uri().path()) {
         return forward::handle(state, req).await;
     }
+    // The hub's own services: the first message is measured from its
+    // length prefix before anything is buffered, so an oversized one is
+    // ResourceExhausted (tonic itself would buffer up to its limit and then
+    // say OutOfRange). Every method here is unary or starts with a small
+    // message.
+    let req = match forward::limit_first_message(req, MAX_OWN_MESSAGE).await {
+        Ok(req) => req,
+        Err(status) => return status.into_http(),
+    };
     // Routes is always ready; calling it directly yields its concrete
     // future type, which keeps the compiler's Send analysis simple.
     let mut routes = routes;

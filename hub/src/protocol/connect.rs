@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use tonic::{Code, Status};
 
 use super::{
-    Inner, accepts_gzip, data_frame, err_frame, error_json,
+    Inner, accepts_gzip, data_frame, err_frame, error_json, status_frame,
     frames::{self, FLAG_COMPRESSED, FLAG_END_STREAM, Parser},
     grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json, status_of,
 };
@@ -323,11 +323,11 @@ pub async fn streaming(
                 loop {
                     match parser.next_envelope() {
                         Err(e) => {
-                            let msg = format!(
+                            let status = Status::resource_exhausted(format!(
                                 "request message of {} bytes is over the limit of {}",
                                 e.len, e.max
-                            );
-                            return Some((err_frame(msg), (body, parser, true)));
+                            ));
+                            return Some((status_frame(status), (body, parser, true)));
                         }
                         Ok(Some(env)) if env.flags & FLAG_END_STREAM != 0 => continue,
                         Ok(Some(env)) => {
@@ -351,7 +351,7 @@ pub async fn streaming(
                             })();
                             return Some(match converted {
                                 Ok(frame) => (data_frame(frame), (body, parser, false)),
-                                Err(s) => (err_frame(s.message()), (body, parser, true)),
+                                Err(s) => (status_frame(s), (body, parser, true)),
                             });
                         }
                         Ok(None) => {}
@@ -365,7 +365,9 @@ pub async fn streaming(
                         Some(Err(e)) => return Some((err_frame(e), (body, parser, true))),
                         None if parser.remaining() > 0 => {
                             return Some((
-                                err_frame("request ended inside a message"),
+                                status_frame(Status::invalid_argument(
+                                    "request ended inside a message",
+                                )),
                                 (body, parser, true),
                             ));
                         }

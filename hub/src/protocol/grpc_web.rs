@@ -7,7 +7,9 @@ use http::{HeaderMap, HeaderValue, header};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 
-use super::{BoxError, Inner, data_frame, err_frame, frames, pass_headers, status_of};
+use super::{
+    BoxError, Inner, data_frame, err_frame, frames, pass_headers, status_frame, status_of,
+};
 use crate::forward::HttpBody;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -37,15 +39,18 @@ pub async fn call(
                                 Ok(Some(d)) => {
                                     return Some((data_frame(d), (body, decoder, false)));
                                 }
-                                Err(e) => return Some((err_frame(e), (body, decoder, true))),
+                                Err(e) => {
+                                    let status = tonic::Status::invalid_argument(e);
+                                    return Some((status_frame(status), (body, decoder, true)));
+                                }
                             }
                         }
                         Some(Err(e)) => return Some((err_frame(e), (body, decoder, true))),
                         None => {
-                            return decoder
-                                .finish()
-                                .err()
-                                .map(|e| (err_frame(e), (body, decoder, true)));
+                            return decoder.finish().err().map(|e| {
+                                let status = tonic::Status::invalid_argument(e);
+                                (status_frame(status), (body, decoder, true))
+                            });
                         }
                     }
                 }

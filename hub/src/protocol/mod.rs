@@ -41,6 +41,13 @@ pub fn err_frame(e: impl std::fmt::Display) -> Result<http_body::Frame<Bytes>, B
     Err(e.to_string().into())
 }
 
+/// An error of a rewritten request body that says which gRPC status the
+/// caller gets: the forwarder and tonic both look for a [`Status`] in a
+/// body error, where a bare message would end the call as cancelled.
+pub fn status_frame(status: Status) -> Result<http_body::Frame<Bytes>, BoxError> {
+    Err(Box::new(status))
+}
+
 /// The gRPC handlers behind the protocol layer.
 pub type Inner = crate::server::GrpcHandler;
 
