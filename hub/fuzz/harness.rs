@@ -35,10 +35,7 @@ fn methods() -> &'static [MethodInfo] {
             })
             .collect();
         paths.sort();
-        paths
-            .iter()
-            .filter_map(|p| m.get(p).cloned())
-            .collect()
+        paths.iter().filter_map(|p| m.get(p).cloned()).collect()
     })
 }
 
@@ -50,7 +47,11 @@ pub fn connect_envelope(data: &[u8]) {
     let Some((&ctl, input)) = data.split_first() else {
         return;
     };
-    let max = if ctl & 1 == 0 { SMALL } else { 16 * 1024 * 1024 };
+    let max = if ctl & 1 == 0 {
+        SMALL
+    } else {
+        16 * 1024 * 1024
+    };
     let step = usize::from(ctl >> 1).max(1);
     let mut parser = Parser::new(max);
     'feed: for piece in input.chunks(step) {
@@ -100,7 +101,8 @@ pub fn connect_json(data: &[u8]) {
 
 fn json_round_trip(method: &MethodInfo, json: &[u8]) {
     if let Ok(proto) = json_to_proto(&method.input, json) {
-        let back = proto_to_json(&method.input, &proto).expect("an accepted message prints as JSON");
+        let back =
+            proto_to_json(&method.input, &proto).expect("an accepted message prints as JSON");
         json_to_proto(&method.input, &back).expect("printed JSON is accepted again");
     }
 }
@@ -129,7 +131,11 @@ pub fn grpc_web(data: &[u8]) {
         }
     }
     let _ = decoder.finish();
-    assert!(out <= input.len() / 4 * 3, "{out} bytes out of {}", input.len());
+    assert!(
+        out <= input.len() / 4 * 3,
+        "{out} bytes out of {}",
+        input.len()
+    );
 }
 
 /// Manifest URL tokens. First byte 0: the rest is a token as it comes in a

@@ -12,9 +12,10 @@ use hyper::body::Incoming;
 use tonic::{Code, Status};
 
 use super::{
-    Inner, accepts_gzip, data_frame, err_frame, error_json, status_frame,
+    Inner, accepts_gzip, data_frame, err_frame, error_json,
     frames::{self, FLAG_COMPRESSED, FLAG_END_STREAM, Parser},
-    grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json, status_of,
+    grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json,
+    status_frame, status_of,
 };
 use crate::{forward::HttpBody, methods::MethodInfo};
 

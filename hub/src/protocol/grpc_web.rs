@@ -190,7 +190,10 @@ mod tests {
         let text = format!("{a}\n{b}");
         let (first, second) = text.as_bytes().split_at(3);
         assert_eq!(d.push(first).unwrap(), None);
-        assert_eq!(d.push(second).unwrap().unwrap(), Bytes::from_static(b"abcdef"));
+        assert_eq!(
+            d.push(second).unwrap().unwrap(),
+            Bytes::from_static(b"abcdef")
+        );
         d.finish().unwrap();
         assert_eq!(d.push(b"QQ").unwrap(), None);
         assert!(d.finish().is_err());

@@ -6,7 +6,8 @@ use std::{sync::OnceLock, time::Duration};
 
 use base64::Engine;
 use otter_pki::{
-    AgentIdentity, CertificateAuthority, PkiError, identity::PeerCertificate, identity::SPIFFE_PREFIX,
+    AgentIdentity, CertificateAuthority, PkiError, identity::PeerCertificate,
+    identity::SPIFFE_PREFIX,
 };
 
 /// One CA per process: making a key per input would drown the signal.
@@ -49,7 +50,10 @@ pub fn csr_sign(data: &[u8]) {
                 .expect("issued PEM parses")
                 .remove(0);
             let peer = PeerCertificate::from_der(der.as_ref()).expect("issued certificate parses");
-            assert_eq!(peer.identity, id, "the CSR changed who the certificate names");
+            assert_eq!(
+                peer.identity, id,
+                "the CSR changed who the certificate names"
+            );
             assert_eq!(peer.serial, issued.serial);
         }
         Err(
@@ -68,7 +72,10 @@ pub fn peer_cert(data: &[u8]) {
     if let Ok(peer) = PeerCertificate::from_der(data) {
         let uri = peer.identity.to_uri();
         assert!(uri.starts_with(SPIFFE_PREFIX));
-        assert_eq!(AgentIdentity::from_uri(&uri).expect("round trip"), peer.identity);
+        assert_eq!(
+            AgentIdentity::from_uri(&uri).expect("round trip"),
+            peer.identity
+        );
         assert!(!peer.serial.is_empty() || data.len() < 4096);
     }
 }

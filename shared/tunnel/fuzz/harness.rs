@@ -67,7 +67,11 @@ pub fn frame_decode(data: &[u8]) {
             }
         }
         // Waiting for the rest of a chunk: never more than one chunk held.
-        assert!(buf.len() <= HEADER_LEN + biggest, "{} bytes held", buf.len());
+        assert!(
+            buf.len() <= HEADER_LEN + biggest,
+            "{} bytes held",
+            buf.len()
+        );
         assert!(buf.capacity() <= 4 * (HEADER_LEN + biggest + step));
     }
 }

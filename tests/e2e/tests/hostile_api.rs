@@ -55,7 +55,10 @@ fn pem(label: &str, der: &[u8]) -> String {
         .chunks(64)
         .map(|l| std::str::from_utf8(l).unwrap())
         .collect();
-    format!("-----BEGIN {label}-----\n{}\n-----END {label}-----\n", lines.join("\n"))
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
 }
 
 async fn expect_code(
@@ -66,7 +69,11 @@ async fn expect_code(
 ) {
     let e = link.register(req).await.unwrap_err();
     assert_eq!(e.code(), code, "{e:?}");
-    assert!(e.message().contains(says), "{says:?} not in {:?}", e.message());
+    assert!(
+        e.message().contains(says),
+        "{says:?} not in {:?}",
+        e.message()
+    );
 }
 
 /// Register refuses what the earlier suite does not cover: a forged secret
@@ -77,8 +84,8 @@ async fn expect_code(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_refuses_abuse_with_the_right_codes() {
     let hub = TestHub::start().await;
-    let mut link = LinkServiceClient::new(hub.channel().await)
-        .max_encoding_message_size(16 * 1024 * 1024);
+    let mut link =
+        LinkServiceClient::new(hub.channel().await).max_encoding_message_size(16 * 1024 * 1024);
     let (_key, csr) = otter_pki::csr::generate("edge-1", "a1").unwrap();
     let csr = csr.as_bytes();
 
@@ -87,28 +94,50 @@ async fn register_refuses_abuse_with_the_right_codes() {
     let mut forged = token.clone();
     let last = forged.pop().unwrap();
     forged.push(if last == 'A' { 'B' } else { 'A' });
-    expect_code(&mut link, register("edge-1", "a1", &forged, csr), Code::Unauthenticated, "join token").await;
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &forged, csr),
+        Code::Unauthenticated,
+        "join token",
+    )
+    .await;
 
     // Used while valid, then replayed after expiry.
-    let short = otter_hub::tokens::mint_join_token(
-        &*hub.hub.state.store,
-        "edge-1",
-        Duration::from_secs(2),
-    )
-    .unwrap();
-    link.register(register("edge-1", "a1", &short, csr)).await.unwrap();
+    let short =
+        otter_hub::tokens::mint_join_token(&*hub.hub.state.store, "edge-1", Duration::from_secs(2))
+            .unwrap();
+    link.register(register("edge-1", "a1", &short, csr))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    expect_code(&mut link, register("edge-1", "a1", &short, csr), Code::Unauthenticated, "expired").await;
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &short, csr),
+        Code::Unauthenticated,
+        "expired",
+    )
+    .await;
 
     // A token for another cluster.
     let token_b = hub.hub.mint_join_token("edge-b").unwrap();
-    expect_code(&mut link, register("edge-1", "a1", &token_b, csr), Code::PermissionDenied, "edge-b").await;
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &token_b, csr),
+        Code::PermissionDenied,
+        "edge-b",
+    )
+    .await;
 
     // CSRs naming another cluster: in the common name, in the agent URI.
     let (_k, injected_cn) = csr_with("edge-b/a1", vec![]);
     expect_code(
         &mut link,
-        register("edge-1", "a1", &token, injected_cn.pem().unwrap().as_bytes()),
+        register(
+            "edge-1",
+            "a1",
+            &token,
+            injected_cn.pem().unwrap().as_bytes(),
+        ),
         Code::PermissionDenied,
         "edge-b/a1",
     )
@@ -116,12 +145,19 @@ async fn register_refuses_abuse_with_the_right_codes() {
     let (_k, injected_san) = csr_with(
         "edge-1/a1",
         vec![SanType::URI(
-            "spiffe://otterscale-link/cluster/edge-b/agent/a1".try_into().unwrap(),
+            "spiffe://otterscale-link/cluster/edge-b/agent/a1"
+                .try_into()
+                .unwrap(),
         )],
     );
     expect_code(
         &mut link,
-        register("edge-1", "a1", &token, injected_san.pem().unwrap().as_bytes()),
+        register(
+            "edge-1",
+            "a1",
+            &token,
+            injected_san.pem().unwrap().as_bytes(),
+        ),
         Code::PermissionDenied,
         "cluster/edge-b",
     )
@@ -131,9 +167,21 @@ async fn register_refuses_abuse_with_the_right_codes() {
     // for its own services (refused from the length prefix).
     let mut huge = String::from_utf8(csr.to_vec()).unwrap();
     huge.push_str(&"A".repeat(otter_pki::ca::MAX_CSR_PEM_LEN));
-    expect_code(&mut link, register("edge-1", "a1", &token, huge.as_bytes()), Code::ResourceExhausted, "over the limit").await;
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &token, huge.as_bytes()),
+        Code::ResourceExhausted,
+        "over the limit",
+    )
+    .await;
     let enormous = vec![b'A'; otter_hub::server::MAX_OWN_MESSAGE + 1];
-    expect_code(&mut link, register("edge-1", "a1", &token, &enormous), Code::ResourceExhausted, "over the limit").await;
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &token, &enormous),
+        Code::ResourceExhausted,
+        "over the limit",
+    )
+    .await;
 
     // A broken signature, and a P-384 key.
     let (_k, good) = csr_with("edge-1/a1", vec![]);
@@ -142,7 +190,12 @@ async fn register_refuses_abuse_with_the_right_codes() {
     der[end] ^= 0x01;
     expect_code(
         &mut link,
-        register("edge-1", "a1", &token, pem("CERTIFICATE REQUEST", &der).as_bytes()),
+        register(
+            "edge-1",
+            "a1",
+            &token,
+            pem("CERTIFICATE REQUEST", &der).as_bytes(),
+        ),
         Code::InvalidArgument,
         "malformed CSR",
     )
@@ -150,9 +203,17 @@ async fn register_refuses_abuse_with_the_right_codes() {
     let p384 = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
     let mut params = CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(DnType::CommonName, "edge-1/a1");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "edge-1/a1");
     let other_key = params.serialize_request(&p384).unwrap().pem().unwrap();
-    expect_code(&mut link, register("edge-1", "a1", &token, other_key.as_bytes()), Code::InvalidArgument, "key type").await;
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &token, other_key.as_bytes()),
+        Code::InvalidArgument,
+        "key type",
+    )
+    .await;
 
     // Through all of it the hub kept serving: the right request works.
     let ok = link
@@ -174,7 +235,9 @@ async fn answer_with_body_open(
 ) -> (http::StatusCode, http::HeaderMap, Bytes) {
     otter_pki::tls::install_default_provider();
     let tls = otter_pki::tls::client_config(hub.hub.ca_pem(), None, &[b"h2"]).unwrap();
-    let tcp = tokio::net::TcpStream::connect(hub.hub.api_addr).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(hub.hub.api_addr)
+        .await
+        .unwrap();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
         .connect("localhost".try_into().unwrap(), tcp)
         .await
@@ -212,9 +275,12 @@ async fn answer_with_body_open(
 }
 
 fn request(hub: &TestHub, path: &str, content_type: &str) -> http::request::Builder {
-    http::Request::post(format!("https://localhost:{}{path}", hub.hub.api_addr.port()))
-        .header("content-type", content_type)
-        .header("authorization", format!("Bearer {}", hub.admin_token))
+    http::Request::post(format!(
+        "https://localhost:{}{path}",
+        hub.hub.api_addr.port()
+    ))
+    .header("content-type", content_type)
+    .header("authorization", format!("Bearer {}", hub.admin_token))
 }
 
 /// A 5-byte message prefix declaring `len` bytes, and a little of them.
@@ -244,7 +310,10 @@ async fn oversized_requests_are_refused_before_buffering() {
     // gRPC through a real client: a message one byte over.
     let mut client = ResourceServiceClient::new(channel.clone());
     let big = get("edge-1", &"x".repeat(LIMIT));
-    let e = client.get(with_token(big, &hub.admin_token)).await.unwrap_err();
+    let e = client
+        .get(with_token(big, &hub.admin_token))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("over the limit"), "{e:?}");
 
@@ -270,7 +339,10 @@ async fn oversized_requests_are_refused_before_buffering() {
         .get("grpc-status")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_else(|| trailers.clone());
-    assert!(status == "8" || trailers.contains("grpc-status:8"), "{headers:?} {trailers:?}");
+    assert!(
+        status == "8" || trailers.contains("grpc-status:8"),
+        "{headers:?} {trailers:?}"
+    );
 
     // Connect streaming: an envelope declaring 1 GiB.
     let (status, _, body) = answer_with_body_open(
@@ -285,12 +357,8 @@ async fn oversized_requests_are_refused_before_buffering() {
 
     // Connect unary JSON: a body growing past the limit.
     let chunks = (0..8).map(|_| Bytes::from(vec![b' '; LIMIT / 4])).collect();
-    let (status, headers, body) = answer_with_body_open(
-        &hub,
-        request(&hub, get_path, "application/json"),
-        chunks,
-    )
-    .await;
+    let (status, headers, body) =
+        answer_with_body_open(&hub, request(&hub, get_path, "application/json"), chunks).await;
     assert_eq!(status, http::StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(headers["content-type"], "application/json");
     let err: serde_json::Value = serde_json::from_slice(&body).unwrap();

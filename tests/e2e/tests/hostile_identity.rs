@@ -92,22 +92,25 @@ async fn claimed_identity_headers_are_dropped_on_every_path() {
         env.hub.hub.api_addr,
         env.hub.hub.ca_pem(),
         false,
-        req.body(http_body_util::Full::new(Bytes::from(body))).unwrap(),
+        req.body(http_body_util::Full::new(Bytes::from(body)))
+            .unwrap(),
     )
     .await;
     assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
     let err: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(err["code"], "permission_denied");
-    assert!(err["message"].as_str().unwrap().contains("User \"alice\""), "{err}");
+    assert!(
+        err["message"].as_str().unwrap().contains("User \"alice\""),
+        "{err}"
+    );
 
     // kubectl's path: the apiserver's own answer to "who am I".
-    let mut req = http::Request::post(
-        "/clusters/edge-1/apis/authentication.k8s.io/v1/selfsubjectreviews",
-    )
-    .header("host", "localhost")
-    .header("content-type", "application/json")
-    .header("authorization", format!("Bearer {alice}"))
-    .header("authorization", format!("Bearer {}", env.admin_token()));
+    let mut req =
+        http::Request::post("/clusters/edge-1/apis/authentication.k8s.io/v1/selfsubjectreviews")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {alice}"))
+            .header("authorization", format!("Bearer {}", env.admin_token()));
     for (name, value) in CLAIMS {
         req = req.header(name, value);
     }
@@ -116,7 +119,8 @@ async fn claimed_identity_headers_are_dropped_on_every_path() {
         env.hub.hub.api_addr,
         env.hub.hub.ca_pem(),
         true,
-        req.body(http_body_util::Full::new(Bytes::from(review))).unwrap(),
+        req.body(http_body_util::Full::new(Bytes::from(review)))
+            .unwrap(),
     )
     .await;
     assert_eq!(status, 201, "{:?}", String::from_utf8_lossy(&body));
@@ -278,7 +282,13 @@ async fn the_agent_health_listener_serves_no_rpcs() {
     for (name, value) in CLAIMS {
         req = req.header(name, value);
     }
-    let (status, _) = plain(req.body(http_body_util::Full::new(Bytes::from_static(&[0, 0, 0, 0, 0]))).unwrap()).await;
+    let (status, _) = plain(
+        req.body(http_body_util::Full::new(Bytes::from_static(&[
+            0, 0, 0, 0, 0,
+        ])))
+        .unwrap(),
+    )
+    .await;
     assert_eq!(status, 404);
 
     // And as gRPC proper (HTTP/2 without TLS): no such service there.

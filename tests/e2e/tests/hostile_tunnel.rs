@@ -23,14 +23,20 @@ use otter_proto::{
         LinkState, ListLinksRequest, RegisterRequest, link_service_client::LinkServiceClient,
     },
     resource::v1::{
-        resource_service_client::ResourceServiceClient, resource_service_server::ResourceServiceServer,
+        resource_service_client::ResourceServiceClient,
+        resource_service_server::ResourceServiceServer,
     },
 };
 use otter_tunnel::{Acceptor, TransportKind, frame::Limits};
 use tonic::Code;
 
 /// Certificate and key PEM for `cluster`/`agent`, signed by `ca`.
-fn cert_from(ca: &CertificateAuthority, cluster: &str, agent: &str, life: Duration) -> (String, String) {
+fn cert_from(
+    ca: &CertificateAuthority,
+    cluster: &str,
+    agent: &str,
+    life: Duration,
+) -> (String, String) {
     let (key, csr) = otter_pki::csr::generate(cluster, agent).unwrap();
     let id = AgentIdentity::new(cluster, agent).unwrap();
     (ca.sign_agent_csr(&csr, &id, life).unwrap().pem, key)
@@ -52,9 +58,7 @@ async fn dial(
                 &[otter_tunnel::quic::ALPN],
             )
             .unwrap();
-            Box::new(
-                otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default()).await?,
-            )
+            Box::new(otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default()).await?)
         }
         _ => {
             let tls = otter_pki::tls::client_config(
@@ -108,7 +112,10 @@ fn keep_calling(
     channel: tonic::transport::Channel,
     cluster: &'static str,
     agent: &'static str,
-) -> (Arc<AtomicBool>, tokio::task::JoinHandle<(usize, Vec<String>)>) {
+) -> (
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<(usize, Vec<String>)>,
+) {
     let stop = Arc::new(AtomicBool::new(false));
     let token = hub.admin_token.clone();
     let handle = tokio::spawn({
@@ -120,7 +127,10 @@ fn keep_calling(
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                match client.get(with_token(get(cluster, &format!("n{i}")), &token)).await {
+                match client
+                    .get(with_token(get(cluster, &format!("n{i}")), &token))
+                    .await
+                {
                     Ok(r) if field(r.get_ref(), "agent") == agent => ok += 1,
                     Ok(r) => bad.push(format!("answered by {}", field(r.get_ref(), "agent"))),
                     Err(e) => bad.push(e.to_string()),
@@ -179,7 +189,11 @@ async fn refuses_foreign_and_expired(transport: TransportKind) {
         .await
         .unwrap();
     assert_eq!(field(r.get_ref(), "agent"), "a1");
-    assert_eq!(agent.agent.status().connects, 1, "the live tunnel was dropped");
+    assert_eq!(
+        agent.agent.status().connects,
+        1,
+        "the live tunnel was dropped"
+    );
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
@@ -195,7 +209,11 @@ async fn foreign_ca_and_expired_certificates_are_refused_over_h2() {
 }
 
 /// Serves the test double on a tunnel dialled by hand.
-fn serve(mut acceptor: Box<dyn Acceptor>, cluster: &str, agent: &str) -> tokio::task::JoinHandle<()> {
+fn serve(
+    mut acceptor: Box<dyn Acceptor>,
+    cluster: &str,
+    agent: &str,
+) -> tokio::task::JoinHandle<()> {
     let routes = tonic::service::Routes::new(ResourceServiceServer::new(Double {
         cluster: cluster.into(),
         agent: agent.into(),
@@ -204,7 +222,11 @@ fn serve(mut acceptor: Box<dyn Acceptor>, cluster: &str, agent: &str) -> tokio::
     tokio::spawn(async move {
         while let Ok(Some(stream)) = acceptor.accept().await {
             let routes = routes.clone();
-            tokio::spawn(otter_tunnel::http::serve_stream(stream, routes, Limits::default()));
+            tokio::spawn(otter_tunnel::http::serve_stream(
+                stream,
+                routes,
+                Limits::default(),
+            ));
         }
     })
 }
@@ -242,7 +264,8 @@ async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
     let cert = String::from_utf8(resp.certificate.unwrap()).unwrap();
 
     // It renews into cluster B: refused.
-    let mtls = otter_e2e::client_channel(hub.hub.api_addr, hub.hub.ca_pem(), Some((&cert, &key))).await;
+    let mtls =
+        otter_e2e::client_channel(hub.hub.api_addr, hub.hub.ca_pem(), Some((&cert, &key))).await;
     let (_, csr_b) = otter_pki::csr::generate("edge-b", "a1").unwrap();
     let e = LinkServiceClient::new(mtls)
         .register(register("edge-b", "", &csr_b))
@@ -261,7 +284,13 @@ async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
         .unwrap()
         .into_inner()
         .links;
-    let link = |c: &str| links.iter().find(|l| l.cluster.as_deref() == Some(c)).unwrap().clone();
+    let link = |c: &str| {
+        links
+            .iter()
+            .find(|l| l.cluster.as_deref() == Some(c))
+            .unwrap()
+            .clone()
+    };
     assert_eq!(link("edge-b").agent_id.as_deref(), Some("b1"));
     assert_eq!(link("edge-b").transport.as_deref(), Some("quic"));
     assert_eq!(link("edge-a").transport.as_deref(), Some("h2"));
@@ -292,7 +321,10 @@ async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
         .unwrap()
         .into_inner()
         .links;
-    let b = still.iter().find(|l| l.cluster.as_deref() == Some("edge-b")).unwrap();
+    let b = still
+        .iter()
+        .find(|l| l.cluster.as_deref() == Some("edge-b"))
+        .unwrap();
     assert_eq!(b.state, Some(LinkState::Offline as i32));
     assert_eq!(b.agent_id.as_deref(), Some("b1"));
     rogue.abort();
