@@ -59,6 +59,8 @@ pub struct Metrics {
     pub calls_in_flight: Gauge<i64, AtomicI64>,
     pub tunnel_bytes: Family<DirectionLabel, Counter<u64, AtomicU64>>,
     pub registers: Family<OutcomeLabel, Counter>,
+    /// kubectl exec / attach / port-forward connections relayed right now.
+    pub kube_upgraded: Gauge<i64, AtomicI64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -101,6 +103,12 @@ impl Default for Metrics {
             tunnel_bytes.clone(),
         );
         registry.register("registers", "Register outcomes", registers.clone());
+        let kube_upgraded = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "kube_upgraded_connections",
+            "Upgraded connections (exec, attach, port-forward) of the Kubernetes API proxy",
+            kube_upgraded.clone(),
+        );
         Self {
             registry,
             requests,
@@ -109,6 +117,7 @@ impl Default for Metrics {
             calls_in_flight,
             tunnel_bytes,
             registers,
+            kube_upgraded,
         }
     }
 }

@@ -57,6 +57,9 @@ pub struct HubState {
     pub manifest_key: ring::hmac::Key,
     /// Client of the Rancher management cluster, when one is configured.
     pub rancher: Option<crate::rancher::Rancher>,
+    /// Upgraded connections of the Kubernetes API proxy, counted per user
+    /// and per cluster.
+    pub upgrades: Arc<crate::kube_proxy::Upgrades>,
 }
 
 impl std::fmt::Debug for HubState {
@@ -193,6 +196,7 @@ impl Hub {
             metrics: Arc::new(Metrics::default()),
             manifest_key,
             rancher,
+            upgrades: Arc::default(),
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);

@@ -70,8 +70,7 @@ impl KubeEnv {
         let access = otter_agent::kube::KubeAccess::new(kube_config).expect("kube client");
         let mut services = ServicesConfig::default();
         tweak(&mut services);
-        // The agent also serves kubectl's path through the hub, as the real
-        // binary does.
+        // The Kubernetes API proxy as the agent binary runs it.
         let proxy = otter_agent::kube_proxy::KubeProxy::new(access.agent().clone());
         let routes = otter_agent::services(access, &cluster, services);
 
