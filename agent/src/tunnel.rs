@@ -224,7 +224,10 @@ async fn run(
             tokio::select! {
                 next = acceptor.accept_dyn() => match next {
                     Ok(Some(stream)) => {
-                        let routes = routes.clone();
+                        let routes = tower::ServiceExt::<http::Request<otter_tunnel::http::RequestBody>>::map_response(
+                            routes.clone(),
+                            oversize_is_resource_exhausted,
+                        );
                         let kube = kube.as_ref().map(|k| k.service());
                         let diag = Some(diag.clone());
                         tasks.spawn(async move {
@@ -431,4 +434,18 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// gRPC says a message over the receiver's limit is RESOURCE_EXHAUSTED;
+/// tonic answers OutOfRange. Callers get the code the protocol (and the
+/// hub, for the limits it checks itself) promises.
+fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Response<B> {
+    if let Some(status) = tonic::Status::from_header_map(resp.headers())
+        && status.code() == tonic::Code::OutOfRange
+        && status.message().contains("message length too large")
+    {
+        let _ = tonic::Status::resource_exhausted(status.message().to_owned())
+            .add_header(resp.headers_mut());
+    }
+    resp
 }

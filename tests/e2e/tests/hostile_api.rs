@@ -412,3 +412,31 @@ async fn oversized_requests_are_refused_before_buffering() {
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// A message under the hub's limit but over the agent's is refused by the
+/// agent with the code gRPC prescribes for it, ResourceExhausted (its gRPC
+/// library would say OutOfRange), and the tunnel carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_agents_limit_is_resource_exhausted() {
+    let hub = TestHub::start().await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::H2);
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let mut client = ResourceServiceClient::new(channel);
+    // The test agent keeps gRPC's default limit of 4 MiB; the hub's is 16.
+    let big = get("edge-1", &"x".repeat(5 * 1024 * 1024));
+    let e = client
+        .get(with_token(big, &hub.admin_token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("too large"), "{e:?}");
+    let r = client
+        .get(with_token(get("edge-1", "after"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "agent"), "a1");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
