@@ -139,6 +139,7 @@ async fn run(
     tasks: TaskTracker,
 ) {
     let mut creds: Option<Credentials> = config.state_dir.as_deref().and_then(enroll::load);
+    let renew_now = std::sync::Arc::new(tokio::sync::Notify::new());
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
     loop {
         if shutdown.is_cancelled() {
@@ -226,9 +227,12 @@ async fn run(
                     Ok(Some(stream)) => {
                         let routes = routes.clone();
                         let kube = kube.as_ref().map(|k| k.service());
-                        let diag = Some(diag.clone());
+                        let own = otter_tunnel::http::AgentSelf {
+                            diag: Some(diag.clone()),
+                            renew: Some(renew_now.clone()),
+                        };
                         tasks.spawn(async move {
-                            if let Err(e) = otter_tunnel::http::serve_stream_full(stream, routes, kube, diag, Limits::default()).await {
+                            if let Err(e) = otter_tunnel::http::serve_stream_full(stream, routes, kube, own, Limits::default()).await {
                                 tracing::debug!(error = %e, "stream ended with an error");
                             }
                         });
@@ -236,7 +240,13 @@ async fn run(
                     Ok(None) => break "hub closed the tunnel".to_owned(),
                     Err(e) => break e.to_string(),
                 },
-                _ = tokio::time::sleep(renew_in) => {
+                // When due, or at once when the hub asks (a CA rotation step).
+                _ = async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(renew_in) => {}
+                        _ = renew_now.notified() => {}
+                    }
+                } => {
                     match obtain(&config, creds.as_ref(), &status).await {
                         Ok(c) => creds = Some(c),
                         Err(e) => {
@@ -345,7 +355,7 @@ async fn dial(
     let (host, addr) = resolve(url).await?;
     let client = |alpn: &[u8]| {
         tls::client_config(
-            &config.hub_ca_pem,
+            enroll::hub_trust(config, Some(creds)),
             Some((&creds.cert_pem, &creds.key_pem)),
             &[alpn],
         )

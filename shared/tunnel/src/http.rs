@@ -318,16 +318,27 @@ where
     KB: Body<Data = Bytes>,
     KB::Error: Into<BoxError>,
 {
-    serve_stream_full(stream, service, kube, None, limits).await
+    serve_stream_full(stream, service, kube, AgentSelf::default(), limits).await
 }
 
-/// Like [`serve_stream_with`], also answering [`crate::frame::TARGET_DIAG`]
-/// requests with `diag` (the agent's own report, JSON).
+/// What the agent answers for itself rather than for a caller.
+#[derive(Debug, Clone, Default)]
+pub struct AgentSelf {
+    /// Its report on how it connected (JSON), for
+    /// [`crate::frame::TARGET_DIAG`].
+    pub diag: Option<Bytes>,
+    /// Woken by [`crate::frame::TARGET_RENEW`]: the hub asks for a
+    /// certificate renewal now.
+    pub renew: Option<std::sync::Arc<tokio::sync::Notify>>,
+}
+
+/// Like [`serve_stream_with`], also answering the hub's own requests to the
+/// agent ([`AgentSelf`]).
 pub async fn serve_stream_full<S, B, K, KB>(
     stream: TunnelStream,
     service: S,
     kube: Option<K>,
-    diag: Option<Bytes>,
+    own: AgentSelf,
     limits: Limits,
 ) -> Result<()>
 where
@@ -406,8 +417,25 @@ where
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     let exchange = async {
-        if target == crate::frame::TARGET_DIAG {
-            let body = diag.unwrap_or_else(|| Bytes::from_static(b"{}"));
+        if target == crate::frame::TARGET_RENEW {
+            let renew = own.renew.clone();
+            let answer = tower::service_fn(move |_: http::Request<RequestBody>| {
+                let renew = renew.clone();
+                async move {
+                    let mut resp = http::Response::new(http_body_util::Empty::<Bytes>::new());
+                    match renew {
+                        Some(n) => {
+                            n.notify_one();
+                            *resp.status_mut() = http::StatusCode::ACCEPTED;
+                        }
+                        None => *resp.status_mut() = http::StatusCode::NOT_FOUND,
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            respond(answer, request, &mut writer, limits).await
+        } else if target == crate::frame::TARGET_DIAG {
+            let body = own.diag.unwrap_or_else(|| Bytes::from_static(b"{}"));
             let diag = tower::service_fn(move |_: http::Request<RequestBody>| {
                 let body = body.clone();
                 async move {
