@@ -32,8 +32,9 @@ const PAIR_WAIT: Duration = Duration::from_secs(30);
 const MAX_REQUEST_ID: usize = 64;
 /// Time to connect to the local target.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
-/// Client data queued for one target.
-const INBOUND_QUEUE: usize = 16;
+/// Client DATA frames queued for one target (each at most `frame::MAX_DATA`): with
+/// `MAX_PAIRS` that bounds what a connection can make this side hold.
+const INBOUND_QUEUE: usize = 2;
 
 /// The pod this connection forwards to.
 #[derive(Debug, Clone)]

@@ -351,6 +351,46 @@ async fn kubectl_120_exec_and_attach_over_spdy() {
         "{missing:?}"
     );
 
+    // A client that goes away takes its process with it.
+    let mut c = k.cmd(
+        "admin",
+        &["exec", "p1", "--", "sh", "-c", "echo $$; exec sleep 300"],
+    );
+    c.kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let mut line = String::new();
+    {
+        use tokio::io::AsyncBufReadExt;
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        tokio::time::timeout(T, out.read_line(&mut line))
+            .await
+            .expect("the process reports its pid")
+            .unwrap();
+    }
+    let pid: u32 = line.trim().parse().expect("a pid");
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                // The state follows the parenthesised command name.
+                let state = s.rsplit(')').next().unwrap_or_default().trim_start();
+                !state.starts_with('Z') && !state.starts_with('X')
+            })
+            .unwrap_or(false)
+    };
+    assert!(alive(pid), "sleep {pid} should be running");
+    child.kill().await.unwrap();
+    let mut gone = false;
+    for _ in 0..100 {
+        if !alive(pid) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "process {pid} outlived its exec session");
+
     // RBAC is checked before the upgrade.
     let bob = k.run_as("bob", &["exec", "p1", "--", "true"]).await;
     assert!(

@@ -10,8 +10,9 @@ use super::header::{Deflater, HeaderError, Headers, Inflater, MAX_BLOCK};
 pub const VERSION: u16 = 3;
 /// Length of the common frame header.
 pub const HEAD_LEN: usize = 8;
-/// Largest DATA payload accepted (Go clients write at most 32 KiB at a time).
-pub const MAX_DATA: usize = 1024 * 1024;
+/// Largest DATA payload accepted. Kubernetes clients copy through 32 KiB buffers and write
+/// one frame per copy, so this leaves a wide margin while bounding what one frame costs.
+pub const MAX_DATA: usize = 256 * 1024;
 /// Largest control frame payload accepted: a compressed header block of at most
 /// [`MAX_BLOCK`] bytes never needs more, and SETTINGS are bounded below.
 pub const MAX_CONTROL: usize = MAX_BLOCK + 64;

@@ -201,3 +201,289 @@ fn malformed_blocks_and_frames_are_refused() {
     let data0 = Head::parse([0, 0, 0, 0, 0, 0, 0, 0]);
     assert!(frame::decode(data0, Bytes::new(), &mut z).is_err());
 }
+
+mod connection {
+    //! A hand-written client against [`conn::serve`] over an in-memory pipe: the session
+    //! accepts every stream and echoes its data back.
+
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+
+    use crate::spdy::conn::{self, Event, MAX_STREAMS, read_frame};
+    use crate::spdy::frame::{self, Frame, goaway, rst};
+    use crate::spdy::header::{Deflater, Headers, Inflater};
+
+    const T: Duration = Duration::from_secs(10);
+
+    struct Client {
+        rd: ReadHalf<DuplexStream>,
+        wr: WriteHalf<DuplexStream>,
+        out: Deflater,
+        inp: Inflater,
+        server: tokio::task::JoinHandle<()>,
+    }
+
+    impl Client {
+        fn start() -> Client {
+            let (a, b) = tokio::io::duplex(1 << 20);
+            let server = tokio::spawn(conn::serve(a, |h, mut ev| async move {
+                // Bounded by the client: the events end when it goes.
+                while let Some(e) = ev.next().await {
+                    match e {
+                        Event::Open { id, .. } => {
+                            h.accept(id).await;
+                        }
+                        Event::Data { id, data } => {
+                            h.send(id, &data).await;
+                        }
+                        Event::Fin { id } => {
+                            h.finish(id).await;
+                        }
+                        Event::Reset { .. } | Event::GoAway => {}
+                    }
+                }
+            }));
+            let (rd, wr) = tokio::io::split(b);
+            Client {
+                rd,
+                wr,
+                out: Deflater::new(),
+                inp: Inflater::new(),
+                server,
+            }
+        }
+
+        async fn send(&mut self, f: &Frame) {
+            let mut buf = Vec::new();
+            frame::encode(f, &mut self.out, &mut buf);
+            self.wr.write_all(&buf).await.unwrap();
+        }
+
+        async fn raw(&mut self, bytes: &[u8]) {
+            self.wr.write_all(bytes).await.unwrap();
+        }
+
+        async fn recv(&mut self) -> Option<Frame> {
+            tokio::time::timeout(T, read_frame(&mut self.rd, &mut self.inp))
+                .await
+                .expect("the server answers in time")
+                .ok()
+                .flatten()
+        }
+
+        async fn open(&mut self, id: u32, kind: &str) {
+            self.send(&Frame::SynStream {
+                stream: id,
+                associated: 0,
+                priority: 0,
+                fin: false,
+                unidirectional: false,
+                headers: Headers::new().with("streamtype", kind),
+            })
+            .await;
+        }
+
+        /// Expects GOAWAY with `status`, then the end of the connection.
+        async fn expect_goaway(mut self, status: u32) {
+            match self.recv().await {
+                Some(Frame::GoAway { status: s, .. }) => assert_eq!(s, status),
+                other => panic!("expected GOAWAY, got {other:?}"),
+            }
+            assert_eq!(self.recv().await, None);
+            tokio::time::timeout(T, self.server)
+                .await
+                .expect("the server task ends")
+                .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn streams_pings_and_a_clean_goaway() {
+        let mut c = Client::start();
+        c.open(1, "data").await;
+        assert_eq!(
+            c.recv().await,
+            Some(Frame::SynReply {
+                stream: 1,
+                fin: false,
+                headers: Headers::new()
+            })
+        );
+        c.send(&Frame::Ping { id: 1 }).await;
+        assert_eq!(c.recv().await, Some(Frame::Ping { id: 1 }));
+        // The server's own ping ids are even: an even one it did not send is ignored.
+        c.send(&Frame::Ping { id: 2 }).await;
+        c.send(&Frame::WindowUpdate {
+            stream: 0,
+            delta: 1 << 20,
+        })
+        .await;
+        c.send(&Frame::Data {
+            stream: 1,
+            fin: true,
+            data: Bytes::from_static(b"echo me"),
+        })
+        .await;
+        assert_eq!(
+            c.recv().await,
+            Some(Frame::Data {
+                stream: 1,
+                fin: false,
+                data: Bytes::from_static(b"echo me")
+            })
+        );
+        assert_eq!(
+            c.recv().await,
+            Some(Frame::Data {
+                stream: 1,
+                fin: true,
+                data: Bytes::new()
+            })
+        );
+        // Data for a stream never opened is answered with INVALID_STREAM.
+        c.send(&Frame::Data {
+            stream: 9,
+            fin: false,
+            data: Bytes::from_static(b"?"),
+        })
+        .await;
+        assert_eq!(
+            c.recv().await,
+            Some(Frame::RstStream {
+                stream: 9,
+                status: rst::INVALID_STREAM
+            })
+        );
+        // The client leaving ends the session; the server says goodbye and closes.
+        c.send(&Frame::GoAway {
+            last_good: 0,
+            status: 0,
+        })
+        .await;
+        c.wr.shutdown().await.unwrap();
+        c.expect_goaway(goaway::OK).await;
+    }
+
+    #[tokio::test]
+    async fn an_oversized_data_frame_closes_the_connection() {
+        let mut c = Client::start();
+        c.open(1, "data").await;
+        assert!(matches!(c.recv().await, Some(Frame::SynReply { .. })));
+        // 16 MiB - 1 announced; nothing of it is read.
+        c.raw(&[0, 0, 0, 1, 0, 0xff, 0xff, 0xff]).await;
+        c.expect_goaway(goaway::PROTOCOL_ERROR).await;
+    }
+
+    #[tokio::test]
+    async fn a_header_block_bomb_closes_the_connection() {
+        let mut c = Client::start();
+        // A SYN_STREAM whose block inflates to 1 MiB.
+        let block = c.out.compress(&vec![0u8; 1024 * 1024]);
+        let mut p = 1u32.to_be_bytes().to_vec();
+        p.extend_from_slice(&0u32.to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        p.extend_from_slice(&block);
+        let mut f = vec![0x80, 3, 0, 1, 0];
+        f.extend_from_slice(&(p.len() as u32).to_be_bytes()[1..]);
+        f.extend_from_slice(&p);
+        c.raw(&f).await;
+        c.expect_goaway(goaway::PROTOCOL_ERROR).await;
+    }
+
+    #[tokio::test]
+    async fn stream_ids_must_increase() {
+        let mut c = Client::start();
+        c.open(5, "data").await;
+        assert!(matches!(c.recv().await, Some(Frame::SynReply { .. })));
+        c.open(3, "data").await;
+        c.expect_goaway(goaway::PROTOCOL_ERROR).await;
+    }
+
+    #[tokio::test]
+    async fn streams_beyond_the_limit_are_refused() {
+        let mut c = Client::start();
+        for i in 0..MAX_STREAMS as u32 {
+            c.open(2 * i + 1, "data").await;
+            assert!(
+                matches!(c.recv().await, Some(Frame::SynReply { .. })),
+                "{i}"
+            );
+        }
+        let over = 2 * MAX_STREAMS as u32 + 1;
+        c.open(over, "data").await;
+        assert_eq!(
+            c.recv().await,
+            Some(Frame::RstStream {
+                stream: over,
+                status: rst::REFUSED_STREAM
+            })
+        );
+        // Closing one (both directions) makes room again.
+        c.send(&Frame::Data {
+            stream: 1,
+            fin: true,
+            data: Bytes::new(),
+        })
+        .await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::Data {
+                stream: 1,
+                fin: true,
+                ..
+            })
+        ));
+        c.open(over + 2, "data").await;
+        assert!(matches!(
+            c.recv().await,
+            Some(Frame::SynReply { stream, .. }) if stream == over + 2
+        ));
+        c.wr.shutdown().await.unwrap();
+        c.expect_goaway(goaway::OK).await;
+    }
+
+    #[tokio::test]
+    async fn garbage_closes_the_connection() {
+        let mut c = Client::start();
+        // A SYN_STREAM whose block is not zlib at all.
+        c.raw(&[
+            0x80, 3, 0, 1, 0, 0, 0, 14, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, b'n', b'o', b'p', b'e',
+        ])
+        .await;
+        c.expect_goaway(goaway::PROTOCOL_ERROR).await;
+    }
+}
+
+#[test]
+fn negotiation_follows_the_clients_order() {
+    use http::{HeaderMap, HeaderValue};
+    let mut h = HeaderMap::new();
+    for p in [
+        "v9.channel.k8s.io",
+        "v3.channel.k8s.io",
+        "v4.channel.k8s.io",
+    ] {
+        h.append(super::PROTOCOL_HEADER, HeaderValue::from_static(p));
+    }
+    let supported = &["v4.channel.k8s.io", "v3.channel.k8s.io"];
+    assert_eq!(
+        super::negotiate(&h, supported).unwrap(),
+        "v3.channel.k8s.io"
+    );
+    let none = super::negotiate(&HeaderMap::new(), supported).unwrap_err();
+    assert_eq!(none.status(), 400);
+    let mut other = HeaderMap::new();
+    other.append(super::PROTOCOL_HEADER, HeaderValue::from_static("v9"));
+    let refused = super::negotiate(&other, supported).unwrap_err();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(
+        refused
+            .headers()
+            .get_all(super::ACCEPTED_HEADER)
+            .iter()
+            .collect::<Vec<_>>(),
+        vec!["v4.channel.k8s.io", "v3.channel.k8s.io"]
+    );
+}
