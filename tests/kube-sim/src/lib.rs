@@ -39,7 +39,8 @@
 //! - `logs.rs`: pod logs; `ws.rs`: WebSocket upgrade and channel framing;
 //!   `exec.rs`: exec and attach; `portforward.rs`: port-forward.
 //! - `spdy/`: SPDY/3.1 frames, header compression, connections and the WebSocket tunnel;
-//!   `spdy_exec.rs`, `spdy_portforward.rs`: the Kubernetes stream protocols over it.
+//!   `spdy_exec.rs`, `spdy_portforward.rs`: the Kubernetes stream protocols over it;
+//!   `spdy_wire_tests.rs`: a hand-written SPDY client against a running server.
 //! - `tls.rs`: the CA and serving certificate. `util.rs`: time, uids, selectors.
 
 mod api;
@@ -64,6 +65,8 @@ mod seed;
 mod spdy;
 mod spdy_exec;
 mod spdy_portforward;
+#[cfg(test)]
+mod spdy_wire_tests;
 mod store;
 mod subresources;
 mod tls;
