@@ -518,3 +518,31 @@ async fn kubectl_120_port_forward_over_spdy() {
     echo_task.abort();
     sim.shutdown().await;
 }
+
+/// `kubectl cp` runs tar through exec: a file of a few MiB goes in over stdin and comes
+/// back over stdout. The "container" is this machine, so both ends are temporary
+/// directories.
+#[tokio::test]
+async fn kubectl_120_cp_over_spdy() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    let pod_dir = tempfile::tempdir().unwrap();
+    let data = common::payload(3 * 1024 * 1024 + 3);
+    let src = k.file("payload.bin", "");
+    std::fs::write(&src, &data).unwrap();
+    let in_pod = pod_dir.path().join("copied.bin");
+    let dest = format!("p1:{}", in_pod.display());
+    let up = k.run_as("admin", &["cp", &src, &dest]).await;
+    assert_eq!(up.code, Some(0), "{up:?}");
+    let there = std::fs::read(&in_pod).unwrap();
+    assert_eq!(common::fnv64(&there), common::fnv64(&data));
+    let back = k.dir.path().join("back.bin");
+    let down = k
+        .run_as("admin", &["cp", &dest, back.to_str().unwrap()])
+        .await;
+    assert_eq!(down.code, Some(0), "{down:?}");
+    let here = std::fs::read(&back).unwrap();
+    assert_eq!(here.len(), data.len());
+    assert_eq!(common::fnv64(&here), common::fnv64(&data));
+    sim.shutdown().await;
+}
