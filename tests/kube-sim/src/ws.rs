@@ -66,7 +66,7 @@ pub fn choose(headers: &HeaderMap, supported: &[&'static str]) -> Option<&'stati
 /// refused.
 pub fn upgrade_required() -> ApiError {
     ApiError::bad_request(
-        "Upgrade request required: streaming subresources need an Upgrade to websocket or SPDY/3.1",
+        "Upgrade request required: streaming subresources need an Upgrade to websocket (v5.channel.k8s.io, v4.channel.k8s.io) or SPDY/3.1",
     )
 }
 
