@@ -350,6 +350,28 @@ async fn exec_cp_and_port_forward_through_the_hub() {
         assert_eq!(out, "SHOUT THROUGH THE HUB\n");
         assert!(err.contains("to-stderr"), "{err}");
 
+        // exec -it: a terminal, typed input, a window resize, the exit code.
+        let script = otter_e2e::tools::workspace_root().join("tests/e2e/clients/pty_exec.py");
+        let mut py = std::process::Command::new(&python);
+        py.arg(&script)
+            .arg(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kube_path)
+            .args(["exec", "-it", "web-0", "-c", "web", "--", "sh"]);
+        let (code, out, err) = run_bounded(&mut py, Duration::from_secs(60));
+        assert_eq!(code, 0, "{out}{err}");
+        let tty: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert!(
+            tty["output"].as_str().unwrap().contains("hi-from-the-pty"),
+            "{tty}"
+        );
+        assert_eq!(tty["code"], 3, "kubectl's exit code is the shell's: {tty}");
+        let resizes = sim.resizes();
+        assert!(
+            resizes.iter().any(|(_, _, w, h)| (*w, *h) == (132, 40)),
+            "the resize reached the pod: {resizes:?}"
+        );
+
         // cp is tar over exec, both ways; 1 MiB of varied bytes.
         let payload: Vec<u8> = (0..1024 * 1024u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
