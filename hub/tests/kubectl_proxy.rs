@@ -738,3 +738,24 @@ async fn spdy_exec_and_port_forward_through_the_hub() {
     sim.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// Request headers are bounded: a head over 64 KiB is refused (431) before
+/// anything reaches a cluster, over HTTP/1.1 and HTTP/2 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_headers_are_refused() {
+    let hub = TestHub::start().await;
+    for http2 in [false, true] {
+        let req = http::Request::get(format!(
+            "https://localhost:{}/clusters/edge-1/api/v1/pods",
+            hub.hub.api_addr.port()
+        ))
+        .header("authorization", format!("Bearer {}", hub.admin_token))
+        .header("x-padding", "a".repeat(100 * 1024))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+        let (status, _, _) =
+            otter_e2e::http_call(hub.hub.api_addr, hub.hub.ca_pem(), http2, req).await;
+        assert_eq!(status, 431, "http2: {http2}");
+    }
+    hub.hub.shutdown().await;
+}
