@@ -75,7 +75,7 @@ fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
     if let Some(old) = state.registry.insert(entry.clone()) {
         drain(
             old,
-            state.config.drain_timeout,
+            state.config.reconnect_drain_timeout,
             "replaced by a newer tunnel from the same agent",
         );
     }
