@@ -120,24 +120,14 @@ pub fn ask_agents_to_renew(state: &Arc<HubState>) {
             let Ok(_permit) = limit.acquire_owned().await else {
                 return;
             };
-            let ask = async {
-                let stream = entry.opener.open().await.ok()?;
-                let req = http::Request::post("/renew")
-                    .body(http_body_util::Empty::<bytes::Bytes>::new())
-                    .ok()?;
-                let resp = otter_tunnel::http::forward_to(
-                    otter_tunnel::frame::TARGET_RENEW,
-                    stream,
-                    None,
-                    req,
-                    otter_tunnel::frame::Limits::default(),
-                    None,
-                )
-                .await
-                .ok()?;
-                Some(resp.status())
-            };
-            let answer = tokio::time::timeout(std::time::Duration::from_secs(10), ask).await;
+            let answer = crate::registry::ask_agent(
+                &entry,
+                otter_tunnel::frame::TARGET_RENEW,
+                http::Method::POST,
+                std::time::Duration::from_secs(10),
+            )
+            .await
+            .map(|r| r.status());
             tracing::debug!(cluster = %entry.cluster, ?answer, "asked the agent to renew");
         });
     }

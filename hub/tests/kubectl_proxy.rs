@@ -26,6 +26,20 @@ fn otter_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
     run_bounded(&mut cmd, Duration::from_secs(60))
 }
 
+/// The member cluster's rules: hub admins may do anything, bob only read
+/// pods; one pod, web-0, with a container `web`.
+fn admins_and_bob() -> kube_sim::SimConfig {
+    kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow(
+            "user:bob",
+            &["get", "list", "watch"],
+            &["pods"],
+            &["default"],
+        )
+        .pod("default", "web-0", &["web"])
+}
+
 /// A member cluster (the test server with `cfg`) and its agent, connected
 /// to `hub`, with the Kubernetes API proxy on.
 async fn start_edge(
@@ -102,16 +116,7 @@ async fn kubectl_through_the_hub() {
         tool_missing("kubectl 1.33");
         return;
     };
-    // The member cluster: hub admins may do anything, bob only read pods.
-    let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
-        .allow(
-            "user:bob",
-            &["get", "list", "watch"],
-            &["pods"],
-            &["default"],
-        )
-        .pod("default", "web-0", &["web"]);
+    let cfg = admins_and_bob();
     let hub = TestHub::start().await;
     let (sim, agent) = start_edge(&hub, cfg).await;
 
@@ -307,15 +312,7 @@ async fn exec_cp_and_port_forward_through_the_hub() {
         tool_missing("the project's Python venv");
         return;
     };
-    let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
-        .allow(
-            "user:bob",
-            &["get", "list", "watch"],
-            &["pods"],
-            &["default"],
-        )
-        .pod("default", "web-0", &["web"]);
+    let cfg = admins_and_bob();
     let hub = TestHub::start().await;
     let (sim, agent) = start_edge(&hub, cfg).await;
     let (echo_addr, echo) = echo_server(b"echo: ").await;

@@ -6,7 +6,9 @@ use std::{sync::Arc, time::Duration};
 use futures::StreamExt;
 use otter_e2e::{
     Relay, TestHub,
-    double::{WAIT, field, get, start_agent, start_agent_with, wait_connected, wait_until},
+    double::{
+        WAIT, bulk_watch, field, get, start_agent, start_agent_with, wait_connected, wait_until,
+    },
     with_token,
 };
 use otter_proto::{
@@ -186,10 +188,9 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
     hub.hub.shutdown().await;
 }
 
-/// QUIC first; where UDP gets no answer the agent falls back to TLS +
-/// HTTP/2 on its own and says why in its status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn falls_back_to_h2_when_udp_is_blocked() {
+/// A hub whose QUIC and HTTP/2 tunnel URLs lead through a relay that drops
+/// UDP (until told otherwise).
+async fn hub_behind_udp_blocking_relay() -> (TestHub, Relay) {
     let relay = Relay::start().await;
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let hub = TestHub::start_with(dir, None, |c| {
@@ -202,6 +203,14 @@ async fn falls_back_to_h2_when_udp_is_blocked() {
     .await;
     relay.set_target(hub.hub.tunnel_addr);
     relay.block_udp(true);
+    (hub, relay)
+}
+
+/// QUIC first; where UDP gets no answer the agent falls back to TLS +
+/// HTTP/2 on its own and says why in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_h2_when_udp_is_blocked() {
+    let (hub, _relay) = hub_behind_udp_blocking_relay().await;
     let token = hub.hub.mint_join_token("edge-1").unwrap();
     let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
         c.transports = vec![TransportKind::Quic, TransportKind::H2];
@@ -268,18 +277,7 @@ async fn agent_gone_mid_stream_ends_the_call_with_unavailable() {
 /// which the hub closes the drained tunnel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switches_to_a_better_transport_without_dropping_calls() {
-    let relay = Relay::start().await;
-    let dir = Arc::new(tempfile::tempdir().unwrap());
-    let hub = TestHub::start_with(dir, None, |c| {
-        let port = relay.addr.port();
-        c.tunnel_urls = vec![
-            url::Url::parse(&format!("quic://localhost:{port}")).unwrap(),
-            url::Url::parse(&format!("h2://localhost:{port}")).unwrap(),
-        ];
-    })
-    .await;
-    relay.set_target(hub.hub.tunnel_addr);
-    relay.block_udp(true);
+    let (hub, relay) = hub_behind_udp_blocking_relay().await;
     let token = hub.hub.mint_join_token("edge-1").unwrap();
     let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
         c.transports = vec![TransportKind::Quic, TransportKind::H2];
@@ -298,14 +296,7 @@ async fn switches_to_a_better_transport_without_dropping_calls() {
     // A stream in flight on the HTTP/2 tunnel.
     let mut bulk = ResourceServiceClient::new(channel.clone())
         .max_decoding_message_size(1024 * 1024)
-        .watch(with_token(
-            WatchRequest {
-                cluster: Some("edge-1".into()),
-                resource: Some("bulk".into()),
-                ..Default::default()
-            },
-            &hub.admin_token,
-        ))
+        .watch(with_token(bulk_watch("edge-1"), &hub.admin_token))
         .await
         .unwrap()
         .into_inner();
