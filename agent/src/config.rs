@@ -47,6 +47,10 @@ pub struct AgentConfig {
     pub backoff_cap: Duration,
     /// Renew when this fraction of the certificate's life has passed.
     pub renew_at: f64,
+    /// While connected over a transport ranked below the first, try the
+    /// better ones this often (with jitter) and switch when one works;
+    /// zero never tries.
+    pub transport_retry: Duration,
 }
 
 impl AgentConfig {
@@ -67,6 +71,7 @@ impl AgentConfig {
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(30),
             renew_at: 2.0 / 3.0,
+            transport_retry: Duration::from_secs(120),
         }
     }
 

@@ -33,6 +33,8 @@ pub struct AgentStatus {
     pub renewals: u32,
     /// Tunnels established so far.
     pub connects: u32,
+    /// Switches to a better transport made while connected.
+    pub switches: u32,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -139,6 +141,13 @@ async fn run(
     tasks: TaskTracker,
 ) {
     let mut creds: Option<Credentials> = config.state_dir.as_deref().and_then(enroll::load);
+    let renew_now = std::sync::Arc::new(tokio::sync::Notify::new());
+    // The transport that worked last is tried first on a reconnect.
+    let mut last_good: Option<TransportKind> = None;
+    // Better-transport probes report here, tagged with the tunnel they
+    // were started for.
+    let (probe_tx, mut probe_rx) = tokio::sync::mpsc::channel(1);
+    let mut generation: u64 = 0;
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
     loop {
         if shutdown.is_cancelled() {
@@ -168,7 +177,7 @@ async fn run(
         // Connect: transports in the configured order, first that works.
         let mut attempts = Vec::new();
         let mut acceptor: Option<Box<dyn AcceptorDyn>> = None;
-        for kind in &config.transports {
+        for kind in &dial_order(&config.transports, last_good) {
             match dial(&config, &current, *kind).await {
                 Ok(a) => {
                     attempts.push((*kind, Ok(())));
@@ -191,19 +200,10 @@ async fn run(
             }
             continue;
         };
-        let kind = acceptor.kind_dyn();
+        let mut kind = acceptor.kind_dyn();
+        last_good = Some(kind);
         // What the hub asks for to show how this agent got through.
-        let diag = bytes::Bytes::from(
-            serde_json::json!({
-                "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
-                    "transport": t.as_str(),
-                    "ok": r.is_ok(),
-                    "error": r.as_ref().err().cloned().unwrap_or_default(),
-                })).collect::<Vec<_>>(),
-                "proxy": config.proxy.as_ref().map(|p| p.display()),
-            })
-            .to_string(),
-        );
+        let mut diag = diagnosis(&config, &attempts);
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
         status.send_modify(|s| {
             s.connected = Some(kind);
@@ -213,7 +213,11 @@ async fn run(
         });
         backoff.reset();
 
-        // Serve until the tunnel ends; renew in the meantime without dropping it.
+        // Serve until the tunnel ends; renew in the meantime without dropping
+        // it, and move to a better transport when one works again.
+        generation += 1;
+        let mut probe_at = next_probe(&config, kind);
+        let mut probing = false;
         let why = loop {
             let renew_in = Duration::from_secs(
                 creds
@@ -224,22 +228,22 @@ async fn run(
             tokio::select! {
                 next = acceptor.accept_dyn() => match next {
                     Ok(Some(stream)) => {
-                        let routes = tower::ServiceExt::<http::Request<otter_tunnel::http::RequestBody>>::map_response(
-                            routes.clone(),
-                            oversize_is_resource_exhausted,
-                        );
-                        let kube = kube.as_ref().map(|k| k.service());
-                        let diag = Some(diag.clone());
-                        tasks.spawn(async move {
-                            if let Err(e) = otter_tunnel::http::serve_stream_full(stream, routes, kube, diag, Limits::default()).await {
-                                tracing::debug!(error = %e, "stream ended with an error");
-                            }
-                        });
+                        let own = otter_tunnel::http::AgentSelf {
+                            diag: Some(diag.clone()),
+                            renew: Some(renew_now.clone()),
+                        };
+                        serve_one(&tasks, stream, &routes, kube.as_ref(), own);
                     }
                     Ok(None) => break "hub closed the tunnel".to_owned(),
                     Err(e) => break e.to_string(),
                 },
-                _ = tokio::time::sleep(renew_in) => {
+                // When due, or at once when the hub asks (a CA rotation step).
+                _ = async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(renew_in) => {}
+                        _ = renew_now.notified() => {}
+                    }
+                } => {
                     match obtain(&config, creds.as_ref(), &status).await {
                         Ok(c) => creds = Some(c),
                         Err(e) => {
@@ -251,6 +255,52 @@ async fn run(
                             }
                         }
                     }
+                }
+                _ = sleep_until_some(probe_at), if !probing => {
+                    // Dialled off this loop, so calls keep being served meanwhile.
+                    probing = true;
+                    let (config, creds, tx) = (config.clone(), current.clone(), probe_tx.clone());
+                    let better = better_than(&config.transports, kind);
+                    let this = generation;
+                    tasks.spawn(async move {
+                        for k in better {
+                            if let Ok(a) = dial(&config, &creds, k).await {
+                                let _ = tx.send((this, Some(a))).await;
+                                return;
+                            }
+                        }
+                        let _ = tx.send((this, None)).await;
+                    });
+                }
+                Some((of, found)) = probe_rx.recv() => {
+                    if of != generation {
+                        continue; // from a tunnel that is gone; dropping it closes it
+                    }
+                    probing = false;
+                    let Some(better) = found else {
+                        probe_at = next_probe(&config, kind);
+                        continue;
+                    };
+                    // Make before break: the hub routes new calls to the
+                    // newest tunnel of this agent and drains the old one,
+                    // which goes on serving its calls until the hub closes it.
+                    let old = std::mem::replace(&mut acceptor, better);
+                    let new_kind = acceptor.kind_dyn();
+                    tracing::info!(from = %kind, to = %new_kind, "switched to a better transport");
+                    let own = otter_tunnel::http::AgentSelf {
+                        diag: Some(diag.clone()),
+                        renew: Some(renew_now.clone()),
+                    };
+                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own, shutdown.clone()));
+                    kind = new_kind;
+                    last_good = Some(kind);
+                    diag = diagnosis(&config, &[(kind, Ok(()))]);
+                    probe_at = next_probe(&config, kind);
+                    status.send_modify(|s| {
+                        s.connected = Some(kind);
+                        s.switches += 1;
+                        s.connects += 1;
+                    });
                 }
                 _ = shutdown.cancelled() => return,
             }
@@ -265,6 +315,113 @@ async fn run(
         if !pause(&mut backoff, &shutdown).await {
             return;
         }
+    }
+}
+
+/// The report the hub asks for (`diag`): transports tried and the proxy.
+fn diagnosis(
+    config: &AgentConfig,
+    attempts: &[(TransportKind, Result<(), String>)],
+) -> bytes::Bytes {
+    bytes::Bytes::from(
+        serde_json::json!({
+            "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
+                "transport": t.as_str(),
+                "ok": r.is_ok(),
+                "error": r.as_ref().err().cloned().unwrap_or_default(),
+            })).collect::<Vec<_>>(),
+            "proxy": config.proxy.as_ref().map(|p| p.display()),
+        })
+        .to_string(),
+    )
+}
+
+/// The configured order, with the transport that worked last moved first:
+/// an agent behind a firewall that drops UDP does not wait for QUIC to time
+/// out on every reconnect (better ones are retried while connected).
+fn dial_order(
+    configured: &[TransportKind],
+    last_good: Option<TransportKind>,
+) -> Vec<TransportKind> {
+    let mut order: Vec<TransportKind> = last_good
+        .filter(|k| configured.contains(k))
+        .into_iter()
+        .collect();
+    order.extend(configured.iter().filter(|k| Some(**k) != last_good));
+    order
+}
+
+/// Transports the configuration ranks above `current`.
+fn better_than(configured: &[TransportKind], current: TransportKind) -> Vec<TransportKind> {
+    configured
+        .iter()
+        .take_while(|k| **k != current)
+        .copied()
+        .collect()
+}
+
+/// When to try better transports next, if there are any and retrying is on:
+/// the interval, give or take a quarter, so agents do not probe in step.
+fn next_probe(config: &AgentConfig, current: TransportKind) -> Option<tokio::time::Instant> {
+    if config.transport_retry.is_zero() || better_than(&config.transports, current).is_empty() {
+        return None;
+    }
+    let base = config.transport_retry.as_secs_f64();
+    let jitter = base * (0.75 + rand::random::<f64>() * 0.5);
+    Some(tokio::time::Instant::now() + Duration::from_secs_f64(jitter))
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves one stream the hub opened, on its own task.
+fn serve_one(
+    tasks: &TaskTracker,
+    stream: otter_tunnel::TunnelStream,
+    routes: &tonic::service::Routes,
+    kube: Option<&crate::kube_proxy::KubeProxy>,
+    own: otter_tunnel::http::AgentSelf,
+) {
+    let routes = tower::ServiceExt::<http::Request<otter_tunnel::http::RequestBody>>::map_response(
+        routes.clone(),
+        oversize_is_resource_exhausted,
+    );
+    let kube = kube.map(|k| k.service());
+    tasks.spawn(async move {
+        if let Err(e) =
+            otter_tunnel::http::serve_stream_full(stream, routes, kube, own, Limits::default())
+                .await
+        {
+            tracing::debug!(error = %e, "stream ended with an error");
+        }
+    });
+}
+
+/// How long a replaced tunnel is kept for its calls in flight, at most
+/// (the hub closes it sooner, once they are done).
+const REPLACED_TUNNEL_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+/// Keeps serving a tunnel replaced by a better one until the hub closes it.
+async fn serve_until_closed(
+    mut old: Box<dyn AcceptorDyn>,
+    tasks: TaskTracker,
+    routes: tonic::service::Routes,
+    kube: Option<crate::kube_proxy::KubeProxy>,
+    own: otter_tunnel::http::AgentSelf,
+    shutdown: CancellationToken,
+) {
+    let serve = async {
+        while let Ok(Some(stream)) = old.accept_dyn().await {
+            serve_one(&tasks, stream, &routes, kube.as_ref(), own.clone());
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(REPLACED_TUNNEL_LIMIT, serve) => {}
+        _ = shutdown.cancelled() => {}
     }
 }
 
@@ -348,7 +505,7 @@ async fn dial(
     let (host, addr) = resolve(url).await?;
     let client = |alpn: &[u8]| {
         tls::client_config(
-            &config.hub_ca_pem,
+            enroll::hub_trust(config, Some(creds)),
             Some((&creds.cert_pem, &creds.key_pem)),
             &[alpn],
         )
@@ -448,4 +605,30 @@ fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Respo
             .add_header(resp.headers_mut());
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TransportKind::{H2, Quic, Ws};
+
+    #[test]
+    fn the_last_good_transport_goes_first_and_better_ones_are_known() {
+        let all = [Quic, H2, Ws];
+        assert_eq!(dial_order(&all, None), [Quic, H2, Ws]);
+        assert_eq!(dial_order(&all, Some(Ws)), [Ws, Quic, H2]);
+        assert_eq!(dial_order(&[Quic, H2], Some(Ws)), [Quic, H2]);
+        assert_eq!(better_than(&all, Ws), [Quic, H2]);
+        assert_eq!(better_than(&all, Quic), []);
+        let mut config = AgentConfig::new(
+            "https://hub:1".parse().unwrap(),
+            "c",
+            "a",
+            "unused in this test",
+        );
+        assert!(next_probe(&config, Quic).is_none(), "already the best");
+        assert!(next_probe(&config, H2).is_some());
+        config.transport_retry = Duration::ZERO;
+        assert!(next_probe(&config, H2).is_none(), "switched off");
+    }
 }

@@ -31,8 +31,13 @@ pub struct HubConfig {
     pub keepalive: Keepalive,
     /// Concurrent calls per tunnel; more are refused with ResourceExhausted.
     pub max_calls_per_tunnel: u32,
-    /// How long a replaced tunnel may finish its calls before it is closed.
+    /// How long a tunnel of a replaced agent may finish its calls before it
+    /// is closed.
     pub drain_timeout: Duration,
+    /// The same, for an agent's older tunnel when it connects again (say,
+    /// over a better transport): long enough for watches and exec sessions
+    /// in flight to end on their own; a dead one ends sooner by keepalive.
+    pub reconnect_drain_timeout: Duration,
     /// Largest gRPC request message accepted at the front door.
     pub max_request_message: usize,
     /// Browser origins allowed by CORS (exact match; `*` allows any).
@@ -97,6 +102,7 @@ impl HubConfig {
             keepalive: Keepalive::default(),
             max_calls_per_tunnel: 512,
             drain_timeout: Duration::from_secs(30),
+            reconnect_drain_timeout: Duration::from_secs(15 * 60),
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
             disabled_features: Vec::new(),
