@@ -158,7 +158,8 @@ async fn refuses_foreign_and_expired(transport: TransportKind) {
     assert!(unknown_ca(&why), "{transport:?}: {why}");
 
     // The live agent's identity from the hub's own CA, but expired.
-    let (cert, key) = cert_from(&hub.hub.state.ca, "edge-1", "a1", Duration::ZERO);
+    let cas = hub.hub.state.authority.current();
+    let (cert, key) = cert_from(&cas.active, "edge-1", "a1", Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let why = refusal(&hub, transport, &cert, &key).await;
     assert!(expired(&why), "{transport:?}: {why}");
