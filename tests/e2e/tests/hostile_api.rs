@@ -79,8 +79,8 @@ async fn expect_code(
 /// Register refuses what the earlier suite does not cover: a forged secret
 /// for a real token id, a token replayed after it expired, CSRs naming
 /// another cluster in the subject or the agent URI, a CSR over the size
-/// limit, a message over the hub's own limit, a broken signature and a key
-/// type the hub does not sign. The hub still registers afterwards.
+/// limit, a message over the hub's own limit, a broken signature and key
+/// types the hub does not sign (P-384, a huge RSA key). The hub still registers afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn register_refuses_abuse_with_the_right_codes() {
     let hub = TestHub::start().await;
@@ -210,6 +210,17 @@ async fn register_refuses_abuse_with_the_right_codes() {
     expect_code(
         &mut link,
         register("edge-1", "a1", &token, other_key.as_bytes()),
+        Code::InvalidArgument,
+        "key type",
+    )
+    .await;
+
+    // A huge key: an RSA-8192 CSR (made once with openssl; the hub signs
+    // only P-256 and Ed25519 keys).
+    let rsa = include_str!("fixtures/rsa8192.csr");
+    expect_code(
+        &mut link,
+        register("edge-1", "a1", &token, rsa.as_bytes()),
         Code::InvalidArgument,
         "key type",
     )
