@@ -11,7 +11,8 @@
 //! - [`backoff`] — the reconnect schedule, sans IO.
 //! - [`kube_proxy`] — kubectl's requests, forwarded by the hub, sent to the
 //!   local apiserver as the caller (impersonation).
-//! - [`health`] — `/healthz` and `/readyz` for the kubelet.
+//! - [`health`] — `/healthz` and `/readyz` for the kubelet, `/metrics`.
+//! - [`gauges`] — live counts of tunnel streams and sessions.
 //! - [`services`] — the gRPC services the agent serves, wired together:
 //!   - [`kube`] — the agent's Kubernetes client and the impersonating
 //!     clients per caller;
@@ -28,6 +29,7 @@ pub mod config;
 pub mod convert;
 pub mod discovery;
 pub mod enroll;
+pub mod gauges;
 pub mod health;
 pub mod kube;
 pub mod kube_proxy;

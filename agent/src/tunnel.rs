@@ -33,6 +33,11 @@ pub struct AgentStatus {
     pub renewals: u32,
     /// Tunnels established so far.
     pub connects: u32,
+    /// Dial rounds so far (each tries the transports in order).
+    pub dials: u32,
+    /// Dials the hub refused with a retry-after hint (too many agents
+    /// connecting at once).
+    pub refusals: u32,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -46,6 +51,7 @@ pub struct AgentStatus {
 #[derive(Debug)]
 pub struct Agent {
     status: watch::Receiver<AgentStatus>,
+    gauges: Arc<crate::gauges::Gauges>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -68,6 +74,7 @@ impl Agent {
         let (tx, rx) = watch::channel(AgentStatus::default());
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let gauges = config.gauges.clone();
         tasks.spawn(run(
             config,
             routes,
@@ -78,6 +85,7 @@ impl Agent {
         ));
         Ok(Agent {
             status: rx,
+            gauges,
             shutdown,
             tasks,
         })
@@ -92,11 +100,18 @@ impl Agent {
         self.status.clone()
     }
 
-    /// Serves `/healthz` and `/readyz` on `listener` for as long as the agent runs.
+    /// Live counts of tunnel streams and sessions.
+    pub fn gauges(&self) -> &Arc<crate::gauges::Gauges> {
+        &self.gauges
+    }
+
+    /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` for as
+    /// long as the agent runs.
     pub fn serve_health(&self, listener: tokio::net::TcpListener) {
         self.tasks.spawn(crate::health::serve(
             listener,
             self.status.clone(),
+            self.gauges.clone(),
             self.shutdown.clone(),
         ));
     }
@@ -166,6 +181,7 @@ async fn run(
         };
 
         // Connect: transports in the configured order, first that works.
+        status.send_modify(|s| s.dials += 1);
         let mut attempts = Vec::new();
         let mut acceptor: Option<Box<dyn AcceptorDyn>> = None;
         for kind in &config.transports {
@@ -227,7 +243,9 @@ async fn run(
                         let routes = routes.clone();
                         let kube = kube.as_ref().map(|k| k.service());
                         let diag = Some(diag.clone());
+                        let counted = config.gauges.stream();
                         tasks.spawn(async move {
+                            let _counted = counted;
                             if let Err(e) = otter_tunnel::http::serve_stream_full(stream, routes, kube, diag, Limits::default()).await {
                                 tracing::debug!(error = %e, "stream ended with an error");
                             }

@@ -8,9 +8,12 @@
 //! - [`tools`] — third-party clients run as bounded subprocesses.
 //! - [`double`] — agents serving a test double; [`kube`] — an agent with
 //!   the real Kubernetes services against the Kubernetes API test server.
+//! - [`procs`] — real hub and agent processes (to kill, or to put in
+//!   network namespaces).
 
 pub mod double;
 pub mod kube;
+pub mod procs;
 pub mod tools;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
