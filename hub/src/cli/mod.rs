@@ -6,11 +6,14 @@
 //! - [`commands`] — one function per client command.
 //! - [`resources`] — resource names as typed, resolved with Discovery.
 //! - [`output`] — tables, ages, YAML.
+//! - [`resume`] — a Watch that is opened again from the last
+//!   resourceVersion when the tunnel or the hub goes away (`get -w`).
 
 pub mod client;
 pub mod commands;
 pub mod output;
 pub mod resources;
+pub mod resume;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 

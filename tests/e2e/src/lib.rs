@@ -9,10 +9,11 @@
 //! - [`double`] — agents serving a test double; [`kube`] — an agent with
 //!   the real Kubernetes services against the Kubernetes API test server.
 //! - [`procs`] — real hub and agent processes (to kill, or to put in
-//!   network namespaces).
+//!   network namespaces); [`netns`] — two namespaces and a link to cut.
 
 pub mod double;
 pub mod kube;
+pub mod netns;
 pub mod procs;
 pub mod tools;
 

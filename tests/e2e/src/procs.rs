@@ -40,6 +40,10 @@ pub enum Role {
     Agent,
     /// The Kubernetes API test server (see [`kube_sim_main`]).
     KubeSim,
+    /// One HTTP GET, `<address> <path>`: prints the body of a 200 answer,
+    /// exits 1 otherwise (a probe of the agent's `/metrics` from inside
+    /// its namespace).
+    HttpGet,
 }
 
 impl Role {
@@ -48,6 +52,7 @@ impl Role {
             Role::Otter => "otter",
             Role::Agent => "otter-agent",
             Role::KubeSim => "kube-sim",
+            Role::HttpGet => "http-get",
         }
     }
 }
@@ -100,6 +105,21 @@ pub fn child_main() {
                 }
             }
             "kube-sim" => kube_sim_main(&args).await,
+            "http-get" => {
+                let addr = args.first().and_then(|a| a.parse().ok());
+                let path = args.get(1).map_or("/", String::as_str);
+                match addr {
+                    Some(addr) => match http_get(addr, path).await {
+                        Some(body) => {
+                            // A line of its own: the harness printed a prefix.
+                            println!("\n{body}");
+                            0
+                        }
+                        None => 1,
+                    },
+                    None => 64,
+                }
+            }
             other => {
                 eprintln!("unknown role {other}");
                 64
@@ -267,6 +287,24 @@ impl Proc {
             let _ = c.wait();
         }
         self.stdin = None;
+    }
+
+    /// Waits (bounded) for the process to exit by itself; its exit code
+    /// (-1 when killed by a signal), or None when it ran over `limit` (then
+    /// it is killed).
+    pub fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            if std::time::Instant::now() > deadline {
+                self.kill9();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Whether the process is still running.
