@@ -38,6 +38,8 @@ pub struct AgentStatus {
     /// Dials the hub refused with a retry-after hint (too many agents
     /// connecting at once).
     pub refusals: u32,
+    /// The hint of the last refusal.
+    pub last_retry_after: Option<Duration>,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -181,28 +183,50 @@ async fn run(
         };
 
         // Connect: transports in the configured order, first that works.
+        // A tunnel counts once the hub has admitted it, which it shows by
+        // opening the first stream; a hub that is busy says when to come
+        // back instead, and then no other transport is tried either.
         status.send_modify(|s| s.dials += 1);
         let mut attempts = Vec::new();
-        let mut acceptor: Option<Box<dyn AcceptorDyn>> = None;
+        let mut up: Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> = None;
+        let mut hint = None;
         for kind in &config.transports {
-            match dial(&config, &current, *kind).await {
-                Ok(a) => {
+            let result = match dial(&config, &current, *kind).await {
+                Ok(a) => admitted(a, config.connect_timeout).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(pair) => {
                     attempts.push((*kind, Ok(())));
-                    acceptor = Some(a);
+                    up = Some(pair);
                     break;
                 }
                 Err(e) => {
                     tracing::info!(transport = %kind, error = %e, "transport failed");
                     attempts.push((*kind, Err(e.to_string())));
+                    if let AgentError::Tunnel(t) = &e
+                        && let Some(after) = t.retry_after()
+                    {
+                        hint = Some(after);
+                        break;
+                    }
                 }
             }
         }
-        let Some(mut acceptor) = acceptor else {
+        let Some((mut acceptor, first)) = up else {
             status.send_modify(|s| {
                 s.last_error = format!("no transport worked: {attempts:?}");
                 s.attempts = attempts;
+                if hint.is_some() {
+                    s.refusals += 1;
+                    s.last_retry_after = hint;
+                }
             });
-            if !pause(&mut backoff, &shutdown).await {
+            let go_on = match hint {
+                Some(after) => pause_at_least(after, &mut backoff, &shutdown).await,
+                None => pause(&mut backoff, &shutdown).await,
+            };
+            if !go_on {
                 return;
             }
             continue;
@@ -228,6 +252,27 @@ async fn run(
             s.proxy = config.proxy.as_ref().map(|p| p.display());
         });
         backoff.reset();
+        let serve = |stream: otter_tunnel::TunnelStream| {
+            let routes = routes.clone();
+            let kube = kube.as_ref().map(|k| k.service());
+            let diag = Some(diag.clone());
+            let counted = config.gauges.stream();
+            tasks.spawn(async move {
+                let _counted = counted;
+                if let Err(e) = otter_tunnel::http::serve_stream_full(
+                    stream,
+                    routes,
+                    kube,
+                    diag,
+                    Limits::default(),
+                )
+                .await
+                {
+                    tracing::debug!(error = %e, "stream ended with an error");
+                }
+            });
+        };
+        serve(first);
 
         // Serve until the tunnel ends; renew in the meantime without dropping it.
         let why = loop {
@@ -239,18 +284,7 @@ async fn run(
             );
             tokio::select! {
                 next = acceptor.accept_dyn() => match next {
-                    Ok(Some(stream)) => {
-                        let routes = routes.clone();
-                        let kube = kube.as_ref().map(|k| k.service());
-                        let diag = Some(diag.clone());
-                        let counted = config.gauges.stream();
-                        tasks.spawn(async move {
-                            let _counted = counted;
-                            if let Err(e) = otter_tunnel::http::serve_stream_full(stream, routes, kube, diag, Limits::default()).await {
-                                tracing::debug!(error = %e, "stream ended with an error");
-                            }
-                        });
-                    }
+                    Ok(Some(stream)) => serve(stream),
                     Ok(None) => break "hub closed the tunnel".to_owned(),
                     Err(e) => break e.to_string(),
                 },
@@ -322,6 +356,40 @@ async fn pause(backoff: &mut Backoff, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(delay) => true,
         _ = shutdown.cancelled() => false,
+    }
+}
+
+/// Sleeps for the hub's hint plus a jittered backoff delay, so agents the
+/// hub turned away together do not come back together; false when shutting
+/// down.
+async fn pause_at_least(
+    after: Duration,
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> bool {
+    let delay = after + backoff.next_delay();
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
+/// Waits (bounded) for the hub to admit a dialled tunnel: it opens the
+/// first stream once it has (the diagnosis request), or closes the
+/// connection with a reason (a paced refusal carries its hint).
+async fn admitted(
+    mut acceptor: Box<dyn AcceptorDyn>,
+    limit: Duration,
+) -> Result<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> {
+    match tokio::time::timeout(limit, acceptor.accept_dyn()).await {
+        Ok(Ok(Some(first))) => Ok((acceptor, first)),
+        Ok(Ok(None)) => Err(AgentError::Connect(
+            "the hub closed the tunnel before admitting it".into(),
+        )),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(AgentError::Connect(format!(
+            "the hub did not admit the tunnel within {limit:?}"
+        ))),
     }
 }
 

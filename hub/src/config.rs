@@ -33,6 +33,11 @@ pub struct HubConfig {
     pub max_calls_per_tunnel: u32,
     /// How long a replaced tunnel may finish its calls before it is closed.
     pub drain_timeout: Duration,
+    /// Tunnels set up at once (handshakes through admission); agents beyond
+    /// it are told to come back after `admission_retry_after`.
+    pub max_concurrent_admissions: usize,
+    /// The hint refused agents get: they wait at least this long, plus jitter.
+    pub admission_retry_after: Duration,
     /// Largest gRPC request message accepted at the front door.
     pub max_request_message: usize,
     /// Browser origins allowed by CORS (exact match; `*` allows any).
@@ -72,6 +77,8 @@ impl HubConfig {
             keepalive: Keepalive::default(),
             max_calls_per_tunnel: 512,
             drain_timeout: Duration::from_secs(30),
+            max_concurrent_admissions: 128,
+            admission_retry_after: Duration::from_secs(1),
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
             disabled_features: Vec::new(),
@@ -91,6 +98,11 @@ impl HubConfig {
         if self.agent_cert_lifetime < Duration::from_secs(60) {
             return Err(HubError::Config(
                 "agent certificate lifetime must be at least 1 minute".into(),
+            ));
+        }
+        if self.max_concurrent_admissions == 0 {
+            return Err(HubError::Config(
+                "max concurrent admissions must be at least 1".into(),
             ));
         }
         if self.max_calls_per_tunnel == 0 {

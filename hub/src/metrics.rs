@@ -59,6 +59,10 @@ pub struct Metrics {
     pub calls_in_flight: Gauge<i64, AtomicI64>,
     pub tunnel_bytes: Family<DirectionLabel, Counter<u64, AtomicU64>>,
     pub registers: Family<OutcomeLabel, Counter>,
+    pub admissions_in_progress: Gauge<i64, AtomicI64>,
+    pub admissions_peak: Gauge<i64, AtomicI64>,
+    pub admissions_max: Gauge<i64, AtomicI64>,
+    pub tunnel_refusals: Gauge<i64, AtomicI64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -101,6 +105,30 @@ impl Default for Metrics {
             tunnel_bytes.clone(),
         );
         registry.register("registers", "Register outcomes", registers.clone());
+        let admissions_in_progress = Gauge::<i64, AtomicI64>::default();
+        let admissions_peak = Gauge::<i64, AtomicI64>::default();
+        let admissions_max = Gauge::<i64, AtomicI64>::default();
+        let tunnel_refusals = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "tunnel_admissions_in_progress",
+            "Tunnels being set up right now",
+            admissions_in_progress.clone(),
+        );
+        registry.register(
+            "tunnel_admissions_peak",
+            "The most tunnels set up at once since the hub started",
+            admissions_peak.clone(),
+        );
+        registry.register(
+            "tunnel_admissions_max",
+            "Tunnels the hub sets up at once at most (configured)",
+            admissions_max.clone(),
+        );
+        registry.register(
+            "tunnel_refusals",
+            "Tunnels told to come back later since the hub started",
+            tunnel_refusals.clone(),
+        );
         Self {
             registry,
             requests,
@@ -109,6 +137,10 @@ impl Default for Metrics {
             calls_in_flight,
             tunnel_bytes,
             registers,
+            admissions_in_progress,
+            admissions_peak,
+            admissions_max,
+            tunnel_refusals,
         }
     }
 }
@@ -119,6 +151,16 @@ impl Metrics {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// Copies the pacer's counts in, before a render.
+    pub fn pacer(&self, pacer: &otter_tunnel::pace::Pacer) {
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        self.admissions_in_progress.set(n(pacer.in_progress()));
+        self.admissions_peak.set(n(pacer.peak()));
+        self.admissions_max.set(n(pacer.max()));
+        self.tunnel_refusals
+            .set(i64::try_from(pacer.refused()).unwrap_or(i64::MAX));
     }
 
     pub fn register_outcome(&self, outcome: &str) {

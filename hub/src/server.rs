@@ -55,6 +55,8 @@ pub struct HubState {
     pub metrics: Arc<Metrics>,
     /// Signs and verifies manifest URLs.
     pub manifest_key: ring::hmac::Key,
+    /// How many tunnels are set up at once (paced reconnects).
+    pub pacer: Arc<otter_tunnel::pace::Pacer>,
     /// Client of the Rancher management cluster, when one is configured.
     pub rancher: Option<crate::rancher::Rancher>,
 }
@@ -179,6 +181,10 @@ impl Hub {
         };
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
+        let pacer = otter_tunnel::pace::Pacer::new(
+            config.max_concurrent_admissions,
+            config.admission_retry_after,
+        );
         let state = Arc::new(HubState {
             config,
             store,
@@ -193,6 +199,7 @@ impl Hub {
             metrics: Arc::new(Metrics::default()),
             manifest_key,
             rancher,
+            pacer: pacer.clone(),
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
@@ -201,14 +208,20 @@ impl Hub {
             accepted_rx,
             shutdown.clone(),
         ));
-        tasks.spawn(h2::accept_loop(
+        tasks.spawn(h2::accept_loop_paced(
             tunnel_tcp,
             Arc::new(tunnel_tls),
             h2_settings,
             accepted_tx.clone(),
             shutdown.clone(),
+            pacer.clone(),
         ));
-        tasks.spawn(quic::accept_loop(endpoint, accepted_tx, shutdown.clone()));
+        tasks.spawn(quic::accept_loop_paced(
+            endpoint,
+            accepted_tx,
+            shutdown.clone(),
+            pacer,
+        ));
         let routes = api_routes(&state, health_service)?;
         let api_tls = (!state.config.api_plaintext).then(|| Arc::new(api_tls));
         tasks.spawn(serve_api(
@@ -523,6 +536,7 @@ async fn route(
     if path == "/metrics" && req.method() == http::Method::GET {
         return match crate::auth::authenticate(&state, req.headers()).await {
             Ok(_) => {
+                state.metrics.pacer(&state.pacer);
                 let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
                 resp.headers_mut().insert(
                     http::header::CONTENT_TYPE,

@@ -334,6 +334,12 @@ pub struct HubArgs {
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
+    /// Tunnels set up at once; agents beyond it are told to retry later.
+    #[arg(long, default_value_t = 128)]
+    pub max_concurrent_admissions: usize,
+    /// The retry-after hint refused agents get, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub admission_retry_after_ms: u64,
     /// Browser origin allowed to call the API (repeat; `*` for any).
     #[arg(
         long = "cors-origin",
@@ -396,6 +402,8 @@ impl HubArgs {
         c.keepalive =
             otter_tunnel::Keepalive::every(Duration::from_secs(self.keepalive_secs.max(1)));
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
+        c.max_concurrent_admissions = self.max_concurrent_admissions;
+        c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);
         c.cors_origins = self.cors_origins;
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;

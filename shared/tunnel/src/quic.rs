@@ -89,6 +89,18 @@ pub async fn accept_loop(
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
 ) {
+    accept_loop_paced(endpoint, out, shutdown, crate::pace::Pacer::unlimited()).await;
+}
+
+/// Like [`accept_loop`], setting up at most what `pacer` allows at once;
+/// the others are closed after the handshake with the pacer's hint
+/// ([`crate::pace::QUIC_REFUSED`]).
+pub async fn accept_loop_paced(
+    endpoint: Endpoint,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+    pacer: Arc<crate::pace::Pacer>,
+) {
     let pending = Arc::new(Semaphore::new(crate::h2::MAX_PENDING_HANDSHAKES));
     loop {
         let incoming = tokio::select! {
@@ -105,11 +117,23 @@ pub async fn accept_loop(
             return;
         };
         let (out, shutdown) = (out.clone(), shutdown.clone());
+        let ticket = pacer.try_enter();
         tokio::spawn(async move {
             let _permit = permit;
             let remote = incoming.remote_address();
             let handshake = async {
                 let conn = incoming.await?;
+                let admission = match ticket {
+                    Ok(a) => a,
+                    Err(after) => {
+                        // Only an established connection can carry a reason.
+                        conn.close(
+                            VarInt::from_u32(crate::pace::QUIC_REFUSED),
+                            crate::pace::reason(after).as_bytes(),
+                        );
+                        return Ok(None);
+                    }
+                };
                 let peer_cert = conn
                     .peer_identity()
                     .and_then(|any| {
@@ -117,21 +141,23 @@ pub async fn accept_loop(
                             .ok()
                     })
                     .and_then(|certs| certs.first().cloned());
-                Ok::<_, TunnelError>(Accepted {
+                Ok::<_, TunnelError>(Some(Accepted {
                     opener: Arc::new(QuicOpener { conn }),
                     peer_cert,
                     remote,
                     transport: TransportKind::Quic,
-                })
+                    admission: Some(admission),
+                }))
             };
             let accepted = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
                 _ = shutdown.cancelled() => return,
             };
             match accepted {
-                Ok(Ok(a)) => {
+                Ok(Ok(Some(a))) => {
                     let _ = out.send(a).await;
                 }
+                Ok(Ok(None)) => tracing::debug!(%remote, "QUIC tunnel paced: told to retry later"),
                 Ok(Err(e)) => tracing::info!(%remote, error = %e, "QUIC tunnel handshake refused"),
                 Err(_) => tracing::info!(%remote, "QUIC tunnel handshake timed out"),
             }
