@@ -345,6 +345,19 @@ impl Drop for Proc {
     }
 }
 
+/// Resident memory of process `pid` in MiB (VmRSS), if it runs.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
 /// A free loopback TCP port whose UDP twin is free too (the hub's tunnel
 /// port serves both), so a hub restarted on it finds it again.
 pub fn free_port() -> u16 {

@@ -6,23 +6,19 @@
 //! sessions, hub calls in flight and tunnels, all counted).
 
 use std::{
-    net::SocketAddr,
-    path::PathBuf,
     pin::Pin,
     time::{Duration, Instant},
 };
 
 use futures::{Future, StreamExt};
-use otter_agent::gauges::sample;
 use otter_e2e::{
-    client_channel,
     double::WAIT,
+    fleet::{Fleet, metric, until_metrics},
     kube::sim_config,
-    procs::{Proc, Role, echo_server, free_port, http_get},
+    procs::echo_server,
     with_token,
 };
 use otter_proto::{
-    link::v1::{Link, LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
     resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
     runtime::v1::{self as pb, runtime_service_client::RuntimeServiceClient},
 };
@@ -37,246 +33,6 @@ fn child_process() {
 /// How long a caller may wait for its error once a process died. QUIC
 /// notices a dead peer after three keepalive intervals (1 s here).
 const ERROR_BOUND: Duration = Duration::from_secs(10);
-
-/// A hub process, its agents (one per transport) and the test server they
-/// serve, all on loopback.
-struct Fleet {
-    dir: tempfile::TempDir,
-    data: PathBuf,
-    api: u16,
-    tunnel: u16,
-    hub: Option<Proc>,
-    hub_starts: u32,
-    agents: Vec<AgentProc>,
-    admin_token: String,
-    ca_pem: String,
-}
-
-struct AgentProc {
-    cluster: String,
-    transport: &'static str,
-    health: SocketAddr,
-    proc: Option<Proc>,
-    starts: u32,
-}
-
-impl Fleet {
-    /// Mints the join tokens with a hub in this process, then starts the
-    /// hub and the agents as processes.
-    async fn start(sim: &kube_sim::KubeSim) -> Fleet {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let data = dir.path().join("hub");
-        std::fs::create_dir_all(&data).expect("data dir");
-        let transports = ["quic", "h2"];
-        {
-            let setup = std::sync::Arc::new(tempfile::TempDir::new_in(dir.path()).expect("dir"));
-            let mut config = otter_hub::HubConfig::new(&data);
-            config.api_listen = "127.0.0.1:0".parse().expect("address");
-            config.tunnel_listen = "127.0.0.1:0".parse().expect("address");
-            let hub = otter_hub::Hub::start(config).await.expect("setup hub");
-            for (i, _) in transports.iter().enumerate() {
-                let token = hub.mint_join_token(&format!("edge-{i}")).expect("token");
-                std::fs::write(dir.path().join(format!("token-{i}")), token).expect("token file");
-            }
-            hub.shutdown().await;
-            drop(setup);
-        }
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).expect("write");
-        let admin_token = std::fs::read_to_string(data.join("admin-token"))
-            .expect("admin token")
-            .trim()
-            .to_owned();
-        let ca_pem = std::fs::read_to_string(data.join("ca.crt")).expect("CA");
-        let mut fleet = Fleet {
-            data,
-            api: free_port(),
-            tunnel: free_port(),
-            hub: None,
-            hub_starts: 0,
-            agents: transports
-                .iter()
-                .enumerate()
-                .map(|(i, t)| AgentProc {
-                    cluster: format!("edge-{i}"),
-                    transport: t,
-                    health: SocketAddr::from(([127, 0, 0, 1], free_port())),
-                    proc: None,
-                    starts: 0,
-                })
-                .collect(),
-            admin_token,
-            ca_pem,
-            dir,
-        };
-        fleet.start_hub();
-        for i in 0..fleet.agents.len() {
-            fleet.start_agent(i);
-        }
-        fleet
-    }
-
-    fn start_hub(&mut self) {
-        self.hub_starts += 1;
-        let args: Vec<String> = [
-            "hub",
-            "--data-dir",
-            &self.data.display().to_string(),
-            "--listen",
-            &format!("127.0.0.1:{}", self.api),
-            "--tunnel-listen",
-            &format!("127.0.0.1:{}", self.tunnel),
-            "--keepalive-secs",
-            "1",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let name = format!("hub-{}", self.hub_starts);
-        self.hub = Some(Proc::start(
-            &name,
-            Role::Otter,
-            &args,
-            self.dir.path(),
-            None,
-        ));
-    }
-
-    fn start_agent(&mut self, i: usize) {
-        let d = self.dir.path();
-        let a = &mut self.agents[i];
-        a.starts += 1;
-        let args: Vec<String> = [
-            "--hub-url",
-            &format!("https://localhost:{}", self.api),
-            "--cluster",
-            &a.cluster,
-            "--agent-id",
-            &format!("agent-{i}"),
-            "--hub-ca-file",
-            &self.data.join("ca.crt").display().to_string(),
-            "--join-token-file",
-            &d.join(format!("token-{i}")).display().to_string(),
-            "--state-dir",
-            &d.join(format!("state-{i}")).display().to_string(),
-            "--transports",
-            a.transport,
-            "--keepalive-secs",
-            "1",
-            "--health-listen",
-            &a.health.to_string(),
-            "--kubeconfig",
-            &d.join("kubeconfig").display().to_string(),
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-        let name = format!("{}-{}", a.cluster, a.starts);
-        a.proc = Some(Proc::start(&name, Role::Agent, &args, d, None));
-    }
-
-    fn api_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.api))
-    }
-
-    async fn channel(&self) -> Channel {
-        // The hub process may still be binding its port.
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if tokio::net::TcpStream::connect(self.api_addr())
-                .await
-                .is_ok()
-            {
-                return client_channel(self.api_addr(), &self.ca_pem, None).await;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "hub API never listened:\n{}",
-                self.hub_log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn hub_log(&self) -> String {
-        self.hub.as_ref().map(|h| h.tail(30)).unwrap_or_default()
-    }
-
-    async fn links(&self, channel: &Channel) -> Vec<Link> {
-        LinkServiceClient::new(channel.clone())
-            .list_links(with_token(ListLinksRequest {}, &self.admin_token))
-            .await
-            .map(|r| r.into_inner().links)
-            .unwrap_or_default()
-    }
-
-    /// Waits until every agent's link is connected; returns the links.
-    async fn all_connected(&self, channel: &Channel) -> Vec<Link> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let links = self.links(channel).await;
-            let up = links
-                .iter()
-                .filter(|l| l.state == Some(LinkState::Connected as i32))
-                .count();
-            if up == self.agents.len() {
-                return links;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "links never all connected: {links:?}\nhub:\n{}",
-                self.hub_log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The agent's `/metrics`, read until it answers.
-    async fn agent_metrics(&self, i: usize) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(m) = http_get(self.agents[i].health, "/metrics").await {
-                return m;
-            }
-            assert!(Instant::now() < deadline, "agent {i} has no /metrics");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// The hub's `/metrics`.
-    async fn hub_metrics(&self) -> String {
-        let req = http::Request::get("/metrics")
-            .header("authorization", format!("Bearer {}", self.admin_token))
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .expect("request");
-        let (status, _, body) =
-            otter_e2e::http_call(self.api_addr(), &self.ca_pem, true, req).await;
-        assert_eq!(status, 200);
-        String::from_utf8_lossy(&body).into_owned()
-    }
-}
-
-/// A sample of a text exposition; 0 when absent (an empty family).
-fn metric(text: &str, name: &str) -> f64 {
-    sample(text, name).unwrap_or(0.0)
-}
-
-/// Waits (bounded) until `check` holds for the text `fetch` returns.
-async fn until_metrics<F: Future<Output = String>>(
-    what: &str,
-    mut fetch: impl FnMut() -> F,
-    check: impl Fn(&str) -> bool,
-) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let text = fetch().await;
-        if check(&text) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "timed out: {what}\n{text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn sessions(text: &str) -> (f64, f64) {
     (
@@ -477,7 +233,7 @@ async fn hub_killed_mid_call_then_restarted_on_the_same_data() {
         .await
         .expect("kube-sim");
     sim.add_pod_port("default", "web", 8080, echo_server().await);
-    let mut fleet = Fleet::start(&sim).await;
+    let mut fleet = Fleet::start(&sim, &["quic", "h2"]).await;
     let channel = fleet.channel().await;
     let before = fleet.all_connected(&channel).await;
     let token = fleet.admin_token.clone();
@@ -594,7 +350,7 @@ async fn agent_killed_mid_exec_and_port_forward() {
         .await
         .expect("kube-sim");
     sim.add_pod_port("default", "web", 8080, echo_server().await);
-    let mut fleet = Fleet::start(&sim).await;
+    let mut fleet = Fleet::start(&sim, &["quic", "h2"]).await;
     let channel = fleet.channel().await;
     fleet.all_connected(&channel).await;
     let token = fleet.admin_token.clone();
