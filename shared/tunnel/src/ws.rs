@@ -134,6 +134,8 @@ pub async fn accept(io: Box<dyn Io>) -> Result<WsIo<Box<dyn Io>>> {
 /// Hub side: answers the upgrade with 503 and the pacer's hint (standard
 /// `Retry-After` in whole seconds, rounded up, and the exact milliseconds
 /// in [`crate::pace::WS_RETRY_AFTER_MS`]), then closes.
+// The callback's error type is tungstenite's own (an HTTP response).
+#[allow(clippy::result_large_err)]
 pub async fn refuse(io: Box<dyn Io>, after: std::time::Duration) {
     use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
     let refuse = |_: &Request, _: Response| -> std::result::Result<Response, ErrorResponse> {

@@ -41,13 +41,16 @@ fn sessions(text: &str) -> (f64, f64) {
     )
 }
 
+/// A unary call in flight.
+type PendingCall = Pin<Box<dyn Future<Output = Result<(), tonic::Status>> + Send>>;
+
 /// The calls a crash interrupts, all on one cluster.
 struct InFlight {
     watch: tonic::Streaming<otter_proto::resource::v1::WatchEvent>,
     exec: tonic::Streaming<pb::ExecuteTtyResponse>,
     port_forward: tonic::Streaming<pb::PortForwardResponse>,
     /// A WriteTTY stalled on a process that does not read its stdin.
-    unary: Option<Pin<Box<dyn Future<Output = Result<(), tonic::Status>> + Send>>>,
+    unary: Option<PendingCall>,
 }
 
 fn exec_req(cluster: &str, command: &[&str]) -> pb::ExecuteTtyRequest {
@@ -164,7 +167,7 @@ async fn stalled_write(
     mut rt: RuntimeServiceClient<Channel>,
     token: &str,
     cluster: &str,
-) -> Pin<Box<dyn Future<Output = Result<(), tonic::Status>> + Send>> {
+) -> PendingCall {
     let mut s = rt
         .execute_tty(with_token(exec_req(cluster, &["sleep", "600"]), token))
         .await
@@ -184,7 +187,7 @@ async fn stalled_write(
                 token,
             ),
         );
-        let mut call: Pin<Box<dyn Future<Output = Result<(), tonic::Status>> + Send>> =
+        let mut call: PendingCall =
             Box::pin(async move { rt.write_tty(req).await.map(|_| ()) });
         tokio::select! {
             r = &mut call => r.expect("write while there is room"),
