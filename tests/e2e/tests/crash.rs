@@ -187,8 +187,7 @@ async fn stalled_write(
                 token,
             ),
         );
-        let mut call: PendingCall =
-            Box::pin(async move { rt.write_tty(req).await.map(|_| ()) });
+        let mut call: PendingCall = Box::pin(async move { rt.write_tty(req).await.map(|_| ()) });
         tokio::select! {
             r = &mut call => r.expect("write while there is room"),
             _ = tokio::time::sleep(Duration::from_secs(2)) => return call,
