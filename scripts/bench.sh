@@ -18,9 +18,9 @@ QUICK=${QUICK:-}
 FULL=${FULL:-}
 
 if [ -n "$QUICK" ]; then
-    tp_secs=3 tp_runs=2 calls=2000 hol_calls=500 call_runs=2 agents=200 idle=5 fp_runs=2
+    tp_secs=3 tp_runs=2 calls=2000 hol_calls=500 call_runs=2 agents=200 idle=5 fp_runs=2 pf_mib=32 pf_runs=2
 else
-    tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3
+    tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3 pf_mib=128 pf_runs=3
 fi
 if [ -n "$FULL" ]; then
     agents=10000
@@ -68,8 +68,7 @@ scenario() {
 
 scenario 600 throughput throughput "$samples" "$tp_secs" "$tp_runs" "$rathole"
 scenario 300 calls calls "$samples" "$calls" "$hol_calls" "$call_runs"
-"$bench" skip "$samples" "portforward" \
-    "not measured yet: RuntimeService port-forward and the kubectl proxy"
+scenario 600 portforward portforward "$samples" "$pf_mib" "$pf_runs"
 scenario 900 scale scale "$samples" "$agents" "$idle"
 scenario 120 footprint footprint "$samples" "$fp_runs" "$agent_bin"
 

@@ -39,10 +39,14 @@ pub struct Cli {
         default_value = "quic,h2,ws"
     )]
     pub transports: Vec<TransportKind>,
-    /// HTTP CONNECT proxy (`http://[user:pass@]host:port`); without it,
+    /// HTTP CONNECT proxy (`http[s]://[user:pass@]host:port`); without it,
     /// `HTTPS_PROXY` / `HTTP_PROXY` and `NO_PROXY` are honoured.
     #[arg(long, env = "OTTER_PROXY")]
     pub proxy: Option<Url>,
+    /// CA (PEM file) an `https://` proxy's certificate chains to, when it
+    /// is not a public one.
+    #[arg(long, env = "OTTER_PROXY_CA_FILE")]
+    pub proxy_ca_file: Option<PathBuf>,
     /// Tunnel keepalive interval in seconds.
     #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
     pub keepalive_secs: u64,
@@ -135,6 +139,21 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
         }
         None => otter_tunnel::proxy::Proxy::from_env().transpose()?,
     };
+    if let Some(proxy) = config.proxy.take() {
+        config.proxy = Some(match proxy.is_https() {
+            true => {
+                let ca = match &cli.proxy_ca_file {
+                    Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                        anyhow::anyhow!("cannot read proxy CA {}: {e}", path.display())
+                    })?),
+                    None => None,
+                };
+                let tls = otter_pki::tls::public_client_config(ca.as_deref(), &[])?;
+                proxy.with_tls(std::sync::Arc::new(tls))
+            }
+            false => proxy,
+        });
+    }
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
     config.validate()?;

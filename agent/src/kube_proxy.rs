@@ -13,9 +13,11 @@ use std::{
 };
 
 use bytes::Bytes;
+use futures::StreamExt;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use otter_tunnel::{Caller, http::RequestBody};
+use tokio::io::AsyncWriteExt;
 
 /// Largest request body forwarded (a manifest, a patch).
 pub const MAX_REQUEST_BODY: usize = 16 * 1024 * 1024;
@@ -48,10 +50,6 @@ impl KubeProxy {
     }
 
     /// From in-cluster config, `KUBECONFIG` or `~/.kube/config`.
-    pub async fn infer() -> Result<Self, kube::Error> {
-        Ok(Self::new(kube::Client::try_default().await?))
-    }
-
     /// The tower service the tunnel serves requests with.
     pub fn service(&self) -> ProxyService {
         ProxyService {
@@ -170,16 +168,19 @@ async fn proxy(client: kube::Client, req: http::Request<RequestBody>) -> http::R
             "no verified caller came with this request",
         );
     }
-    if req.headers().get(http::header::UPGRADE).is_some() {
-        return status(
-            501,
-            "NotImplemented",
-            "exec, attach and port-forward through the hub's Kubernetes proxy are not available in this build; use `otter exec` and `otter port-forward`",
-        );
-    }
+    let upgrade = req.headers().get(http::header::UPGRADE).cloned();
     let (mut parts, body) = req.into_parts();
     if let Err(e) = impersonate(&mut parts.headers, &caller) {
         return status(400, "BadRequest", &e);
+    }
+    if let Some(protocol) = upgrade {
+        // exec, attach, port-forward: WebSocket or SPDY, relayed byte for byte.
+        parts.headers.insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("Upgrade"),
+        );
+        parts.headers.insert(http::header::UPGRADE, protocol);
+        return upgrade_connection(client, parts, body).await;
     }
     let body = match http_body_util::Limited::new(body, MAX_REQUEST_BODY)
         .collect()
@@ -201,6 +202,68 @@ async fn proxy(client: kube::Client, req: http::Request<RequestBody>) -> http::R
         ),
     }
 }
+
+/// Sends an HTTP/1.1 Upgrade request to the apiserver. When it switches
+/// protocols, the response body becomes the apiserver's bytes and the
+/// request body (the tunnel's DATA chunks after the head) is written to it,
+/// until either side ends. Anything else is answered as a plain response.
+async fn upgrade_connection(
+    client: kube::Client,
+    parts: http::request::Parts,
+    body: RequestBody,
+) -> http::Response<ProxyBody> {
+    let mut upstream = http::Request::new(kube::client::Body::empty());
+    *upstream.method_mut() = parts.method;
+    *upstream.uri_mut() = parts.uri;
+    *upstream.headers_mut() = parts.headers;
+    let mut resp = match client.send(upstream).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            return status(
+                502,
+                "ServiceUnavailable",
+                &format!("the cluster's API server did not answer: {e}"),
+            );
+        }
+    };
+    if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        return resp.map(|b| Passthrough(b).boxed_unsync());
+    }
+    let upgraded = match hyper::upgrade::on(&mut resp).await {
+        Ok(u) => u,
+        Err(e) => {
+            return status(
+                502,
+                "ServiceUnavailable",
+                &format!("the cluster's API server did not switch protocols: {e}"),
+            );
+        }
+    };
+    let (read, mut write) = tokio::io::split(hyper_util::rt::TokioIo::new(upgraded));
+    // Caller → apiserver. Ends with the request body: the hub's END (the
+    // caller closed its side) or the stream going away.
+    tokio::spawn(async move {
+        let mut body = std::pin::pin!(body);
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data()
+                && write.write_all(&data).await.is_err()
+            {
+                return;
+            }
+        }
+        let _ = write.shutdown().await;
+    });
+    // Apiserver → caller, as the response body.
+    let (parts, _) = resp.into_parts();
+    let stream = tokio_util::io::ReaderStream::with_capacity(read, 64 * 1024)
+        .map(|r| r.map(Frame::data).map_err(|e| -> BoxError { Box::new(e) }));
+    http::Response::from_parts(
+        parts,
+        http_body_util::StreamBody::new(stream).boxed_unsync(),
+    )
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The apiserver's body, with its error boxed.
 struct Passthrough(kube::client::Body);

@@ -450,7 +450,7 @@ async fn dial(
             .map_err(|e| AgentError::Config(format!("tunnel host {host}: {e}")))
     };
     // TCP to the hub, or through the proxy.
-    let tcp = async || -> Result<tokio::net::TcpStream> {
+    let tcp = async || -> Result<Box<dyn otter_tunnel::h2::Io>> {
         let connect = otter_tunnel::proxy::tcp(&host, addr.port(), addr, proxy);
         let (tcp, _) = tokio::time::timeout(config.connect_timeout, connect)
             .await

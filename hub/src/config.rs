@@ -58,9 +58,34 @@ pub struct HubConfig {
     pub agent_image: String,
     /// Path prefix of the Kubernetes API proxy (`<prefix>/<cluster>/…`).
     pub kube_proxy_prefix: String,
+    /// Bounds of the proxy's upgraded connections (exec, attach,
+    /// port-forward).
+    pub kube_upgrades: KubeUpgradeLimits,
     /// Kubeconfig of the Rancher management cluster whose projects
     /// ListRancherProjects lists, if any.
     pub rancher_kubeconfig: Option<PathBuf>,
+}
+
+/// How many upgraded connections (kubectl exec, attach, port-forward) the
+/// Kubernetes API proxy relays at once, and how long one may stay silent.
+#[derive(Debug, Clone, Copy)]
+pub struct KubeUpgradeLimits {
+    /// Per caller (user name), across clusters.
+    pub per_user: usize,
+    /// Per cluster, across callers.
+    pub per_cluster: usize,
+    /// A connection with no bytes either way for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for KubeUpgradeLimits {
+    fn default() -> Self {
+        Self {
+            per_user: 64,
+            per_cluster: 256,
+            idle_timeout: Duration::from_secs(30 * 60),
+        }
+    }
 }
 
 impl HubConfig {
@@ -89,6 +114,7 @@ impl HubConfig {
             agent_namespace: crate::manifest::DEFAULT_NAMESPACE.to_owned(),
             agent_image: format!("{}:v{}", crate::manifest::DEFAULT_IMAGE, crate::VERSION),
             kube_proxy_prefix: "/clusters".to_owned(),
+            kube_upgrades: KubeUpgradeLimits::default(),
             rancher_kubeconfig: None,
         }
     }
@@ -103,6 +129,11 @@ impl HubConfig {
         if self.max_concurrent_admissions == 0 {
             return Err(HubError::Config(
                 "max concurrent admissions must be at least 1".into(),
+            ));
+        }
+        if self.kube_upgrades.per_user == 0 || self.kube_upgrades.per_cluster == 0 {
+            return Err(HubError::Config(
+                "upgraded connection limits must be at least 1".into(),
             ));
         }
         if self.max_calls_per_tunnel == 0 {

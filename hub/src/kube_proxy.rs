@@ -4,12 +4,24 @@
 //! request travels on its own tunnel stream to the cluster's agent, which
 //! sends it to its apiserver as the verified caller.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
 use otter_tunnel::frame::{Limits, TARGET_KUBE};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    sync::mpsc,
+};
 
 use crate::{
     auth,
@@ -63,19 +75,28 @@ pub async fn handle(
     state: Arc<HubState>,
     cluster: String,
     tail: String,
-    req: http::Request<Incoming>,
+    mut req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
     let caller = match auth::authenticate(&state, req.headers()).await {
         Ok(c) => c,
         Err(e) => return status(401, "Unauthorized", e.message()),
     };
-    if req.headers().get(http::header::UPGRADE).is_some() {
-        return status(
-            501,
-            "NotImplemented",
-            "exec, attach and port-forward through the hub's Kubernetes proxy are not available in this build; use `otter exec` and `otter port-forward`",
-        );
-    }
+    // kubectl exec, attach, port-forward (and cp): an HTTP/1.1 Upgrade to
+    // WebSocket or SPDY. Counted against the caller's and the cluster's
+    // bounds before anything is opened.
+    let upgrade = req.headers().get(http::header::UPGRADE).cloned();
+    let upgrade_guard = match &upgrade {
+        None => None,
+        Some(_) => match state.upgrades.try_acquire(
+            &state.config.kube_upgrades,
+            &caller.user,
+            &cluster,
+            &state.metrics,
+        ) {
+            Ok(guard) => Some(guard),
+            Err(message) => return status(429, "TooManyRequests", &message),
+        },
+    };
     let Some(tunnel) = state.registry.get(&cluster) else {
         return match state.store.get::<LinkRecord>(tree::LINKS, &cluster) {
             Ok(Some(_)) => status(
@@ -108,24 +129,64 @@ pub async fn handle(
             );
         }
     };
+    let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     crate::forward::strip_client_headers(&mut parts.headers);
     parts.uri = match tail.parse() {
         Ok(u) => u,
         Err(_) => return status(400, "BadRequest", "bad request path"),
     };
-    let body = body.map_err(|e| std::io::Error::other(e.to_string()));
-    let req = http::Request::from_parts(parts, body);
-    match otter_tunnel::http::forward_to(
-        TARGET_KUBE,
-        stream,
-        Some(caller),
-        req,
-        Limits::default(),
-        Some(Box::new(permit)),
-    )
-    .await
-    {
+    let limits = Limits::default();
+    let forwarded = match (upgrade, on_upgrade, upgrade_guard) {
+        (Some(protocol), Some(on_upgrade), Some(guard)) => {
+            // The request itself has no body; after the switch the caller's
+            // bytes follow as the tunnel stream's request body.
+            parts.headers.insert(http::header::UPGRADE, protocol);
+            parts.headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("Upgrade"),
+            );
+            let (to_agent, mut rx) = mpsc::channel(4);
+            let body = StreamBody::new(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+            let req = http::Request::from_parts(parts, body);
+            let resp = otter_tunnel::http::forward_to(
+                TARGET_KUBE,
+                stream,
+                Some(caller),
+                req,
+                limits,
+                Some(Box::new(permit)),
+            )
+            .await;
+            match resp {
+                Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                    let (parts, from_agent) = resp.into_parts();
+                    let idle = state.config.kube_upgrades.idle_timeout;
+                    state.tasks.spawn(relay(
+                        on_upgrade, to_agent, from_agent, idle, guard, cluster,
+                    ));
+                    return http::Response::from_parts(parts, empty());
+                }
+                // Refused (RBAC, no such pod): an ordinary response; the
+                // dropped sender ends the request body.
+                other => other,
+            }
+        }
+        _ => {
+            let body = body.map_err(|e| std::io::Error::other(e.to_string()));
+            let req = http::Request::from_parts(parts, body);
+            otter_tunnel::http::forward_to(
+                TARGET_KUBE,
+                stream,
+                Some(caller),
+                req,
+                limits,
+                Some(Box::new(permit)),
+            )
+            .await
+        }
+    };
+    match forwarded {
         Ok(resp) => resp.map(|b| {
             b.map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
                 .boxed_unsync()
@@ -135,6 +196,171 @@ pub async fn handle(
             "ServiceUnavailable",
             &format!("cluster {cluster}: {e}"),
         ),
+    }
+}
+
+fn empty() -> HttpBody {
+    http_body_util::Empty::new()
+        .map_err(|e| match e {})
+        .boxed_unsync()
+}
+
+type UpBody = Result<Frame<Bytes>, std::io::Error>;
+
+/// Relays an upgraded connection: the caller's bytes become DATA chunks of
+/// the tunnel stream, the agent's come back as the response body. Ends when
+/// both directions are done, when either fails, or after `idle` without a
+/// byte either way; every end drops the tunnel stream, which ends the
+/// agent's connection to its apiserver.
+async fn relay(
+    on_upgrade: hyper::upgrade::OnUpgrade,
+    to_agent: mpsc::Sender<UpBody>,
+    mut from_agent: otter_tunnel::http::ResponseBody,
+    idle: Duration,
+    _guard: UpgradeGuard,
+    cluster: String,
+) {
+    let upgraded = match on_upgrade.await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(%cluster, error = %e, "caller left before the protocol switch");
+            return;
+        }
+    };
+    let (mut read, mut write) = tokio::io::split(TokioIo::new(upgraded));
+    let start = tokio::time::Instant::now();
+    let last = AtomicU64::new(0);
+    let touch = || last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    // Owns the sender: the caller's EOF ends the request body (END), a
+    // half-close the agent passes on to its apiserver.
+    let up = async move {
+        let mut buf = BytesMut::with_capacity(64 * 1024);
+        loop {
+            buf.reserve(64 * 1024);
+            match read.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    touch();
+                    if to_agent
+                        .send(Ok(Frame::data(buf.split().freeze())))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let down = async {
+        while let Some(frame) = from_agent.frame().await {
+            let Ok(frame) = frame else { return };
+            if let Ok(data) = frame.into_data() {
+                touch();
+                if write.write_all(&data).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = write.shutdown().await;
+    };
+    let watchdog = async {
+        loop {
+            let quiet = start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+            if quiet >= idle {
+                tracing::debug!(%cluster, "closing an idle upgraded connection");
+                return;
+            }
+            tokio::time::sleep(idle - quiet).await;
+        }
+    };
+    tokio::select! {
+        _ = futures::future::join(up, down) => {}
+        _ = watchdog => {}
+    }
+}
+
+/// Counts of upgraded connections per user and per cluster.
+#[derive(Debug, Default)]
+pub struct Upgrades {
+    counts: Mutex<HashMap<UpgradeKey, usize>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum UpgradeKey {
+    User(String),
+    Cluster(String),
+}
+
+impl Upgrades {
+    /// Takes one slot for `user` on `cluster`, or says which bound is full.
+    pub fn try_acquire(
+        self: &Arc<Self>,
+        limits: &crate::config::KubeUpgradeLimits,
+        user: &str,
+        cluster: &str,
+        metrics: &Arc<crate::metrics::Metrics>,
+    ) -> Result<UpgradeGuard, String> {
+        let (user, cluster) = (
+            UpgradeKey::User(user.to_owned()),
+            UpgradeKey::Cluster(cluster.to_owned()),
+        );
+        let mut counts = self.counts.lock().expect("upgrade counts");
+        let of = |k: &UpgradeKey| counts.get(k).copied().unwrap_or(0);
+        if of(&user) >= limits.per_user {
+            return Err(format!(
+                "too many exec, attach and port-forward connections for this user (limit {}); close one and retry",
+                limits.per_user
+            ));
+        }
+        if of(&cluster) >= limits.per_cluster {
+            return Err(format!(
+                "too many exec, attach and port-forward connections to this cluster (limit {}); retry later",
+                limits.per_cluster
+            ));
+        }
+        *counts.entry(user.clone()).or_default() += 1;
+        *counts.entry(cluster.clone()).or_default() += 1;
+        metrics.kube_upgraded.inc();
+        Ok(UpgradeGuard {
+            upgrades: self.clone(),
+            keys: [user, cluster],
+            metrics: metrics.clone(),
+        })
+    }
+
+    /// Connections counted for `user` right now.
+    pub fn user_count(&self, user: &str) -> usize {
+        let counts = self.counts.lock().expect("upgrade counts");
+        counts
+            .get(&UpgradeKey::User(user.to_owned()))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// One counted upgraded connection; dropping it frees the slot.
+#[derive(Debug)]
+pub struct UpgradeGuard {
+    upgrades: Arc<Upgrades>,
+    keys: [UpgradeKey; 2],
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Drop for UpgradeGuard {
+    fn drop(&mut self) {
+        self.metrics.kube_upgraded.dec();
+        let mut counts = self.upgrades.counts.lock().expect("upgrade counts");
+        for key in &self.keys {
+            if let Some(n) = counts.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(key);
+                }
+            }
+        }
     }
 }
 

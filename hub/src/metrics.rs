@@ -63,6 +63,8 @@ pub struct Metrics {
     pub admissions_peak: Gauge<i64, AtomicI64>,
     pub admissions_max: Gauge<i64, AtomicI64>,
     pub tunnel_refusals: Gauge<i64, AtomicI64>,
+    /// kubectl exec / attach / port-forward connections relayed right now.
+    pub kube_upgraded: Gauge<i64, AtomicI64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -129,6 +131,12 @@ impl Default for Metrics {
             "Tunnels told to come back later since the hub started",
             tunnel_refusals.clone(),
         );
+        let kube_upgraded = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "kube_upgraded_connections",
+            "Upgraded connections (exec, attach, port-forward) of the Kubernetes API proxy",
+            kube_upgraded.clone(),
+        );
         Self {
             registry,
             requests,
@@ -141,6 +149,7 @@ impl Default for Metrics {
             admissions_peak,
             admissions_max,
             tunnel_refusals,
+            kube_upgraded,
         }
     }
 }

@@ -95,20 +95,8 @@ impl OidcVerifier {
                 config.issuer
             )));
         }
-        let mut roots = rustls::RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        if let Some(pem) = &config.ca_pem {
-            for cert in otter_pki::tls::parse_certs(pem)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| crate::HubError::Config(format!("OIDC CA: {e}")))?;
-            }
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(otter_pki::tls::provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| crate::HubError::Config(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls = otter_pki::tls::public_client_config(config.ca_pem.as_deref(), &[])
+            .map_err(|e| crate::HubError::Config(format!("OIDC CA: {e}")))?;
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only()

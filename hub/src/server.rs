@@ -59,6 +59,9 @@ pub struct HubState {
     pub pacer: Arc<otter_tunnel::pace::Pacer>,
     /// Client of the Rancher management cluster, when one is configured.
     pub rancher: Option<crate::rancher::Rancher>,
+    /// Upgraded connections of the Kubernetes API proxy, counted per user
+    /// and per cluster.
+    pub upgrades: Arc<crate::kube_proxy::Upgrades>,
 }
 
 impl std::fmt::Debug for HubState {
@@ -200,6 +203,7 @@ impl Hub {
             manifest_key,
             rancher,
             pacer: pacer.clone(),
+            upgrades: Arc::default(),
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);

@@ -4,7 +4,10 @@
 //! apiserver (the test server) impersonating the caller, so the cluster's
 //! RBAC decides.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use otter_e2e::{
     TestHub,
@@ -16,26 +19,21 @@ fn otter() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_otter"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_through_the_hub() {
-    let Some(kubectl) = kubectl_133() else {
-        tool_missing("kubectl 1.33");
-        return;
-    };
-    // The member cluster: hub admins may do anything, bob only read pods.
-    let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
-        .allow(
-            "user:bob",
-            &["get", "list", "watch"],
-            &["pods"],
-            &["default"],
-        )
-        .pod("default", "web-0", &["web"]);
-    let sim = kube_sim::KubeSim::start(cfg).await.unwrap();
-    let hub = TestHub::start().await;
-    let join = hub.hub.mint_join_token("edge-1").unwrap();
+/// Runs the `otter` CLI with its config in `dir`.
+fn otter_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(otter());
+    cmd.args(args).env("OTTER_CONFIG", dir.join("otter.toml"));
+    run_bounded(&mut cmd, Duration::from_secs(60))
+}
 
+/// A member cluster (the test server with `cfg`) and its agent, connected
+/// to `hub`, with the Kubernetes API proxy on.
+async fn start_edge(
+    hub: &TestHub,
+    cfg: kube_sim::SimConfig,
+) -> (kube_sim::KubeSim, otter_agent::Agent) {
+    let sim = kube_sim::KubeSim::start(cfg).await.unwrap();
+    let join = hub.hub.mint_join_token("edge-1").unwrap();
     // The agent talks to its apiserver with its own (impersonating) identity.
     let kubeconfig =
         kube::config::Kubeconfig::from_yaml(&sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
@@ -56,23 +54,73 @@ async fn kubectl_through_the_hub() {
         .await
         .expect("agent connects");
     wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
+    (sim, agent)
+}
+
+/// Logs the CLI in as the hub admin (config in `dir`) and writes a
+/// kubeconfig for edge-1 there with `otter kubeconfig`; returns its path.
+async fn write_kubeconfig(hub: &TestHub, dir: &Path) -> PathBuf {
+    let data = hub.data_dir();
+    let url = hub.api_url().to_string();
+    let kube_path = dir.join("kubeconfig");
+    let (d, kp) = (dir.to_owned(), kube_path.clone());
+    tokio::task::spawn_blocking(move || {
+        let (code, _, err) = otter_in(
+            &d,
+            &[
+                "login",
+                "--hub",
+                &url,
+                "--token-file",
+                data.join("admin-token").to_str().unwrap(),
+                "--ca-file",
+                data.join("ca.crt").to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        let (code, out, err) = otter_in(
+            &d,
+            &[
+                "kubeconfig",
+                "--cluster",
+                "edge-1",
+                "--kubeconfig",
+                kp.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("otter-edge-1"), "{out}");
+    })
+    .await
+    .unwrap();
+    kube_path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_through_the_hub() {
+    let Some(kubectl) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    // The member cluster: hub admins may do anything, bob only read pods.
+    let cfg = kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow(
+            "user:bob",
+            &["get", "list", "watch"],
+            &["pods"],
+            &["default"],
+        )
+        .pod("default", "web-0", &["web"]);
+    let hub = TestHub::start().await;
+    let (sim, agent) = start_edge(&hub, cfg).await;
 
     let dir = tempfile::tempdir().unwrap();
-    let data = hub.data_dir();
-    let kube_path = dir.path().join("kubeconfig");
+    let kube_path = write_kubeconfig(&hub, dir.path()).await;
     let bob = hub.hub.mint_api_token("bob", &["devs".into()]).unwrap();
-    let (url, tok, ca) = (
-        hub.api_url().to_string(),
-        data.join("admin-token"),
-        data.join("ca.crt"),
-    );
     let sim_handle = &sim;
     let (d, kp) = (dir.path().to_owned(), kube_path.clone());
-    let otter_cmd = move |args: &[&str]| {
-        let mut cmd = std::process::Command::new(otter());
-        cmd.args(args).env("OTTER_CONFIG", d.join("otter.toml"));
-        run_bounded(&mut cmd, Duration::from_secs(60))
-    };
+    let otter_cmd = move |args: &[&str]| otter_in(&d, args);
     let k = move |args: &[&str]| {
         let mut cmd = std::process::Command::new(&kubectl);
         cmd.arg("--kubeconfig").arg(&kp).args(args);
@@ -80,26 +128,6 @@ async fn kubectl_through_the_hub() {
     };
 
     let outputs = tokio::task::block_in_place(|| {
-        let (code, _, err) = otter_cmd(&[
-            "login",
-            "--hub",
-            &url,
-            "--token-file",
-            tok.to_str().unwrap(),
-            "--ca-file",
-            ca.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{err}");
-        let (code, out, err) = otter_cmd(&[
-            "kubeconfig",
-            "--cluster",
-            "edge-1",
-            "--kubeconfig",
-            kube_path.to_str().unwrap(),
-        ]);
-        assert_eq!(code, 0, "{err}");
-        assert!(out.contains("otter-edge-1"), "{out}");
-
         let run = |args: &[&str]| run_bounded(&mut k(args), Duration::from_secs(60));
         // Discovery (aggregated), list.
         let (code, out, err) = run(&["get", "pods", "-A"]);
@@ -226,6 +254,296 @@ async fn kubectl_through_the_hub() {
         watched
     });
     assert!(!outputs.is_empty());
+    agent.shutdown().await;
+    sim.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// A TCP server answering every read with `echo: <bytes>`, for as long as
+/// the connection lasts; stands behind a pod's forwarded port.
+async fn echo_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&[b"echo: ", &buf[..n]].concat()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Waits (bounded) until the hub counts no upgraded connection for `user`:
+/// every relay ended and freed its slot.
+async fn wait_no_upgrades(hub: &TestHub, user: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while hub.hub.state.upgrades.user_count(user) != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "upgraded connections of {user} still counted: {}",
+            hub.hub.state.upgrades.user_count(user)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// exec, cp and port-forward are HTTP/1.1 upgrades (WebSocket here) the hub
+/// relays byte for byte over a tunnel stream: kubectl 1.33's exec and cp, and
+/// the Python client's exec and port-forward, through `/clusters/edge-1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_cp_and_port_forward_through_the_hub() {
+    let Some(kubectl) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    let Some(python) = otter_e2e::tools::venv_python() else {
+        tool_missing("the project's Python venv");
+        return;
+    };
+    let cfg = kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow(
+            "user:bob",
+            &["get", "list", "watch"],
+            &["pods"],
+            &["default"],
+        )
+        .pod("default", "web-0", &["web"]);
+    let hub = TestHub::start().await;
+    let (sim, agent) = start_edge(&hub, cfg).await;
+    let (echo_addr, echo) = echo_server().await;
+    sim.add_pod_port("default", "web-0", 8080, echo_addr);
+    let dir = tempfile::tempdir().unwrap();
+    let kube_path = write_kubeconfig(&hub, dir.path()).await;
+    let bob = hub.hub.mint_api_token("bob", &["devs".into()]).unwrap();
+    let k = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(&kubectl);
+        cmd.arg("--kubeconfig").arg(&kube_path).args(args);
+        cmd
+    };
+
+    tokio::task::block_in_place(|| {
+        // stdin in; stdout, stderr and the exit code out.
+        let (code, out, err) = otter_e2e::run_bounded_with_input(
+            &mut k(&[
+                "exec",
+                "-i",
+                "web-0",
+                "-c",
+                "web",
+                "--",
+                "sh",
+                "-c",
+                "tr a-z A-Z; echo to-stderr >&2; exit 3",
+            ]),
+            Some(b"shout through the hub\n".to_vec()),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 3, "kubectl's exit code is the command's: {out} {err}");
+        assert_eq!(out, "SHOUT THROUGH THE HUB\n");
+        assert!(err.contains("to-stderr"), "{err}");
+
+        // cp is tar over exec, both ways; 1 MiB of varied bytes.
+        let payload: Vec<u8> = (0..1024 * 1024u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let local = dir.path().join("payload.bin");
+        std::fs::write(&local, &payload).unwrap();
+        // The test server runs the pod's commands on this machine, so the
+        // pod's filesystem is a folder here.
+        let pod_dir = tempfile::tempdir().unwrap();
+        let remote = format!("web-0:{}/in-pod.bin", pod_dir.path().display());
+        let (code, _, err) = run_bounded(
+            &mut k(&["cp", "-c", "web", local.to_str().unwrap(), &remote]),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(std::fs::read(pod_dir.path().join("in-pod.bin")).unwrap() == payload);
+        let back = dir.path().join("back.bin");
+        let (code, _, err) = run_bounded(
+            &mut k(&["cp", "-c", "web", &remote, back.to_str().unwrap()]),
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            std::fs::read(&back).unwrap() == payload,
+            "cp changed the bytes"
+        );
+
+        // RBAC still decides: bob may read pods but not exec into them.
+        let (code, _, err) = run_bounded(
+            &mut k(&["--token", &bob, "exec", "web-0", "-c", "web", "--", "true"]),
+            Duration::from_secs(60),
+        );
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("Forbidden") || err.contains("forbidden"),
+            "{err}"
+        );
+
+        // The Python client: exec over WebSocket and port-forward to the echo server.
+        let script =
+            otter_e2e::tools::workspace_root().join("tests/e2e/clients/kube_proxy_client.py");
+        let mut py = std::process::Command::new(&python);
+        py.arg(script)
+            .arg(&kube_path)
+            .args(["web-0", "web", "8080"])
+            .env("HOME", dir.path());
+        let (code, out, err) = run_bounded(&mut py, Duration::from_secs(90));
+        assert_eq!(code, 0, "{out}{err}");
+        let seen: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(seen["exec_stdout"], "typed through the hub\n", "{seen}");
+        assert_eq!(seen["exit_stdout"], "out\n", "{seen}");
+        assert_eq!(seen["exit_stderr"], "err\n", "{seen}");
+        assert_eq!(seen["exit_code"], 3, "{seen}");
+        assert_eq!(
+            seen["forwarded"],
+            serde_json::json!(["echo: one", "echo: two", "echo: three"]),
+            "{seen}"
+        );
+        assert!(seen["forward_error"].is_null(), "{seen}");
+    });
+    // Every relayed connection ended and gave back its slot.
+    wait_no_upgrades(&hub, "admin").await;
+    echo.abort();
+    agent.shutdown().await;
+    sim.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+type ExecSocket =
+    tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+/// Opens `cat` in web-0 over WebSocket (v5.channel.k8s.io) through the hub
+/// as the holder of `token`; the hub's refusal comes back as its HTTP
+/// status and body.
+async fn ws_exec(hub: &TestHub, token: &str) -> Result<ExecSocket, (u16, String)> {
+    use tokio_tungstenite::tungstenite::{self, client::IntoClientRequest};
+    otter_pki::tls::install_default_provider();
+    let tls = otter_pki::tls::client_config(hub.hub.ca_pem(), None, &[b"http/1.1"]).unwrap();
+    let tcp = tokio::net::TcpStream::connect(hub.hub.api_addr)
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let url = format!(
+        "wss://localhost:{}/clusters/edge-1/api/v1/namespaces/default/pods/web-0/exec?container=web&command=cat&stdin=true&stdout=true",
+        hub.hub.api_addr.port()
+    );
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req.headers_mut().insert(
+        "sec-websocket-protocol",
+        "v5.channel.k8s.io".parse().unwrap(),
+    );
+    match tokio_tungstenite::client_async(req, tls).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tungstenite::Error::Http(resp)) => Err((
+            resp.status().as_u16(),
+            String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default()).into_owned(),
+        )),
+        Err(e) => panic!("exec upgrade failed: {e}"),
+    }
+}
+
+/// Types `line` on the exec's stdin (channel 0) and waits (bounded) for it
+/// on stdout (channel 1): `cat` through the relay.
+async fn echo_line(ws: &mut ExecSocket, line: &str) {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    ws.send(Message::binary([&[0u8][..], line.as_bytes()].concat()))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got != line.as_bytes() {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .expect("stdout in time")
+            .expect("connection open")
+            .unwrap();
+        if let Message::Binary(b) = msg
+            && b.first() == Some(&1)
+        {
+            got.extend_from_slice(&b[1..]);
+        }
+    }
+}
+
+/// Upgraded connections are bounded per user and per cluster (429 beyond,
+/// with kubectl's usual Status), give their slot back when they end, and
+/// are closed after the configured silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_connections_are_bounded_and_idle_ones_closed() {
+    use futures::StreamExt;
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.kube_upgrades = otter_hub::config::KubeUpgradeLimits {
+            per_user: 1,
+            per_cluster: 2,
+            idle_timeout: Duration::from_secs(3),
+        };
+    })
+    .await;
+    let cfg = kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow("user:carol", &["*"], &["*"], &["*"])
+        .allow("user:dave", &["*"], &["*"], &["*"])
+        .pod("default", "web-0", &["web"]);
+    let (sim, agent) = start_edge(&hub, cfg).await;
+    let carol = hub.hub.mint_api_token("carol", &[]).unwrap();
+    let dave = hub.hub.mint_api_token("dave", &[]).unwrap();
+
+    let mut first = ws_exec(&hub, &hub.admin_token).await.expect("first exec");
+    echo_line(&mut first, "ping\n").await;
+    // The user's bound.
+    let (code, body) = ws_exec(&hub, &hub.admin_token).await.unwrap_err();
+    assert_eq!(code, 429, "{body}");
+    assert!(
+        body.contains("TooManyRequests") && body.contains("this user"),
+        "{body}"
+    );
+    // The cluster's bound: carol fits, dave does not.
+    let mut second = ws_exec(&hub, &carol).await.expect("carol's exec");
+    echo_line(&mut second, "from carol\n").await;
+    echo_line(&mut first, "still here\n").await;
+    let (code, body) = ws_exec(&hub, &dave).await.unwrap_err();
+    assert_eq!(code, 429, "{body}");
+    assert!(body.contains("this cluster"), "{body}");
+    assert_eq!(hub.hub.state.metrics.kube_upgraded.get(), 2);
+
+    // Closing one frees its slot.
+    first.close(None).await.unwrap();
+    drop(first);
+    wait_no_upgrades(&hub, "admin").await;
+    let mut again = ws_exec(&hub, &hub.admin_token).await.expect("slot freed");
+    echo_line(&mut again, "again\n").await;
+
+    // Silence: after 3 s without a byte the hub closes the connection.
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match again.next().await {
+                None | Some(Err(_)) => return,
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Close(_))) => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "an idle upgraded connection stayed open");
+    wait_no_upgrades(&hub, "admin").await;
+    wait_no_upgrades(&hub, "carol").await;
+    assert_eq!(hub.hub.state.metrics.kube_upgraded.get(), 0);
     agent.shutdown().await;
     sim.shutdown().await;
     hub.hub.shutdown().await;

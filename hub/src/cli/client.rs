@@ -124,16 +124,7 @@ pub async fn channel(url: &Url, ca_pem: Option<&str>) -> anyhow::Result<tonic::t
         .to_owned();
     let tls = match ca_pem {
         Some(ca) => otter_pki::tls::client_config(ca, None, &[b"h2"])?,
-        None => {
-            let mut roots = rustls::RootCertStore::empty();
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            let mut c = rustls::ClientConfig::builder_with_provider(otter_pki::tls::provider())
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            c.alpn_protocols = vec![b"h2".to_vec()];
-            c
-        }
+        None => otter_pki::tls::public_client_config(None, &[b"h2"])?,
     };
     let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
     let server_name = rustls::pki_types::ServerName::try_from(bare.clone())?;

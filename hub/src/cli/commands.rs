@@ -63,14 +63,7 @@ pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::R
     let tls = match &hub.ca_pem {
         // hyper-rustls sets ALPN itself.
         Some(ca) => otter_pki::tls::client_config(ca, None, &[])?,
-        None => {
-            let mut roots = rustls::RootCertStore::empty();
-            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            rustls::ClientConfig::builder_with_provider(otter_pki::tls::provider())
-                .with_safe_default_protocol_versions()?
-                .with_root_certificates(roots)
-                .with_no_client_auth()
-        }
+        None => otter_pki::tls::public_client_config(None, &[])?,
     };
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)

@@ -340,6 +340,15 @@ pub struct HubArgs {
     /// The retry-after hint refused agents get, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub admission_retry_after_ms: u64,
+    /// kubectl exec / attach / port-forward connections one user may hold at once (429 beyond).
+    #[arg(long, default_value_t = 64)]
+    pub kube_upgrades_per_user: usize,
+    /// kubectl exec / attach / port-forward connections one cluster may carry at once (429 beyond).
+    #[arg(long, default_value_t = 256)]
+    pub kube_upgrades_per_cluster: usize,
+    /// Seconds an exec / attach / port-forward connection may stay silent before it is closed.
+    #[arg(long, default_value_t = 1800)]
+    pub kube_upgrade_idle_secs: u64,
     /// Browser origin allowed to call the API (repeat; `*` for any).
     #[arg(
         long = "cors-origin",
@@ -404,6 +413,11 @@ impl HubArgs {
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
         c.max_concurrent_admissions = self.max_concurrent_admissions;
         c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);
+        c.kube_upgrades = crate::config::KubeUpgradeLimits {
+            per_user: self.kube_upgrades_per_user,
+            per_cluster: self.kube_upgrades_per_cluster,
+            idle_timeout: Duration::from_secs(self.kube_upgrade_idle_secs.max(1)),
+        };
         c.cors_origins = self.cors_origins;
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;

@@ -63,6 +63,29 @@ pub enum ClientAuth {
     Required,
 }
 
+/// A client config for public servers (an OIDC issuer, a hub behind a
+/// public certificate, an `https://` proxy): the web PKI roots, plus
+/// `extra_ca_pem` when given (a private CA).
+pub fn public_client_config(extra_ca_pem: Option<&str>, alpn: &[&[u8]]) -> Result<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(pem) = extra_ca_pem {
+        let certs = parse_certs(pem)?;
+        if certs.is_empty() {
+            return Err(PkiError::Encoding("no CA certificate in PEM".into()));
+        }
+        for cert in certs {
+            roots.add(cert)?;
+        }
+    }
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
 /// A server config presenting `cert_pem`/`key_pem`, verifying client
 /// certificates against `ca_pem` as `auth` says.
 pub fn server_config(

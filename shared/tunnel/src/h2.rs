@@ -327,16 +327,16 @@ pub async fn dial(
     let connect = async {
         let tcp = TcpStream::connect(addr).await?;
         let _ = tcp.set_nodelay(true);
-        dial_tcp(tcp, server_name, tls, settings).await
+        dial_tcp(Box::new(tcp), server_name, tls, settings).await
     };
     tokio::time::timeout(settings.connect_timeout, connect)
         .await
         .map_err(|_| TunnelError::Timeout("TLS tunnel handshake"))?
 }
 
-/// Like [`dial`], over a TCP connection already open (through a proxy).
+/// Like [`dial`], over a connection already open (through a proxy).
 pub async fn dial_tcp(
-    tcp: TcpStream,
+    tcp: Box<dyn Io>,
     server_name: rustls::pki_types::ServerName<'static>,
     tls: Arc<rustls::ClientConfig>,
     settings: H2Settings,

@@ -1,17 +1,20 @@
 //! HTTP CONNECT proxies on the way out: `--proxy` or the usual
 //! `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` variables, with basic auth.
 //! TCP transports tunnel through the proxy; QUIC cannot and is skipped.
+//! An `https://` proxy is reached over TLS first, so the CONNECT line and
+//! the proxy credentials are encrypted too; the hub's own TLS then runs
+//! inside that.
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use base64::Engine;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 use url::Url;
 
-use crate::{Result, TunnelError};
+use crate::{Result, TunnelError, h2::Io};
 
 /// Longest proxy answer head read.
 const MAX_RESPONSE_HEAD: usize = 16 * 1024;
@@ -21,6 +24,8 @@ const MAX_RESPONSE_HEAD: usize = 16 * 1024;
 pub struct Proxy {
     pub url: Url,
     no_proxy: Vec<String>,
+    /// How an `https://` proxy is verified.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -31,12 +36,13 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// A proxy from a URL (`http://[user:pass@]host:port`), with `NO_PROXY`
-    /// style exceptions.
+    /// A proxy from a URL (`http[s]://[user:pass@]host:port`), with
+    /// `NO_PROXY` style exceptions. An `https://` proxy also needs
+    /// [`Proxy::with_tls`].
     pub fn new(url: Url, no_proxy: &str) -> Result<Self> {
-        if url.scheme() != "http" {
+        if !matches!(url.scheme(), "http" | "https") {
             return Err(TunnelError::Tls(format!(
-                "proxy {}: only http:// proxies are supported",
+                "proxy {}: only http:// and https:// proxies are supported",
                 url.scheme()
             )));
         }
@@ -48,7 +54,23 @@ impl Proxy {
             .map(|s| s.trim().to_ascii_lowercase())
             .filter(|s| !s.is_empty())
             .collect();
-        Ok(Self { url, no_proxy })
+        Ok(Self {
+            url,
+            no_proxy,
+            tls: None,
+        })
+    }
+
+    /// The TLS client configuration an `https://` proxy is verified with
+    /// (the roots it must chain to).
+    pub fn with_tls(mut self, tls: Arc<rustls::ClientConfig>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Whether the proxy itself is reached over TLS.
+    pub fn is_https(&self) -> bool {
+        self.url.scheme() == "https"
     }
 
     /// The proxy the environment names, if any (`HTTPS_PROXY` first, then
@@ -119,16 +141,42 @@ impl Proxy {
         })
     }
 
-    /// Opens a TCP connection to `host:port` through the proxy.
-    pub async fn connect(&self, host: &str, port: u16) -> Result<TcpStream> {
-        let proxy_host = self.url.host_str().unwrap_or_default();
+    /// Opens a connection to `host:port` through the proxy.
+    pub async fn connect(&self, host: &str, port: u16) -> Result<Box<dyn Io>> {
+        let proxy_host = self
+            .url
+            .host_str()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         let proxy_port = self.url.port_or_known_default().unwrap_or(3128);
-        let mut tcp = TcpStream::connect((
-            proxy_host.trim_start_matches('[').trim_end_matches(']'),
-            proxy_port,
-        ))
-        .await?;
+        let tcp = TcpStream::connect((proxy_host.as_str(), proxy_port)).await?;
         let _ = tcp.set_nodelay(true);
+        if !self.is_https() {
+            return Ok(Box::new(self.handshake(tcp, host, port).await?));
+        }
+        let tls = self.tls.clone().ok_or_else(|| {
+            TunnelError::Tls(format!(
+                "proxy {}: no TLS settings to verify it with",
+                self.display()
+            ))
+        })?;
+        let name = rustls::pki_types::ServerName::try_from(proxy_host.clone())
+            .map_err(|e| TunnelError::Tls(format!("proxy host {proxy_host}: {e}")))?;
+        let tls = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| TunnelError::Tls(format!("TLS to proxy {}: {e}", self.display())))?;
+        Ok(Box::new(self.handshake(tls, host, port).await?))
+    }
+
+    /// Asks the proxy for a tunnel to `host:port` on `io` and reads its
+    /// answer, leaving `io` at the first byte of the tunnel.
+    async fn handshake<S>(&self, mut io: S, host: &str, port: u16) -> Result<S>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         let target = if host.contains(':') && !host.starts_with('[') {
             format!("[{host}]:{port}")
         } else {
@@ -142,7 +190,8 @@ impl Proxy {
             req.push_str(&format!("Proxy-Authorization: Basic {cred}\r\n"));
         }
         req.push_str("\r\n");
-        tcp.write_all(req.as_bytes()).await?;
+        io.write_all(req.as_bytes()).await?;
+        io.flush().await?;
         // Read the answer head byte by byte: nothing past it may be consumed,
         // it belongs to the TLS handshake that follows.
         let mut head = Vec::with_capacity(256);
@@ -154,7 +203,7 @@ impl Proxy {
                     max: MAX_RESPONSE_HEAD,
                 });
             }
-            let b = tcp
+            let b = io
                 .read_u8()
                 .await
                 .map_err(|_| TunnelError::Closed("the proxy closed the connection".into()))?;
@@ -177,7 +226,7 @@ impl Proxy {
                 self.display()
             )));
         }
-        Ok(tcp)
+        Ok(io)
     }
 }
 
@@ -209,19 +258,20 @@ fn in_cidr(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
     }
 }
 
-/// Connects to `host:port`, through `proxy` unless it is bypassed.
+/// Connects to `host:port` (at `addr`), through `proxy` unless it is
+/// bypassed; says whether the proxy was used.
 pub async fn tcp(
     host: &str,
     port: u16,
     addr: std::net::SocketAddr,
     proxy: Option<&Proxy>,
-) -> Result<(TcpStream, bool)> {
+) -> Result<(Box<dyn Io>, bool)> {
     match proxy {
         Some(p) if !p.bypass(host, port) => Ok((p.connect(host, port).await?, true)),
         _ => {
             let tcp = TcpStream::connect(addr).await?;
             let _ = tcp.set_nodelay(true);
-            Ok((tcp, false))
+            Ok((Box::new(tcp), false))
         }
     }
 }
@@ -263,5 +313,8 @@ mod tests {
         assert_eq!(proxy.display(), "http://proxy.local:3128/");
         assert!(!format!("{proxy:?}").contains("p%40ss"));
         assert!(Proxy::new(Url::parse("socks5://x:1").unwrap(), "").is_err());
+        let https = Proxy::new(Url::parse("https://u:pw@proxy.local").unwrap(), "").unwrap();
+        assert!(https.is_https());
+        assert_eq!(https.display(), "https://proxy.local/");
     }
 }

@@ -202,13 +202,13 @@ pub async fn dial(
     .await
     .map_err(|_| TunnelError::Timeout("WebSocket tunnel connect"))??;
     let _ = tcp.set_nodelay(true);
-    dial_tcp(tcp, addr.port(), server_name, tls, settings).await
+    dial_tcp(Box::new(tcp), addr.port(), server_name, tls, settings).await
 }
 
-/// Like [`dial`], over a TCP connection already open (through a proxy) to
-/// the hub's `port`.
+/// Like [`dial`], over a connection already open (through a proxy) to the
+/// hub's `port`.
 pub async fn dial_tcp(
-    tcp: tokio::net::TcpStream,
+    tcp: Box<dyn Io>,
     port: u16,
     server_name: rustls::pki_types::ServerName<'static>,
     tls: std::sync::Arc<rustls::ClientConfig>,

@@ -32,6 +32,9 @@ use anyhow::Context;
 
 use crate::common::{Figures, Latency};
 
+/// Group of the hub's admin token, allowed everything on the test server.
+const HUB_ADMINS: &str = "otterscale:admins";
+
 const POD: &str = "bench-0";
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -224,23 +227,30 @@ struct Setup {
     hub: TestHub,
     _agents: Vec<otter_agent::Agent>,
     direct: Channel,
+    /// The agent's real services (kube-rs, impersonating), no hub.
+    direct_real: Channel,
     via_hub: Channel,
     bulk: Channel,
 }
 
-async fn setup() -> anyhow::Result<Setup> {
-    otter_pki::tls::install_default_provider();
-    let sim = KubeSim::start(SimConfig::default_with_admin().pod("default", POD, &["app"])).await?;
-    let kube = Kube::connect(&sim).await?;
-    let svc = BenchService { kube: kube.clone() };
-
-    // The service without the hub: plaintext gRPC on loopback.
+/// Serves `routes` as plaintext gRPC on loopback; every call carries
+/// `caller`, as the tunnel would attach it.
+async fn serve_plain(
+    routes: tonic::service::Routes,
+    caller: Option<otter_tunnel::Caller>,
+) -> anyhow::Result<Channel> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let direct_svc = svc.clone();
+    let attach = tower::util::MapRequestLayer::new(move |mut req: http::Request<_>| {
+        if let Some(c) = &caller {
+            req.extensions_mut().insert(c.clone());
+        }
+        req
+    });
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
-            .add_service(ResourceServiceServer::new(direct_svc))
+            .layer(attach)
+            .add_routes(routes)
             .serve_with_incoming(
                 tokio_stream::wrappers::TcpListenerStream::new(listener).map(|r| {
                     r.inspect(|tcp| {
@@ -250,10 +260,47 @@ async fn setup() -> anyhow::Result<Setup> {
             )
             .await;
     });
-    let direct = Channel::from_shared(format!("http://{addr}"))?
+    Ok(Channel::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .connect()
-        .await?;
+        .await?)
+}
+
+async fn setup() -> anyhow::Result<Setup> {
+    otter_pki::tls::install_default_provider();
+    let sim = KubeSim::start(
+        SimConfig::default_with_admin()
+            .allow(&format!("group:{HUB_ADMINS}"), &["*"], &["*"], &["*"])
+            .pod("default", POD, &["app"]),
+    )
+    .await?;
+    let kube = Kube::connect(&sim).await?;
+    let svc = BenchService { kube: kube.clone() };
+
+    // The service without the hub: plaintext gRPC on loopback.
+    let direct = serve_plain(
+        tonic::service::Routes::new(ResourceServiceServer::new(svc.clone())),
+        None,
+    )
+    .await?;
+    // The agent's real services on the same test server: kube-rs with the
+    // agent's credentials, impersonating the caller the hub verified.
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN))?;
+    let access = otter_agent::kube::KubeAccess::new(
+        otter_agent::kube::load_config(Some(&kubeconfig))
+            .await
+            .map_err(anyhow::Error::msg)?,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let real = otter_agent::services(access, "real", Default::default());
+    let admin = otter_tunnel::Caller {
+        user: "admin".into(),
+        groups: vec!["system:authenticated".into(), HUB_ADMINS.into()],
+        ..Default::default()
+    };
+    let direct_real = serve_plain(real.clone(), Some(admin)).await?;
 
     // One cluster per transport, each with its own agent.
     let hub = TestHub::start_with(Arc::new(tempfile::tempdir()?), None, |c| {
@@ -261,13 +308,20 @@ async fn setup() -> anyhow::Result<Setup> {
     })
     .await;
     let mut agents = Vec::new();
-    for (cluster, kind) in [("quic", TransportKind::Quic), ("h2", TransportKind::H2)] {
+    for (cluster, kind) in [
+        ("quic", TransportKind::Quic),
+        ("h2", TransportKind::H2),
+        ("real", TransportKind::Quic),
+    ] {
         let token = hub.hub.mint_join_token(cluster)?;
         let mut config =
             otter_agent::AgentConfig::new(hub.api_url(), cluster, "agent-0", hub.hub.ca_pem());
         config.join_token = otter_agent::config::Secret(token);
         config.transports = vec![kind];
-        let routes = tonic::service::Routes::new(ResourceServiceServer::new(svc.clone()));
+        let routes = match cluster {
+            "real" => real.clone(),
+            _ => tonic::service::Routes::new(ResourceServiceServer::new(svc.clone())),
+        };
         let agent = otter_agent::Agent::start(config, routes)?;
         agent
             .wait_for(Duration::from_secs(20), |s| s.connected.is_some())
@@ -276,7 +330,7 @@ async fn setup() -> anyhow::Result<Setup> {
         agents.push(agent);
     }
     let via_hub = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
-    otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 2).await;
+    otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 3).await;
     let bulk = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
     Ok(Setup {
         _sim: sim,
@@ -284,6 +338,7 @@ async fn setup() -> anyhow::Result<Setup> {
         hub,
         _agents: agents,
         direct,
+        direct_real,
         via_hub,
         bulk,
     })
@@ -372,6 +427,26 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             for (q, hv, dv) in [("p50", h.p50, d.p50), ("p99", h.p99, d.p99)] {
                 figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, hv - dv);
             }
+        }
+
+        // The agent's real ResourceService (kube-rs, impersonation), without
+        // and with the hub.
+        let direct_real = s.direct_real.clone();
+        let one = || {
+            let mut c = ResourceServiceClient::new(direct_real.clone());
+            async move { c.get(get("real")).await.map(drop).map_err(Into::into) }
+        };
+        series(warmup, one).await?;
+        let dr = Latency::of(&series(calls, one).await?);
+        add_latency(&mut figs, "direct-real-agent", dr, Some("kube-sim"));
+        eprintln!("bench: direct-real-agent p50 {:.0} µs", dr.p50);
+        let (ch, tok) = (&s.via_hub, token.as_str());
+        series(warmup, || hub_get(ch, tok, "real")).await?;
+        let hr = Latency::of(&series(calls, || hub_get(ch, tok, "real")).await?);
+        add_latency(&mut figs, "hub-real-agent", hr, Some("direct-real-agent"));
+        eprintln!("bench: hub-real-agent p50 {:.0} µs", hr.p50);
+        for (q, hv, dv) in [("p50", hr.p50, dr.p50), ("p99", hr.p99, dr.p99)] {
+            figs.add(&format!("hub-added.real-quic.{q}"), "µs", None, hv - dv);
         }
 
         // Head-of-line: small Gets while a bulk watch saturates the tunnel.

@@ -16,6 +16,7 @@
 
 mod calls;
 mod common;
+mod portforward;
 mod scale;
 mod throughput;
 
@@ -56,6 +57,10 @@ fn main() -> anyhow::Result<()> {
             );
             tokio_rt()?.block_on(calls::run(calls, hol, runs))?
         }
+        "portforward" => {
+            let (mib, runs) = (arg(&args, 2, "MiB")?, arg(&args, 3, "runs")?);
+            tokio_rt()?.block_on(portforward::run(mib, runs))?
+        }
         "scale" => {
             let (n, idle) = (arg(&args, 2, "agents")?, arg(&args, 3, "idle seconds")?);
             tokio_rt()?.block_on(scale::run(n, idle))?
@@ -91,7 +96,7 @@ fn main() -> anyhow::Result<()> {
         }
         "report" => return report(samples()?, arg(&args, 2, "results file")?),
         _ => bail!(
-            "usage: otter-bench throughput|calls|scale|footprint|report|skip ... (see the source)"
+            "usage: otter-bench throughput|calls|portforward|scale|footprint|report|skip ... (see the source)"
         ),
     };
     figs.append_to(&samples()?)

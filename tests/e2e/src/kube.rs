@@ -100,6 +100,8 @@ impl KubeEnv {
         // One place counts the agent's streams and its sessions.
         services.runtime.gauges = config.gauges.clone();
         tweak(&mut services);
+        // The Kubernetes API proxy as the agent binary runs it.
+        let proxy = otter_agent::kube_proxy::KubeProxy::new(access.agent().clone());
         let routes = otter_agent::services(access, &cluster, services);
 
         let token = hub.hub.mint_join_token(&cluster).expect("join token");
@@ -108,7 +110,7 @@ impl KubeEnv {
         config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
         config.backoff_base = Duration::from_millis(100);
         config.backoff_cap = Duration::from_millis(800);
-        let agent = Agent::start(config, routes).expect("agent starts");
+        let agent = Agent::start_with_proxy(config, routes, Some(proxy)).expect("agent starts");
         agent
             .wait_for(WAIT, |s| s.connected.is_some())
             .await

@@ -338,14 +338,25 @@ struct Captured {
     err: std::thread::JoinHandle<String>,
 }
 
-fn spawn_captured(cmd: &mut std::process::Command) -> Captured {
-    use std::io::Read;
+fn spawn_captured(cmd: &mut std::process::Command, input: Option<Vec<u8>>) -> Captured {
+    use std::io::{Read, Write};
+    let stdin = match input {
+        Some(_) => std::process::Stdio::piped(),
+        None => std::process::Stdio::null(),
+    };
     let mut child = cmd
-        .stdin(std::process::Stdio::null())
+        .stdin(stdin)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn");
+    if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
+        // Written from a thread so a child that reads slowly cannot block us;
+        // dropping the pipe closes the child's stdin.
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
     let reader = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut s = String::new();
@@ -360,11 +371,21 @@ fn spawn_captured(cmd: &mut std::process::Command) -> Captured {
 
 /// Runs a command with a time bound; returns (exit code, stdout, stderr).
 pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> (i32, String, String) {
+    run_bounded_with_input(cmd, None, limit)
+}
+
+/// Like [`run_bounded`], feeding `input` to the command's stdin (then
+/// closing it) when given.
+pub fn run_bounded_with_input(
+    cmd: &mut std::process::Command,
+    input: Option<Vec<u8>>,
+    limit: Duration,
+) -> (i32, String, String) {
     let Captured {
         mut child,
         out,
         err,
-    } = spawn_captured(cmd);
+    } = spawn_captured(cmd, input);
     let deadline = std::time::Instant::now() + limit;
     let status = loop {
         if let Some(st) = child.try_wait().expect("wait") {
@@ -391,7 +412,7 @@ pub fn run_for(cmd: &mut std::process::Command, duration: Duration) -> (String, 
         mut child,
         out,
         err,
-    } = spawn_captured(cmd);
+    } = spawn_captured(cmd, None);
     std::thread::sleep(duration);
     let _ = child.kill();
     let _ = child.wait();

@@ -209,3 +209,139 @@ async fn proxy_credentials_are_sent_and_checked() {
     right.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// stunnel (Debian's) terminating TLS in front of a tinyproxy: together an
+/// `https://` CONNECT proxy. Killed when dropped.
+struct TlsProxy {
+    child: std::process::Child,
+    port: u16,
+    ca_pem: String,
+    _dir: tempfile::TempDir,
+    _inner: Tinyproxy,
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_proxy(auth: Option<(&str, &str)>) -> Option<TlsProxy> {
+    let bin = std::path::Path::new("/usr/bin/stunnel4");
+    if !bin.exists() {
+        tool_missing("stunnel4 (scripts/setup.sh installs it)");
+        return None;
+    }
+    let inner = tinyproxy(auth)?;
+    let dir = tempfile::tempdir().unwrap();
+    // The proxy's own certificate, from a CA only the agent is told about.
+    let ca = otter_pki::CertificateAuthority::generate("proxy test CA").unwrap();
+    let (cert, key) = ca.issue_server_cert(&["localhost".into()]).unwrap();
+    std::fs::write(dir.path().join("proxy.crt"), cert).unwrap();
+    std::fs::write(dir.path().join("proxy.key"), key).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let conf = format!(
+        "foreground = yes\npid =\nsyslog = no\noutput = {d}/stunnel.log\n[proxy]\naccept = 127.0.0.1:{port}\nconnect = 127.0.0.1:{inner}\ncert = {d}/proxy.crt\nkey = {d}/proxy.key\n",
+        d = dir.path().display(),
+        inner = inner.port,
+    );
+    let conf_path = dir.path().join("stunnel.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut child = std::process::Command::new(bin)
+        .arg(&conf_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(TlsProxy {
+                child,
+                port,
+                ca_pem: ca.cert_pem().to_owned(),
+                _dir: dir,
+                _inner: inner,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("stunnel did not start");
+}
+
+fn https_proxy(url: &str, ca_pem: &str) -> otter_tunnel::proxy::Proxy {
+    otter_pki::tls::install_default_provider();
+    let tls = otter_pki::tls::public_client_config(Some(ca_pem), &[]).unwrap();
+    proxy(url).with_tls(Arc::new(tls))
+}
+
+/// An `https://` proxy: TLS to the proxy (verified against its CA), CONNECT
+/// with credentials inside that, then the hub's TLS inside the tunnel, for
+/// both TCP transports; a proxy certificate the agent cannot verify is
+/// refused with a message that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_through_an_https_proxy() {
+    let Some(tp) = tls_proxy(Some(("otter", "s3cret"))) else {
+        return;
+    };
+    let hub = TestHub::start().await;
+    let url = format!("https://otter:s3cret@localhost:{}", tp.port);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.transports = vec![TransportKind::Quic, TransportKind::H2, TransportKind::Ws];
+        c.proxy = Some(https_proxy(&url, &tp.ca_pem));
+    });
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects through the https proxy");
+    assert_eq!(s.connected, Some(TransportKind::H2));
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let r = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-1", "via-tls-proxy"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "name"), "via-tls-proxy");
+    agent.agent.shutdown().await;
+
+    let token = hub.hub.mint_join_token("edge-2").unwrap();
+    let ws = start_agent_with(&hub, "edge-2", "a2", &token, TransportKind::Ws, |c| {
+        c.proxy = Some(https_proxy(&url, &tp.ca_pem));
+    });
+    let s = ws
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("WebSocket through the https proxy");
+    assert_eq!(s.connected, Some(TransportKind::Ws));
+    ws.agent.shutdown().await;
+
+    // Trusting only the public roots, the proxy's certificate fails.
+    let token = hub.hub.mint_join_token("edge-3").unwrap();
+    let untrusted = start_agent_with(&hub, "edge-3", "a3", &token, TransportKind::H2, |c| {
+        let tls = otter_pki::tls::public_client_config(None, &[]).unwrap();
+        c.proxy = Some(proxy(&url).with_tls(Arc::new(tls)));
+    });
+    let s = untrusted
+        .agent
+        .wait_for(WAIT, |s| !s.attempts.is_empty())
+        .await
+        .expect("an attempt");
+    assert!(s.connected.is_none());
+    let err = s.attempts[0].1.as_ref().unwrap_err();
+    assert!(
+        err.contains("TLS to proxy") && err.contains("certificate"),
+        "says what is wrong: {err}"
+    );
+    assert!(!err.contains("s3cret"), "no credentials in messages: {err}");
+    untrusted.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
