@@ -327,21 +327,36 @@ async fn open_store(dir: &std::path::Path) -> Result<SledStore> {
 
 /// Binds TCP and UDP on the same port. With port 0 the kernel picks the TCP
 /// port; if that UDP port is taken, try again.
+///
+/// A fixed port still held by the QUIC endpoint of a hub that just stopped
+/// (its closing connections drain for a moment) is waited for, bounded,
+/// so a restart right after a stop finds its port again.
 async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::UdpSocket)> {
-    let mut last_err = None;
-    for _ in 0..16 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut fresh_ports = 0;
+    // Bounded: 16 fresh ports, or the deadline for a fixed one.
+    let last_err = loop {
         let tcp = TcpListener::bind(addr).await?;
         let port = tcp.local_addr()?.port();
         match std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), port)) {
             Ok(udp) => return Ok((tcp, udp)),
-            Err(e) if addr.port() == 0 => last_err = Some(e),
+            Err(e) if addr.port() == 0 => {
+                fresh_ports += 1;
+                if fresh_ports >= 16 {
+                    break e;
+                }
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                drop(tcp);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             Err(e) => return Err(e.into()),
         }
-    }
-    Err(last_err.map_or_else(
-        || HubError::Config("no free tunnel port".into()),
-        HubError::from,
-    ))
+    };
+    Err(HubError::from(last_err))
 }
 
 /// The gRPC services the hub itself implements (the forwarded services
