@@ -94,5 +94,22 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
 }
 
+impl AgentError {
+    /// The hub's retry-after hint, when the hub turned this attempt away
+    /// because it is busy (paced tunnel admission or registration).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Tunnel(t) => t.retry_after(),
+            Self::Register(s) => s
+                .metadata()
+                .get(otter_tunnel::pace::GRPC_RETRY_AFTER_MS)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .map(std::time::Duration::from_millis),
+            _ => None,
+        }
+    }
+}
+
 /// Result alias for the agent.
 pub type Result<T, E = AgentError> = std::result::Result<T, E>;

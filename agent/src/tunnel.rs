@@ -170,8 +170,19 @@ async fn run(
                 Ok(c) => creds = Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "register failed");
-                    status.send_modify(|s| s.last_error = e.to_string());
-                    if !pause(&mut backoff, &shutdown).await {
+                    let hint = e.retry_after();
+                    status.send_modify(|s| {
+                        s.last_error = e.to_string();
+                        if hint.is_some() {
+                            s.refusals += 1;
+                            s.last_retry_after = hint;
+                        }
+                    });
+                    let go_on = match hint {
+                        Some(after) => pause_at_least(after, &mut backoff, &shutdown).await,
+                        None => pause(&mut backoff, &shutdown).await,
+                    };
+                    if !go_on {
                         return;
                     }
                     continue;
@@ -204,9 +215,7 @@ async fn run(
                 Err(e) => {
                     tracing::info!(transport = %kind, error = %e, "transport failed");
                     attempts.push((*kind, Err(e.to_string())));
-                    if let AgentError::Tunnel(t) = &e
-                        && let Some(after) = t.retry_after()
-                    {
+                    if let Some(after) = e.retry_after() {
                         hint = Some(after);
                         break;
                     }
@@ -333,6 +342,8 @@ async fn obtain(
                 });
                 return Ok(new);
             }
+            // A busy hub is not a refused renewal: come back later.
+            Err(e) if e.retry_after().is_some() => return Err(e),
             Err(e) => Some(e),
         },
         None => None,

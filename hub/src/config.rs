@@ -38,6 +38,9 @@ pub struct HubConfig {
     pub max_concurrent_admissions: usize,
     /// The hint refused agents get: they wait at least this long, plus jitter.
     pub admission_retry_after: Duration,
+    /// Register calls served at once (each signs a certificate); more are
+    /// answered Unavailable with the same hint.
+    pub max_concurrent_registrations: usize,
     /// Largest gRPC request message accepted at the front door.
     pub max_request_message: usize,
     /// Browser origins allowed by CORS (exact match; `*` allows any).
@@ -104,6 +107,7 @@ impl HubConfig {
             drain_timeout: Duration::from_secs(30),
             max_concurrent_admissions: 128,
             admission_retry_after: Duration::from_secs(1),
+            max_concurrent_registrations: 32,
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
             disabled_features: Vec::new(),
@@ -126,9 +130,9 @@ impl HubConfig {
                 "agent certificate lifetime must be at least 1 minute".into(),
             ));
         }
-        if self.max_concurrent_admissions == 0 {
+        if self.max_concurrent_admissions == 0 || self.max_concurrent_registrations == 0 {
             return Err(HubError::Config(
-                "max concurrent admissions must be at least 1".into(),
+                "max concurrent admissions and registrations must be at least 1".into(),
             ));
         }
         if self.kube_upgrades.per_user == 0 || self.kube_upgrades.per_cluster == 0 {

@@ -63,6 +63,8 @@ pub struct Metrics {
     pub admissions_peak: Gauge<i64, AtomicI64>,
     pub admissions_max: Gauge<i64, AtomicI64>,
     pub tunnel_refusals: Gauge<i64, AtomicI64>,
+    pub registrations_peak: Gauge<i64, AtomicI64>,
+    pub registration_refusals: Gauge<i64, AtomicI64>,
     /// kubectl exec / attach / port-forward connections relayed right now.
     pub kube_upgraded: Gauge<i64, AtomicI64>,
 }
@@ -131,6 +133,18 @@ impl Default for Metrics {
             "Tunnels told to come back later since the hub started",
             tunnel_refusals.clone(),
         );
+        let registrations_peak = Gauge::<i64, AtomicI64>::default();
+        let registration_refusals = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "registrations_peak",
+            "The most Register calls served at once since the hub started",
+            registrations_peak.clone(),
+        );
+        registry.register(
+            "registration_refusals",
+            "Register calls told to come back later since the hub started",
+            registration_refusals.clone(),
+        );
         let kube_upgraded = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "kube_upgraded_connections",
@@ -149,6 +163,8 @@ impl Default for Metrics {
             admissions_peak,
             admissions_max,
             tunnel_refusals,
+            registrations_peak,
+            registration_refusals,
             kube_upgraded,
         }
     }
@@ -162,14 +178,20 @@ impl Metrics {
         out
     }
 
-    /// Copies the pacer's counts in, before a render.
-    pub fn pacer(&self, pacer: &otter_tunnel::pace::Pacer) {
+    /// Copies the counts of the tunnel and Register gates in, before a render.
+    pub fn pacers(
+        &self,
+        tunnels: &otter_tunnel::pace::Pacer,
+        registrations: &otter_tunnel::pace::Pacer,
+    ) {
         let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
-        self.admissions_in_progress.set(n(pacer.in_progress()));
-        self.admissions_peak.set(n(pacer.peak()));
-        self.admissions_max.set(n(pacer.max()));
-        self.tunnel_refusals
-            .set(i64::try_from(pacer.refused()).unwrap_or(i64::MAX));
+        let m = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.admissions_in_progress.set(n(tunnels.in_progress()));
+        self.admissions_peak.set(n(tunnels.peak()));
+        self.admissions_max.set(n(tunnels.max()));
+        self.tunnel_refusals.set(m(tunnels.refused()));
+        self.registrations_peak.set(n(registrations.peak()));
+        self.registration_refusals.set(m(registrations.refused()));
     }
 
     pub fn register_outcome(&self, outcome: &str) {

@@ -57,6 +57,8 @@ pub struct HubState {
     pub manifest_key: ring::hmac::Key,
     /// How many tunnels are set up at once (paced reconnects).
     pub pacer: Arc<otter_tunnel::pace::Pacer>,
+    /// How many Register calls are served at once.
+    pub register_pacer: Arc<otter_tunnel::pace::Pacer>,
     /// Client of the Rancher management cluster, when one is configured.
     pub rancher: Option<crate::rancher::Rancher>,
     /// Upgraded connections of the Kubernetes API proxy, counted per user
@@ -105,7 +107,7 @@ impl Hub {
             tracing::info!(pruned, "removed long-expired join tokens");
         }
 
-        let api = TcpListener::bind(config.api_listen).await?;
+        let api = bind_tcp(config.api_listen).await?;
         let api_addr = api.local_addr()?;
         let (tunnel_tcp, endpoint_udp) = bind_tunnel_port(config.tunnel_listen).await?;
         let tunnel_addr = tunnel_tcp.local_addr()?;
@@ -188,6 +190,10 @@ impl Hub {
             config.max_concurrent_admissions,
             config.admission_retry_after,
         );
+        let register_pacer = otter_tunnel::pace::Pacer::new(
+            config.max_concurrent_registrations,
+            config.admission_retry_after,
+        );
         let state = Arc::new(HubState {
             config,
             store,
@@ -203,6 +209,7 @@ impl Hub {
             manifest_key,
             rancher,
             pacer: pacer.clone(),
+            register_pacer,
             upgrades: Arc::default(),
         });
         let shutdown = CancellationToken::new();
@@ -272,6 +279,11 @@ impl Hub {
         for t in self.state.registry.all() {
             t.opener.close("hub shutting down");
         }
+        // The routing table holds the tunnels' connections, and a QUIC
+        // connection holds the endpoint's socket: drop them now rather than
+        // with the last reference to the state, so the port is free when
+        // this returns.
+        self.state.registry.clear();
         self.state.tasks.close();
         if tokio::time::timeout(Duration::from_secs(10), self.state.tasks.wait())
             .await
@@ -336,7 +348,7 @@ async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::Ud
     let mut fresh_ports = 0;
     // Bounded: 16 fresh ports, or the deadline for a fixed one.
     let last_err = loop {
-        let tcp = TcpListener::bind(addr).await?;
+        let tcp = bind_tcp(addr).await?;
         let port = tcp.local_addr()?.port();
         match std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), port)) {
             Ok(udp) => return Ok((tcp, udp)),
@@ -353,10 +365,33 @@ async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::Ud
                 drop(tcp);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                let at = SocketAddr::new(addr.ip(), port);
+                return Err(std::io::Error::new(e.kind(), format!("UDP {at}: {e}")).into());
+            }
         }
     };
     Err(HubError::from(last_err))
+}
+
+/// Binds a TCP listener; a fixed port still held by a hub of this process
+/// that is just stopping is waited for, bounded (a new process would find
+/// it free; one restarting in place must wait for the old listener to go).
+async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && addr.port() != 0
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("TCP {addr}: {e}")).into()),
+            Ok(l) => return Ok(l),
+        }
+    }
 }
 
 /// The gRPC services the hub itself implements (the forwarded services
@@ -555,7 +590,7 @@ async fn route(
     if path == "/metrics" && req.method() == http::Method::GET {
         return match crate::auth::authenticate(&state, req.headers()).await {
             Ok(_) => {
-                state.metrics.pacer(&state.pacer);
+                state.metrics.pacers(&state.pacer, &state.register_pacer);
                 let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
                 resp.headers_mut().insert(
                     http::header::CONTENT_TYPE,

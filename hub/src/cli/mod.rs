@@ -340,6 +340,9 @@ pub struct HubArgs {
     /// The retry-after hint refused agents get, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub admission_retry_after_ms: u64,
+    /// Register calls served at once; more are told to retry later.
+    #[arg(long, default_value_t = 32)]
+    pub max_concurrent_registrations: usize,
     /// kubectl exec / attach / port-forward connections one user may hold at once (429 beyond).
     #[arg(long, default_value_t = 64)]
     pub kube_upgrades_per_user: usize,
@@ -413,6 +416,7 @@ impl HubArgs {
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
         c.max_concurrent_admissions = self.max_concurrent_admissions;
         c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);
+        c.max_concurrent_registrations = self.max_concurrent_registrations;
         c.kube_upgrades = crate::config::KubeUpgradeLimits {
             per_user: self.kube_upgrades_per_user,
             per_cluster: self.kube_upgrades_per_cluster,

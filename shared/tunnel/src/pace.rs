@@ -11,6 +11,10 @@
 //! | TLS + HTTP/2 | instead of the HTTP/2 preface, the line `otter-tunnel-refused retry-after-ms=<n>` |
 //! | WebSocket | the upgrade answered `503 Service Unavailable` with `Retry-After` (seconds) and `otter-retry-after-ms` |
 //!
+//! Registrations (the Register call, which signs a certificate) are paced
+//! the same way with a gate of their own: `Unavailable` with the hint in the
+//! metadata [`GRPC_RETRY_AFTER_MS`].
+//!
 //! The agent waits at least that long, plus jitter, before it dials again,
 //! and tries no other transport meanwhile. Refusing still costs a TLS
 //! handshake (the hint must be authenticated), but nothing more.
@@ -31,6 +35,9 @@ pub const QUIC_REFUSED: u32 = 0x0f7e_0503;
 pub const H2_REFUSED: &[u8] = b"otter-tunnel-refused ";
 /// Header with the hint in milliseconds on a refused WebSocket upgrade.
 pub const WS_RETRY_AFTER_MS: &str = "otter-retry-after-ms";
+/// gRPC metadata with the hint in milliseconds on a Register the hub
+/// turned away (status Unavailable).
+pub const GRPC_RETRY_AFTER_MS: &str = "retry-after-ms";
 
 /// The reason text carrying `after`.
 pub fn reason(after: Duration) -> String {

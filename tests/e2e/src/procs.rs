@@ -360,15 +360,37 @@ pub fn rss_mib(pid: u32) -> Option<f64> {
 
 /// A free loopback TCP port whose UDP twin is free too (the hub's tunnel
 /// port serves both), so a hub restarted on it finds it again.
+///
+/// It is taken from below the kernel's ephemeral range: agents dialling
+/// QUIC bind a fresh ephemeral UDP port per attempt, and while a hub
+/// restarts one of them could take the very port the hub is about to bind
+/// again (on separate machines, as in production, that cannot happen).
 pub fn free_port() -> u16 {
-    for _ in 0..64 {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = tcp.local_addr().expect("addr").port();
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let span = low.saturating_sub(10_000).max(1);
+    for _ in 0..256 {
+        let port = 10_000 + rand_below(span);
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        if tcp.is_ok() && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free port with a free UDP twin");
+    panic!("no free port with a free UDP twin below {low}");
+}
+
+/// A number in [0, n), random enough to spread tests over ports.
+fn rand_below(n: u16) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() % u64::from(n)) as u16
 }
 
 /// Waits (bounded) until `path` exists.
