@@ -120,9 +120,13 @@ echo "sent 'ping through the tunnel', got back '$reply'"
 
 if [ -n "$kubectl_133" ]; then
     echo
-    echo "\$ otter kubeconfig --cluster edge-2 && kubectl get deploy,pods   (kubectl through the hub)"
-    "$bin/otter" kubeconfig --cluster edge-2 --kubeconfig "$demo/kubeconfig" >/dev/null
-    "$kubectl_133" --kubeconfig "$demo/kubeconfig" get deploy,pods
+    echo "\$ otter kubeconfig --all && kubectl --context otter-edge-2 get deploy,pods   (kubectl through the hub)"
+    "$bin/otter" kubeconfig --all --kubeconfig "$demo/kubeconfig" >/dev/null
+    "$kubectl_133" --kubeconfig "$demo/kubeconfig" --context otter-edge-2 get deploy,pods
+    echo
+    echo "\$ kubectl --context otter-edge-1 exec tools -- sh -c 'echo ...'   (exec relayed by the hub)"
+    "$kubectl_133" --kubeconfig "$demo/kubeconfig" --context otter-edge-1 exec tools -- \
+        sh -c 'echo "hello from kubectl exec, through the hub to $(hostname)"'
 fi
 
 cat <<EOF2

@@ -47,6 +47,10 @@ pub struct Cli {
     /// is not a public one.
     #[arg(long, env = "OTTER_PROXY_CA_FILE")]
     pub proxy_ca_file: Option<PathBuf>,
+    /// While on a fallback transport, seconds between tries of the better
+    /// ones (switching without dropping calls); 0 never tries.
+    #[arg(long, env = "OTTER_TRANSPORT_RETRY_SECS", default_value_t = 120)]
+    pub transport_retry_secs: u64,
     /// Tunnel keepalive interval in seconds.
     #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
     pub keepalive_secs: u64,
@@ -156,6 +160,7 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     }
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
+    config.transport_retry = std::time::Duration::from_secs(cli.transport_retry_secs);
     config.validate()?;
     otter_pki::tls::install_default_provider();
     // A KUBECONFIG that names several files is left to kube's own loader.

@@ -50,6 +50,10 @@ pub struct AgentConfig {
     /// Live counts of streams and sessions; share it with the services
     /// ([`crate::runtime::RuntimeConfig::gauges`]) so one place shows both.
     pub gauges: std::sync::Arc<crate::gauges::Gauges>,
+    /// While connected over a transport ranked below the first, try the
+    /// better ones this often (with jitter) and switch when one works;
+    /// zero never tries.
+    pub transport_retry: Duration,
 }
 
 impl AgentConfig {
@@ -71,6 +75,7 @@ impl AgentConfig {
             backoff_cap: Duration::from_secs(30),
             renew_at: 2.0 / 3.0,
             gauges: Default::default(),
+            transport_retry: Duration::from_secs(120),
         }
     }
 

@@ -16,9 +16,8 @@ use crate::{AgentConfig, AgentError, Result};
 pub struct Credentials {
     pub key_pem: String,
     pub cert_pem: String,
-    /// The CA the hub answered with; the agent keeps trusting the configured
-    /// one for the API and this one for tunnels (they are the same unless the
-    /// hub rotates its CA).
+    /// The CAs the hub answered with (two during a CA rotation); the hub is
+    /// verified with these from then on, see [`hub_trust`].
     pub ca_pem: String,
     pub serial: String,
     /// Unix seconds.
@@ -87,11 +86,21 @@ async fn channel(url: &Url, tls: rustls::ClientConfig) -> Result<tonic::transpor
         .map_err(|e| AgentError::Connect(format!("{url}: {e}")))
 }
 
+/// The CAs the hub is verified with: the bundle it last sent over a
+/// connection verified with the previous one (so the agent follows a CA
+/// rotation), else the configured CA.
+pub fn hub_trust<'a>(config: &'a AgentConfig, creds: Option<&'a Credentials>) -> &'a str {
+    creds
+        .map(|c| c.ca_pem.as_str())
+        .filter(|pem| tls::parse_certs(pem).is_ok_and(|certs| !certs.is_empty()))
+        .unwrap_or(&config.hub_ca_pem)
+}
+
 /// Registers (or, with `current`, renews) and returns the new credentials.
 pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Result<Credentials> {
     let (key_pem, csr_pem) = otter_pki::csr::generate(&config.cluster, &config.agent_id)?;
     let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
-    let tls = tls::client_config(&config.hub_ca_pem, client_cert, &[b"h2"])?;
+    let tls = tls::client_config(hub_trust(config, current), client_cert, &[b"h2"])?;
     let mut client = LinkServiceClient::new(channel(&config.hub_url, tls).await?);
     let request = RegisterRequest {
         cluster: Some(config.cluster.clone()),

@@ -36,10 +36,12 @@ pub struct AgentStatus {
     /// Dial rounds so far (each tries the transports in order).
     pub dials: u32,
     /// Dials the hub refused with a retry-after hint (too many agents
-    /// connecting at once).
+    /// connecting or registering at once).
     pub refusals: u32,
     /// The hint of the last refusal.
     pub last_retry_after: Option<Duration>,
+    /// Switches to a better transport made while connected.
+    pub switches: u32,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -156,6 +158,13 @@ async fn run(
     tasks: TaskTracker,
 ) {
     let mut creds: Option<Credentials> = config.state_dir.as_deref().and_then(enroll::load);
+    let renew_now = std::sync::Arc::new(tokio::sync::Notify::new());
+    // The transport that worked last is tried first on a reconnect.
+    let mut last_good: Option<TransportKind> = None;
+    // Better-transport probes report here, tagged with the tunnel they
+    // were started for.
+    let (probe_tx, mut probe_rx) = tokio::sync::mpsc::channel(1);
+    let mut generation: u64 = 0;
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
     loop {
         if shutdown.is_cancelled() {
@@ -201,12 +210,8 @@ async fn run(
         let mut attempts = Vec::new();
         let mut up: Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> = None;
         let mut hint = None;
-        for kind in &config.transports {
-            let result = match dial(&config, &current, *kind).await {
-                Ok(a) => admitted(a, config.connect_timeout).await,
-                Err(e) => Err(e),
-            };
-            match result {
+        for kind in &dial_order(&config.transports, last_good) {
+            match dial_admitted(&config, &current, *kind).await {
                 Ok(pair) => {
                     attempts.push((*kind, Ok(())));
                     up = Some(pair);
@@ -240,19 +245,10 @@ async fn run(
             }
             continue;
         };
-        let kind = acceptor.kind_dyn();
+        let mut kind = acceptor.kind_dyn();
+        last_good = Some(kind);
         // What the hub asks for to show how this agent got through.
-        let diag = bytes::Bytes::from(
-            serde_json::json!({
-                "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
-                    "transport": t.as_str(),
-                    "ok": r.is_ok(),
-                    "error": r.as_ref().err().cloned().unwrap_or_default(),
-                })).collect::<Vec<_>>(),
-                "proxy": config.proxy.as_ref().map(|p| p.display()),
-            })
-            .to_string(),
-        );
+        let mut diag = diagnosis(&config, &attempts);
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
         status.send_modify(|s| {
             s.connected = Some(kind);
@@ -261,29 +257,24 @@ async fn run(
             s.proxy = config.proxy.as_ref().map(|p| p.display());
         });
         backoff.reset();
-        let serve = |stream: otter_tunnel::TunnelStream| {
-            let routes = routes.clone();
-            let kube = kube.as_ref().map(|k| k.service());
-            let diag = Some(diag.clone());
-            let counted = config.gauges.stream();
-            tasks.spawn(async move {
-                let _counted = counted;
-                if let Err(e) = otter_tunnel::http::serve_stream_full(
-                    stream,
-                    routes,
-                    kube,
-                    diag,
-                    Limits::default(),
-                )
-                .await
-                {
-                    tracing::debug!(error = %e, "stream ended with an error");
-                }
-            });
+        let own = |diag: &bytes::Bytes| otter_tunnel::http::AgentSelf {
+            diag: Some(diag.clone()),
+            renew: Some(renew_now.clone()),
         };
-        serve(first);
+        serve_one(
+            &tasks,
+            first,
+            &routes,
+            kube.as_ref(),
+            own(&diag),
+            &config.gauges,
+        );
 
-        // Serve until the tunnel ends; renew in the meantime without dropping it.
+        // Serve until the tunnel ends; renew in the meantime without dropping
+        // it, and move to a better transport when one works again.
+        generation += 1;
+        let mut probe_at = next_probe(&config, kind);
+        let mut probing = false;
         let why = loop {
             let renew_in = Duration::from_secs(
                 creds
@@ -293,11 +284,19 @@ async fn run(
             );
             tokio::select! {
                 next = acceptor.accept_dyn() => match next {
-                    Ok(Some(stream)) => serve(stream),
+                    Ok(Some(stream)) => {
+                        serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag), &config.gauges);
+                    }
                     Ok(None) => break "hub closed the tunnel".to_owned(),
                     Err(e) => break e.to_string(),
                 },
-                _ = tokio::time::sleep(renew_in) => {
+                // When due, or at once when the hub asks (a CA rotation step).
+                _ = async {
+                    tokio::select! {
+                        _ = tokio::time::sleep(renew_in) => {}
+                        _ = renew_now.notified() => {}
+                    }
+                } => {
                     match obtain(&config, creds.as_ref(), &status).await {
                         Ok(c) => creds = Some(c),
                         Err(e) => {
@@ -309,6 +308,49 @@ async fn run(
                             }
                         }
                     }
+                }
+                _ = sleep_until_some(probe_at), if !probing => {
+                    // Dialled off this loop, so calls keep being served meanwhile.
+                    probing = true;
+                    let (config, creds, tx) = (config.clone(), current.clone(), probe_tx.clone());
+                    let better = better_than(&config.transports, kind);
+                    let this = generation;
+                    tasks.spawn(async move {
+                        for k in better {
+                            if let Ok(pair) = dial_admitted(&config, &creds, k).await {
+                                let _ = tx.send((this, Some(pair))).await;
+                                return;
+                            }
+                        }
+                        let _ = tx.send((this, None)).await;
+                    });
+                }
+                Some((of, found)) = probe_rx.recv() => {
+                    if of != generation {
+                        continue; // from a tunnel that is gone; dropping it closes it
+                    }
+                    probing = false;
+                    let Some((better, first)) = found else {
+                        probe_at = next_probe(&config, kind);
+                        continue;
+                    };
+                    // Make before break: the hub routes new calls to the
+                    // newest tunnel of this agent and drains the old one,
+                    // which goes on serving its calls until the hub closes it.
+                    let old = std::mem::replace(&mut acceptor, better);
+                    let new_kind = acceptor.kind_dyn();
+                    tracing::info!(from = %kind, to = %new_kind, "switched to a better transport");
+                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag), config.gauges.clone(), shutdown.clone()));
+                    kind = new_kind;
+                    last_good = Some(kind);
+                    diag = diagnosis(&config, &[(kind, Ok(()))]);
+                    serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag), &config.gauges);
+                    probe_at = next_probe(&config, kind);
+                    status.send_modify(|s| {
+                        s.connected = Some(kind);
+                        s.switches += 1;
+                        s.connects += 1;
+                    });
                 }
                 _ = shutdown.cancelled() => return,
             }
@@ -323,6 +365,115 @@ async fn run(
         if !pause(&mut backoff, &shutdown).await {
             return;
         }
+    }
+}
+
+/// The report the hub asks for (`diag`): transports tried and the proxy.
+fn diagnosis(
+    config: &AgentConfig,
+    attempts: &[(TransportKind, Result<(), String>)],
+) -> bytes::Bytes {
+    bytes::Bytes::from(
+        serde_json::json!({
+            "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
+                "transport": t.as_str(),
+                "ok": r.is_ok(),
+                "error": r.as_ref().err().cloned().unwrap_or_default(),
+            })).collect::<Vec<_>>(),
+            "proxy": config.proxy.as_ref().map(|p| p.display()),
+        })
+        .to_string(),
+    )
+}
+
+/// The configured order, with the transport that worked last moved first:
+/// an agent behind a firewall that drops UDP does not wait for QUIC to time
+/// out on every reconnect (better ones are retried while connected).
+fn dial_order(
+    configured: &[TransportKind],
+    last_good: Option<TransportKind>,
+) -> Vec<TransportKind> {
+    let mut order: Vec<TransportKind> = last_good
+        .filter(|k| configured.contains(k))
+        .into_iter()
+        .collect();
+    order.extend(configured.iter().filter(|k| Some(**k) != last_good));
+    order
+}
+
+/// Transports the configuration ranks above `current`.
+fn better_than(configured: &[TransportKind], current: TransportKind) -> Vec<TransportKind> {
+    configured
+        .iter()
+        .take_while(|k| **k != current)
+        .copied()
+        .collect()
+}
+
+/// When to try better transports next, if there are any and retrying is on:
+/// the interval, give or take a quarter, so agents do not probe in step.
+fn next_probe(config: &AgentConfig, current: TransportKind) -> Option<tokio::time::Instant> {
+    if config.transport_retry.is_zero() || better_than(&config.transports, current).is_empty() {
+        return None;
+    }
+    let base = config.transport_retry.as_secs_f64();
+    let jitter = base * (0.75 + rand::random::<f64>() * 0.5);
+    Some(tokio::time::Instant::now() + Duration::from_secs_f64(jitter))
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves one stream the hub opened, on its own task.
+fn serve_one(
+    tasks: &TaskTracker,
+    stream: otter_tunnel::TunnelStream,
+    routes: &tonic::service::Routes,
+    kube: Option<&crate::kube_proxy::KubeProxy>,
+    own: otter_tunnel::http::AgentSelf,
+    gauges: &Arc<crate::gauges::Gauges>,
+) {
+    let routes = routes.clone();
+    let kube = kube.map(|k| k.service());
+    // Counted for as long as the stream is served, however it ends.
+    let counted = gauges.stream();
+    tasks.spawn(async move {
+        let _counted = counted;
+        if let Err(e) =
+            otter_tunnel::http::serve_stream_full(stream, routes, kube, own, Limits::default())
+                .await
+        {
+            tracing::debug!(error = %e, "stream ended with an error");
+        }
+    });
+}
+
+/// How long a replaced tunnel is kept for its calls in flight, at most
+/// (the hub closes it sooner, once they are done).
+const REPLACED_TUNNEL_LIMIT: Duration = Duration::from_secs(20 * 60);
+
+/// Keeps serving a tunnel replaced by a better one until the hub closes it.
+async fn serve_until_closed(
+    mut old: Box<dyn AcceptorDyn>,
+    tasks: TaskTracker,
+    routes: tonic::service::Routes,
+    kube: Option<crate::kube_proxy::KubeProxy>,
+    own: otter_tunnel::http::AgentSelf,
+    gauges: Arc<crate::gauges::Gauges>,
+    shutdown: CancellationToken,
+) {
+    let serve = async {
+        while let Ok(Some(stream)) = old.accept_dyn().await {
+            serve_one(&tasks, stream, &routes, kube.as_ref(), own.clone(), &gauges);
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::timeout(REPLACED_TUNNEL_LIMIT, serve) => {}
+        _ = shutdown.cancelled() => {}
     }
 }
 
@@ -385,13 +536,16 @@ async fn pause_at_least(
     }
 }
 
-/// Waits (bounded) for the hub to admit a dialled tunnel: it opens the
-/// first stream once it has (the diagnosis request), or closes the
-/// connection with a reason (a paced refusal carries its hint).
-async fn admitted(
-    mut acceptor: Box<dyn AcceptorDyn>,
-    limit: Duration,
+/// Dials over `kind` and waits (bounded) for the hub to admit the tunnel:
+/// it opens the first stream once it has (the diagnosis request), or closes
+/// the connection with a reason (a paced refusal carries its hint).
+async fn dial_admitted(
+    config: &AgentConfig,
+    creds: &Credentials,
+    kind: TransportKind,
 ) -> Result<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> {
+    let mut acceptor = dial(config, creds, kind).await?;
+    let limit = config.connect_timeout;
     match tokio::time::timeout(limit, acceptor.accept_dyn()).await {
         Ok(Ok(Some(first))) => Ok((acceptor, first)),
         Ok(Ok(None)) => Err(AgentError::Connect(
@@ -442,7 +596,7 @@ async fn dial(
     let (host, addr) = resolve(url).await?;
     let client = |alpn: &[u8]| {
         tls::client_config(
-            &config.hub_ca_pem,
+            enroll::hub_trust(config, Some(creds)),
             Some((&creds.cert_pem, &creds.key_pem)),
             &[alpn],
         )
@@ -528,4 +682,30 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TransportKind::{H2, Quic, Ws};
+
+    #[test]
+    fn the_last_good_transport_goes_first_and_better_ones_are_known() {
+        let all = [Quic, H2, Ws];
+        assert_eq!(dial_order(&all, None), [Quic, H2, Ws]);
+        assert_eq!(dial_order(&all, Some(Ws)), [Ws, Quic, H2]);
+        assert_eq!(dial_order(&[Quic, H2], Some(Ws)), [Quic, H2]);
+        assert_eq!(better_than(&all, Ws), [Quic, H2]);
+        assert_eq!(better_than(&all, Quic), []);
+        let mut config = AgentConfig::new(
+            "https://hub:1".parse().unwrap(),
+            "c",
+            "a",
+            "unused in this test",
+        );
+        assert!(next_probe(&config, Quic).is_none(), "already the best");
+        assert!(next_probe(&config, H2).is_some());
+        config.transport_retry = Duration::ZERO;
+        assert!(next_probe(&config, H2).is_none(), "switched off");
+    }
 }

@@ -31,8 +31,13 @@ pub struct HubConfig {
     pub keepalive: Keepalive,
     /// Concurrent calls per tunnel; more are refused with ResourceExhausted.
     pub max_calls_per_tunnel: u32,
-    /// How long a replaced tunnel may finish its calls before it is closed.
+    /// How long a tunnel of a replaced agent may finish its calls before it
+    /// is closed.
     pub drain_timeout: Duration,
+    /// The same, for an agent's older tunnel when it connects again (say,
+    /// over a better transport): long enough for watches and exec sessions
+    /// in flight to end on their own; a dead one ends sooner by keepalive.
+    pub reconnect_drain_timeout: Duration,
     /// Tunnels set up at once (handshakes through admission); agents beyond
     /// it are told to come back after `admission_retry_after`.
     pub max_concurrent_admissions: usize,
@@ -108,6 +113,7 @@ impl HubConfig {
             max_concurrent_admissions: 128,
             admission_retry_after: Duration::from_secs(1),
             max_concurrent_registrations: 32,
+            reconnect_drain_timeout: Duration::from_secs(15 * 60),
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
             disabled_features: Vec::new(),

@@ -136,11 +136,10 @@ pub async fn handle(
         Ok(u) => u,
         Err(_) => return status(400, "BadRequest", "bad request path"),
     };
-    let limits = Limits::default();
-    let forwarded = match (upgrade, on_upgrade, upgrade_guard) {
+    // An upgrade's request has no body of its own: after the switch the
+    // caller's bytes follow as the tunnel stream's request body.
+    let (body, upgrading) = match (upgrade, on_upgrade, upgrade_guard) {
         (Some(protocol), Some(on_upgrade), Some(guard)) => {
-            // The request itself has no body; after the switch the caller's
-            // bytes follow as the tunnel stream's request body.
             parts.headers.insert(http::header::UPGRADE, protocol);
             parts.headers.insert(
                 http::header::CONNECTION,
@@ -148,50 +147,41 @@ pub async fn handle(
             );
             let (to_agent, mut rx) = mpsc::channel(4);
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
-            let req = http::Request::from_parts(parts, body);
-            let resp = otter_tunnel::http::forward_to(
-                TARGET_KUBE,
-                stream,
-                Some(caller),
-                req,
-                limits,
-                Some(Box::new(permit)),
-            )
-            .await;
-            match resp {
-                Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                    let (parts, from_agent) = resp.into_parts();
-                    let idle = state.config.kube_upgrades.idle_timeout;
-                    state.tasks.spawn(relay(
-                        on_upgrade, to_agent, from_agent, idle, guard, cluster,
-                    ));
-                    return http::Response::from_parts(parts, empty());
-                }
-                // Refused (RBAC, no such pod): an ordinary response; the
-                // dropped sender ends the request body.
-                other => other,
-            }
+            (body.boxed_unsync(), Some((on_upgrade, to_agent, guard)))
         }
-        _ => {
-            let body = body.map_err(|e| std::io::Error::other(e.to_string()));
-            let req = http::Request::from_parts(parts, body);
-            otter_tunnel::http::forward_to(
-                TARGET_KUBE,
-                stream,
-                Some(caller),
-                req,
-                limits,
-                Some(Box::new(permit)),
-            )
-            .await
-        }
+        _ => (
+            body.map_err(|e| std::io::Error::other(e.to_string()))
+                .boxed_unsync(),
+            None,
+        ),
     };
-    match forwarded {
-        Ok(resp) => resp.map(|b| {
+    let forwarded = otter_tunnel::http::forward_to(
+        TARGET_KUBE,
+        stream,
+        Some(caller),
+        http::Request::from_parts(parts, body),
+        Limits::default(),
+        Some(Box::new(permit)),
+    )
+    .await;
+    match (forwarded, upgrading) {
+        (Ok(resp), Some((on_upgrade, to_agent, guard)))
+            if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
+        {
+            let (parts, from_agent) = resp.into_parts();
+            let idle = state.config.kube_upgrades.idle_timeout;
+            state.tasks.spawn(relay(
+                on_upgrade, to_agent, from_agent, idle, guard, cluster,
+            ));
+            http::Response::from_parts(parts, empty())
+        }
+        // Anything else, a refused upgrade included (RBAC, no such pod), is
+        // an ordinary response; a dropped sender ends the request body.
+        (Ok(resp), _) => resp.map(|b| {
             b.map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
                 .boxed_unsync()
         }),
-        Err(e) => status(
+        (Err(e), _) => status(
             503,
             "ServiceUnavailable",
             &format!("cluster {cluster}: {e}"),

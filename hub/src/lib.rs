@@ -17,6 +17,7 @@
 //! - [`server`] — listeners and the request dispatch; [`Hub::start`].
 //! - [`cli`] — the `otter` command line (`main.rs` only calls it).
 
+pub mod admin;
 pub mod auth;
 pub mod authority;
 pub mod cli;

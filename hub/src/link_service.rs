@@ -40,6 +40,13 @@ pub struct LinkRecord {
     pub last_seen: i64,
     #[serde(default)]
     pub last_transport: String,
+    /// Fingerprint of the CA that signed the current certificate.
+    #[serde(default)]
+    pub cert_ca: String,
+    /// Fingerprints of the CAs the agent was told to trust at its last
+    /// Register (it follows them): a CA rotation waits for these.
+    #[serde(default)]
+    pub trusted_cas: Vec<String>,
 }
 
 /// The LinkService handlers.
@@ -139,9 +146,9 @@ impl LinkSvc {
             }
         }
 
-        let issued = self
-            .state
-            .ca
+        let cas = self.state.authority.current();
+        let issued = cas
+            .active
             .sign_agent_csr(csr, &identity, self.state.config.agent_cert_lifetime)
             .map_err(|e| match e {
                 PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
@@ -166,6 +173,8 @@ impl LinkSvc {
             first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
             last_seen: now,
             last_transport: previous.map(|p| p.last_transport).unwrap_or_default(),
+            cert_ca: cas.active.fingerprint(),
+            trusted_cas: cas.fingerprints(),
         };
         self.state
             .store
@@ -191,7 +200,8 @@ impl LinkSvc {
         Ok(Response::new(RegisterResponse {
             endpoint: tunnel_urls.first().cloned(),
             certificate: Some(issued.pem.into_bytes()),
-            ca_certificate: Some(self.state.ca.cert_pem().as_bytes().to_vec()),
+            // Every CA the hub trusts, so an agent keeps up with a rotation.
+            ca_certificate: Some(cas.bundle_pem().into_bytes()),
             server_version: Some(crate::VERSION.to_owned()),
             tunnel_urls,
             certificate_expires: Some(timestamp(issued.not_after)),
@@ -313,7 +323,7 @@ impl LinkService for LinkSvc {
             &admins,
             &rancher,
             self.state.config.manifest_ttl,
-            &self.state.ca.fingerprint(),
+            &self.state.authority.current().active.fingerprint(),
         );
         let token = manifest::sign(&self.state.manifest_key, &claims);
         let url = format!(
@@ -345,6 +355,7 @@ impl LinkService for LinkSvc {
 
 /// Mints a join token and renders the manifest the claims describe.
 fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Result<String> {
+    let cas = state.authority.current();
     let join_token =
         tokens::mint_join_token(&*state.store, &claims.cluster, state.config.join_token_ttl)?;
     Ok(manifest::render(&manifest::ManifestSpec {
@@ -353,8 +364,9 @@ fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Res
         rancher_project_id: claims.rancher_project_id.clone(),
         join_token,
         hub_url: state.external_url.as_str().trim_end_matches('/').to_owned(),
-        ca_pem: state.ca.cert_pem().to_owned(),
-        ca_fingerprint: state.ca.fingerprint(),
+        // During a rotation both CAs, so a new agent keeps up with it.
+        ca_pem: cas.bundle_pem(),
+        ca_fingerprint: cas.active.fingerprint(),
         namespace: state.config.agent_namespace.clone(),
         image: state.config.agent_image.clone(),
     }))
@@ -365,7 +377,8 @@ pub fn manifest_from_url(
     state: &HubState,
     token: &str,
 ) -> Result<String, (http::StatusCode, String)> {
-    let claims = manifest::verify(&state.manifest_key, token, &state.ca.fingerprint())
+    let active = state.authority.current().active.fingerprint();
+    let claims = manifest::verify(&state.manifest_key, token, &active)
         .map_err(|e| (http::StatusCode::UNAUTHORIZED, e.to_string()))?;
     render_manifest(state, &claims).map_err(|e| {
         tracing::error!(error = %e, "rendering a manifest failed");

@@ -122,6 +122,36 @@ impl Registry {
 /// Lets a tunnel that is out of the routing table finish its calls, then
 /// closes it; after `timeout` it is closed regardless. Nothing is leaked: the
 /// connection ends either way.
+/// Sends the hub's own request (no caller) to the agent's `target` on a
+/// stream of its own; the response, or `None` when the tunnel or the agent
+/// failed. Bounded by `limit`.
+pub async fn ask_agent(
+    entry: &TunnelEntry,
+    target: &str,
+    method: http::Method,
+    limit: Duration,
+) -> Option<http::Response<otter_tunnel::http::ResponseBody>> {
+    let ask = async {
+        let stream = entry.opener.open().await.ok()?;
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("/{target}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .ok()?;
+        otter_tunnel::http::forward_to(
+            target,
+            stream,
+            None,
+            req,
+            otter_tunnel::frame::Limits::default(),
+            None,
+        )
+        .await
+        .ok()
+    };
+    tokio::time::timeout(limit, ask).await.ok().flatten()
+}
+
 pub fn drain(entry: Arc<TunnelEntry>, timeout: Duration, reason: &'static str) {
     tokio::spawn(async move {
         let all = entry.calls.acquire_many(entry.max_calls);

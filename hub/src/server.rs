@@ -8,7 +8,7 @@ use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use otter_pki::{CertificateAuthority, tls};
+use otter_pki::tls;
 use otter_proto::link::v1::link_service_server::LinkServiceServer;
 use otter_tunnel::{h2, quic};
 use tokio::{net::TcpListener, sync::mpsc};
@@ -40,7 +40,9 @@ const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct HubState {
     pub config: HubConfig,
     pub store: Arc<dyn Store>,
-    pub ca: CertificateAuthority,
+    /// The hub's CAs and the TLS of its listeners (`<data dir>/ca.crt` holds
+    /// the CAs clients should trust: `otter login --ca-file`, kubeconfigs).
+    pub authority: authority::Authority,
     pub registry: Registry,
     pub external_url: Url,
     pub tunnel_urls: Vec<Url>,
@@ -90,6 +92,7 @@ pub struct Hub {
     pub tunnel_addr: SocketAddr,
     /// The admin token, when this start created it (first start only).
     pub admin_token: Option<String>,
+    initial_ca_pem: String,
     shutdown: CancellationToken,
 }
 
@@ -100,7 +103,6 @@ impl Hub {
         config.validate()?;
         tls::install_default_provider();
         let store: Arc<dyn Store> = Arc::new(open_store(&config.data_dir).await?);
-        let ca = authority::load_or_create_ca(&*store)?;
         let admin_token = tokens::ensure_admin_token(&*store, &config.data_dir)?;
         let pruned = tokens::prune_join_tokens(&*store)?;
         if pruned > 0 {
@@ -116,28 +118,16 @@ impl Hub {
         let tunnel_urls = config.tunnel_urls(tunnel_addr.port());
         let names =
             authority::server_names(std::iter::once(&external_url).chain(tunnel_urls.iter()));
-        let (cert, key) = ca.issue_server_cert(&names)?;
-        let api_tls = tls::server_config(
-            &cert,
-            &key,
-            ca.cert_pem(),
-            tls::ClientAuth::Optional,
-            &[b"h2", b"http/1.1"],
-        )?;
-        let tunnel_tls = tls::server_config(
-            &cert,
-            &key,
-            ca.cert_pem(),
+        let authority = authority::Authority::load(&*store, names, config.data_dir.clone())?;
+        // The listeners' certificate and trusted CAs follow the authority,
+        // so a CA rotation needs no restart.
+        let live = authority.live_tls();
+        let api_tls = live.server_config(tls::ClientAuth::Optional, &[b"h2", b"http/1.1"])?;
+        let tunnel_tls = live.server_config(
             tls::ClientAuth::Required,
             &[h2::ALPN, otter_tunnel::ws::ALPN],
         )?;
-        let quic_tls = tls::server_config(
-            &cert,
-            &key,
-            ca.cert_pem(),
-            tls::ClientAuth::Required,
-            &[quic::ALPN],
-        )?;
+        let quic_tls = live.server_config(tls::ClientAuth::Required, &[quic::ALPN])?;
 
         let quic_settings = quic::QuicSettings {
             keepalive: config.keepalive,
@@ -177,9 +167,6 @@ impl Hub {
         )?;
         let oidc = config.oidc.clone().map(OidcVerifier::new).transpose()?;
         let manifest_key = crate::manifest::url_key(&*store)?;
-        // The CA certificate is public: written out so `otter login --ca-file`
-        // and kubeconfigs can point at it.
-        std::fs::write(config.data_dir.join("ca.crt"), ca.cert_pem())?;
         let rancher = match &config.rancher_kubeconfig {
             Some(path) => Some(crate::rancher::Rancher::from_kubeconfig(path).await?),
             None => None,
@@ -197,7 +184,7 @@ impl Hub {
         let state = Arc::new(HubState {
             config,
             store,
-            ca,
+            authority,
             registry: Registry::default(),
             external_url,
             tunnel_urls,
@@ -245,6 +232,7 @@ impl Hub {
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
         tracing::info!(%api_addr, %tunnel_addr, external_url = %state.external_url, "hub serving");
         Ok(Hub {
+            initial_ca_pem: state.authority.current().active.cert_pem().to_owned(),
             state,
             api_addr,
             tunnel_addr,
@@ -253,9 +241,15 @@ impl Hub {
         })
     }
 
-    /// The CA certificate agents and clients trust.
+    /// The CA certificate agents and clients trust: the one this hub
+    /// started with (see [`Hub::ca_bundle`] during a rotation).
     pub fn ca_pem(&self) -> &str {
-        self.state.ca.cert_pem()
+        &self.initial_ca_pem
+    }
+
+    /// Every CA the hub trusts right now, the active one first.
+    pub fn ca_bundle(&self) -> String {
+        self.state.authority.current().bundle_pem()
     }
 
     /// Mints a join token for `cluster` with the configured lifetime.
@@ -565,7 +559,7 @@ async fn dispatch(
     Ok(cors::decorate(resp, origin, &state.config.cors_origins))
 }
 
-fn plain(status: http::StatusCode, text: &str) -> http::Response<HttpBody> {
+pub(crate) fn plain(status: http::StatusCode, text: &str) -> http::Response<HttpBody> {
     let mut resp = http::Response::new(
         Full::new(Bytes::from(format!("{text}\n")))
             .map_err(|e| match e {})
@@ -613,6 +607,13 @@ async fn route(
     }
     if path == "/admin/v1/tokens" {
         return create_token(&state, req).await;
+    }
+    if path == "/admin/v1/ca" {
+        return crate::admin::ca(state, None, req).await;
+    }
+    if let Some(step) = path.strip_prefix("/admin/v1/ca/") {
+        let step = step.to_owned();
+        return crate::admin::ca(state, Some(&step), req).await;
     }
     if let Some(token) = path.strip_prefix("/link/manifest/") {
         if req.method() != http::Method::GET {

@@ -78,7 +78,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
     if let Some(old) = state.registry.insert(entry.clone()) {
         drain(
             old,
-            state.config.drain_timeout,
+            state.config.reconnect_drain_timeout,
             "replaced by a newer tunnel from the same agent",
         );
     }
@@ -132,20 +132,13 @@ fn touch(state: &HubState, cluster: &str, transport: &str) {
 async fn fetch_diagnosis(entry: Arc<TunnelEntry>) {
     use http_body_util::BodyExt;
     let fetch = async {
-        let stream = entry.opener.open().await.ok()?;
-        let req = http::Request::get("/diag")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .ok()?;
-        let resp = otter_tunnel::http::forward_to(
+        let resp = crate::registry::ask_agent(
+            &entry,
             otter_tunnel::frame::TARGET_DIAG,
-            stream,
-            None,
-            req,
-            otter_tunnel::frame::Limits::default(),
-            None,
+            http::Method::GET,
+            std::time::Duration::from_secs(10),
         )
-        .await
-        .ok()?;
+        .await?;
         let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
             .collect()
             .await

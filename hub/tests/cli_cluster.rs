@@ -172,8 +172,7 @@ async fn cli_against_a_cluster() {
         let mut py = std::process::Command::new(python);
         py.arg(script)
             .arg(otter())
-            .arg("web-0")
-            .arg(c)
+            .args(["exec", "-it", "web-0", "-c", c, "--", "sh"])
             .env("OTTER_CONFIG", dir.path().join("otter.toml"));
         let (code, out, err) = run_bounded(&mut py, Duration::from_secs(60));
         assert_eq!(code, 0, "{out}{err}");

@@ -26,6 +26,20 @@ fn otter_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
     run_bounded(&mut cmd, Duration::from_secs(60))
 }
 
+/// The member cluster's rules: hub admins may do anything, bob only read
+/// pods; one pod, web-0, with a container `web`.
+fn admins_and_bob() -> kube_sim::SimConfig {
+    kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow(
+            "user:bob",
+            &["get", "list", "watch"],
+            &["pods"],
+            &["default"],
+        )
+        .pod("default", "web-0", &["web"])
+}
+
 /// A member cluster (the test server with `cfg`) and its agent, connected
 /// to `hub`, with the Kubernetes API proxy on.
 async fn start_edge(
@@ -102,16 +116,7 @@ async fn kubectl_through_the_hub() {
         tool_missing("kubectl 1.33");
         return;
     };
-    // The member cluster: hub admins may do anything, bob only read pods.
-    let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
-        .allow(
-            "user:bob",
-            &["get", "list", "watch"],
-            &["pods"],
-            &["default"],
-        )
-        .pod("default", "web-0", &["web"]);
+    let cfg = admins_and_bob();
     let hub = TestHub::start().await;
     let (sim, agent) = start_edge(&hub, cfg).await;
 
@@ -259,9 +264,9 @@ async fn kubectl_through_the_hub() {
     hub.hub.shutdown().await;
 }
 
-/// A TCP server answering every read with `echo: <bytes>`, for as long as
-/// the connection lasts; stands behind a pod's forwarded port.
-async fn echo_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+/// A TCP server answering every read with `<prefix><bytes>`, for as long
+/// as the connection lasts; stands behind a pod's forwarded port.
+async fn echo_server(prefix: &'static [u8]) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -270,7 +275,7 @@ async fn echo_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 4096];
                 while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 || s.write_all(&[b"echo: ", &buf[..n]].concat()).await.is_err() {
+                    if n == 0 || s.write_all(&[prefix, &buf[..n]].concat()).await.is_err() {
                         return;
                     }
                 }
@@ -307,18 +312,10 @@ async fn exec_cp_and_port_forward_through_the_hub() {
         tool_missing("the project's Python venv");
         return;
     };
-    let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
-        .allow(
-            "user:bob",
-            &["get", "list", "watch"],
-            &["pods"],
-            &["default"],
-        )
-        .pod("default", "web-0", &["web"]);
+    let cfg = admins_and_bob();
     let hub = TestHub::start().await;
     let (sim, agent) = start_edge(&hub, cfg).await;
-    let (echo_addr, echo) = echo_server().await;
+    let (echo_addr, echo) = echo_server(b"echo: ").await;
     sim.add_pod_port("default", "web-0", 8080, echo_addr);
     let dir = tempfile::tempdir().unwrap();
     let kube_path = write_kubeconfig(&hub, dir.path()).await;
@@ -349,6 +346,28 @@ async fn exec_cp_and_port_forward_through_the_hub() {
         assert_eq!(code, 3, "kubectl's exit code is the command's: {out} {err}");
         assert_eq!(out, "SHOUT THROUGH THE HUB\n");
         assert!(err.contains("to-stderr"), "{err}");
+
+        // exec -it: a terminal, typed input, a window resize, the exit code.
+        let script = otter_e2e::tools::workspace_root().join("tests/e2e/clients/pty_exec.py");
+        let mut py = std::process::Command::new(&python);
+        py.arg(&script)
+            .arg(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kube_path)
+            .args(["exec", "-it", "web-0", "-c", "web", "--", "sh"]);
+        let (code, out, err) = run_bounded(&mut py, Duration::from_secs(60));
+        assert_eq!(code, 0, "{out}{err}");
+        let tty: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert!(
+            tty["output"].as_str().unwrap().contains("hi-from-the-pty"),
+            "{tty}"
+        );
+        assert_eq!(tty["code"], 3, "kubectl's exit code is the shell's: {tty}");
+        let resizes = sim.resizes();
+        assert!(
+            resizes.iter().any(|(_, _, w, h)| (*w, *h) == (132, 40)),
+            "the resize reached the pod: {resizes:?}"
+        );
 
         // cp is tar over exec, both ways; 1 MiB of varied bytes.
         let payload: Vec<u8> = (0..1024 * 1024u32)
@@ -546,5 +565,194 @@ async fn upgraded_connections_are_bounded_and_idle_ones_closed() {
     assert_eq!(hub.hub.state.metrics.kube_upgraded.get(), 0);
     agent.shutdown().await;
     sim.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// Starts `kubectl port-forward` to web-0's 8080 and returns the child and
+/// the local port it printed (bounded wait).
+fn port_forward(mut cmd: std::process::Command) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .args([
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            "pod/web-0",
+            ":8080",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            // "Forwarding from 127.0.0.1:43210 -> 8080"
+            if let Some(port) = line
+                .strip_prefix("Forwarding from 127.0.0.1:")
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|p| p.parse::<u16>().ok())
+            {
+                let _ = tx.send(port);
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(port) => (child, port),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("port-forward printed no local port");
+        }
+    }
+}
+
+/// Sends `data` through a forwarded port to the echo server and checks that
+/// the same bytes come back.
+fn round_trip(port: u16, data: &[u8], what: &str) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut writer = conn.try_clone().unwrap();
+    let out = data.to_vec();
+    let sender = std::thread::spawn(move || writer.write_all(&out).unwrap());
+    let mut back = vec![0u8; data.len()];
+    conn.read_exact(&mut back)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    sender.join().unwrap();
+    assert!(back == data, "{what}: the bytes came back changed");
+}
+
+/// SPDY through the hub: kubectl 1.20 speaks only SPDY/3.1 for exec and
+/// port-forward; kubectl 1.33's port-forward tunnels SPDY inside a
+/// WebSocket, or upgrades to SPDY when told not to use WebSockets. The hub
+/// relays each upgrade byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spdy_exec_and_port_forward_through_the_hub() {
+    let Some(k133) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    let Some(k120) = otter_e2e::tools::kubectl_120() else {
+        return;
+    };
+    let cfg = kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .pod("default", "web-0", &["web"]);
+    let hub = TestHub::start().await;
+    let (sim, agent) = start_edge(&hub, cfg).await;
+    let (echo_addr, echo) = echo_server(b"").await;
+    sim.add_pod_port("default", "web-0", 8080, echo_addr);
+    let dir = tempfile::tempdir().unwrap();
+    let kube_path = write_kubeconfig(&hub, dir.path()).await;
+    let k = |bin: &Path, args: &[&str]| {
+        let mut cmd = std::process::Command::new(bin);
+        cmd.arg("--kubeconfig").arg(&kube_path).args(args);
+        cmd
+    };
+
+    tokio::task::block_in_place(|| {
+        // kubectl 1.20: exec with stdin and an exit code over SPDY.
+        let (code, out, err) = otter_e2e::run_bounded_with_input(
+            &mut k(
+                &k120,
+                &[
+                    "exec",
+                    "-i",
+                    "web-0",
+                    "-c",
+                    "web",
+                    "--",
+                    "sh",
+                    "-c",
+                    "tr a-z A-Z; exit 5",
+                ],
+            ),
+            Some(b"old kubectl\n".to_vec()),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            code, 5,
+            "kubectl 1.20's exit code is the command's: {out} {err}"
+        );
+        assert_eq!(out, "OLD KUBECTL\n");
+
+        // Port-forward, 1 MiB each way and back, per client and transport.
+        let data: Vec<u8> = (0..1024 * 1024 + 17u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        let cases = [
+            ("kubectl 1.20 (SPDY)", k(&k120, &[]), None),
+            (
+                "kubectl 1.33 (SPDY inside WebSocket)",
+                k(&k133, &[]),
+                Some("true"),
+            ),
+            ("kubectl 1.33 (SPDY)", k(&k133, &[]), Some("false")),
+        ];
+        for (what, mut cmd, websockets) in cases {
+            if let Some(w) = websockets {
+                cmd.env("KUBECTL_PORT_FORWARD_WEBSOCKETS", w);
+            }
+            let (mut child, port) = port_forward(cmd);
+            for round in 0..2 {
+                round_trip(port, &data, &format!("{what}, round {round}"));
+            }
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{what}: port-forward exited"
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    });
+    let sessions: Vec<(String, String)> = sim
+        .stream_sessions()
+        .into_iter()
+        .map(|s| (s.subresource, s.transport))
+        .collect();
+    for want in [
+        ("exec", "spdy"),
+        ("portforward", "spdy"),
+        ("portforward", "spdy-over-websocket"),
+    ] {
+        assert!(
+            sessions
+                .iter()
+                .any(|(s, t)| (s.as_str(), t.as_str()) == want),
+            "{want:?} reached the cluster: {sessions:?}"
+        );
+    }
+    wait_no_upgrades(&hub, "admin").await;
+    echo.abort();
+    agent.shutdown().await;
+    sim.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// Request headers are bounded: a head over 64 KiB is refused (431) before
+/// anything reaches a cluster, over HTTP/1.1 and HTTP/2 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_headers_are_refused() {
+    let hub = TestHub::start().await;
+    for http2 in [false, true] {
+        let req = http::Request::get(format!(
+            "https://localhost:{}/clusters/edge-1/api/v1/pods",
+            hub.hub.api_addr.port()
+        ))
+        .header("authorization", format!("Bearer {}", hub.admin_token))
+        .header("x-padding", "a".repeat(100 * 1024))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+        let (status, _, _) =
+            otter_e2e::http_call(hub.hub.api_addr, hub.hub.ca_pem(), http2, req).await;
+        assert_eq!(status, 431, "http2: {http2}");
+    }
     hub.hub.shutdown().await;
 }

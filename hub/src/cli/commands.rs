@@ -55,11 +55,16 @@ pub async fn login(hub: url::Url, token: String, ca_file: Option<PathBuf>) -> an
     Ok(())
 }
 
-/// `otter token create`.
-pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::Result<()> {
+/// Sends one request to the hub's admin HTTP API (`path` under the hub
+/// URL) with the login's token; the answer's body, or its text as the error.
+async fn admin_http(
+    hub: &Hub,
+    method: http::Method,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<bytes::Bytes> {
     use http_body_util::BodyExt;
-    let url = format!("{}/admin/v1/tokens", hub.url.as_str().trim_end_matches('/'));
-    let body = serde_json::json!({ "name": name, "groups": groups }).to_string();
+    let url = format!("{}{path}", hub.url.as_str().trim_end_matches('/'));
     let tls = match &hub.ca_pem {
         // hyper-rustls sets ALPN itself.
         Some(ca) => otter_pki::tls::client_config(ca, None, &[])?,
@@ -72,18 +77,74 @@ pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::R
         .build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build(https);
-    let req = http::Request::post(url)
+    let req = http::Request::builder()
+        .method(method)
+        .uri(url)
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {}", hub.token))
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))?;
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.unwrap_or_default(),
+        )))?;
     let resp = client.request(req).await?;
     let status = resp.status();
     let text = resp.into_body().collect().await?.to_bytes();
     if !status.is_success() {
         anyhow::bail!("{}", String::from_utf8_lossy(&text).trim());
     }
+    Ok(text)
+}
+
+/// `otter token create`.
+pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::Result<()> {
+    let body = serde_json::json!({ "name": name, "groups": groups }).to_string();
+    let text = admin_http(hub, http::Method::POST, "/admin/v1/tokens", Some(body)).await?;
     let v: Json = serde_json::from_slice(&text)?;
     println!("{}", v["token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+/// `otter ca …`: one rotation step (or the status), then the status.
+pub async fn ca(hub: &Hub, step: super::CaStep) -> anyhow::Result<()> {
+    use super::CaStep;
+    let (method, path) = match step {
+        CaStep::Status => (http::Method::GET, "/admin/v1/ca".to_owned()),
+        CaStep::Stage => (http::Method::POST, "/admin/v1/ca/stage".to_owned()),
+        CaStep::Activate { force } => (
+            http::Method::POST,
+            format!(
+                "/admin/v1/ca/activate{}",
+                if force { "?force=true" } else { "" }
+            ),
+        ),
+        CaStep::Finish { force } => (
+            http::Method::POST,
+            format!(
+                "/admin/v1/ca/finish{}",
+                if force { "?force=true" } else { "" }
+            ),
+        ),
+    };
+    let text = admin_http(hub, method, &path, None).await?;
+    let v: Json = serde_json::from_slice(&text)?;
+    println!("phase:     {}", v["phase"].as_str().unwrap_or_default());
+    println!("active CA: {}", v["active"].as_str().unwrap_or_default());
+    if let Some(other) = v["other"].as_str() {
+        println!("other CA:  {other}");
+    }
+    let pending: Vec<&str> = v["pending"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|c| c.as_str()).collect())
+        .unwrap_or_default();
+    let next = v["next_step"].as_str().unwrap_or_default();
+    if pending.is_empty() {
+        println!("next step: {next} (every cluster is ready)");
+    } else {
+        println!(
+            "next step: {next}, waiting for {} cluster(s) to renew: {}",
+            pending.len(),
+            pending.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -58,6 +58,17 @@ pub enum Command {
     /// Hub API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Rotate the hub CA without stranding agents (admins only): stage a new
+    /// CA, activate it once every agent trusts it, finish once every agent
+    /// holds a certificate from it.
+    ///
+    /// Example: otter ca stage && otter ca status && otter ca activate && otter ca finish
+    Ca {
+        #[command(subcommand)]
+        step: CaStep,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
     /// Print a URL serving the agent manifest for a cluster (or the YAML with -o yaml).
     ///
     /// Example (in the member cluster): kubectl apply -f $(otter agent-manifest --cluster edge-1)
@@ -260,6 +271,28 @@ pub enum TokenCommand {
         groups: Vec<String>,
         #[command(flatten)]
         hub: client::HubFlags,
+    },
+}
+
+#[derive(Debug, Clone, Copy, Subcommand)]
+pub enum CaStep {
+    /// Phase, fingerprints, and the clusters not ready for the next step.
+    Status,
+    /// Make a new CA and trust it next to the active one; connected agents
+    /// are asked to renew, which gives them both.
+    Stage,
+    /// Sign with the staged CA (refused while a cluster has not renewed
+    /// since staging, unless --force).
+    Activate {
+        /// Go ahead even if the clusters listed would be stranded.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Stop trusting the previous CA (refused while a cluster still holds a
+    /// certificate it signed, unless --force).
+    Finish {
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -485,6 +518,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         Command::Token(TokenCommand::Create { name, groups, hub }) => {
             commands::token_create(&hub.connect().await?, &name, &groups).await?
         }
+        Command::Ca { step, hub } => commands::ca(&hub.connect().await?, step).await?,
         Command::AgentManifest {
             cluster,
             extra_users,

@@ -16,6 +16,7 @@
 pub mod ca;
 pub mod csr;
 pub mod identity;
+pub mod live;
 pub mod tls;
 
 pub use ca::{CertificateAuthority, IssuedCertificate};

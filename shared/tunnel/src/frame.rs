@@ -195,6 +195,10 @@ pub const TARGET_KUBE: &str = "kube";
 /// on how it connected (transports tried, proxy).
 pub const TARGET_DIAG: &str = "diag";
 
+/// [`RequestHead::target`] of the hub's request that the agent renew its
+/// certificate now (after a CA rotation step), rather than when due.
+pub const TARGET_RENEW: &str = "renew";
+
 /// First chunk from the agent.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHead {

@@ -49,15 +49,36 @@ pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 type Reader = FramedRead<Box<dyn AsyncRead + Send + Unpin>, ChunkCodec>;
 type Writer = FramedWrite<Box<dyn AsyncWrite + Send + Unpin>, ChunkCodec>;
 
-/// Sends every data frame of `body` as DATA chunks no larger than the limit.
-async fn write_data(writer: &mut Writer, mut data: Bytes, max: usize) -> Result<()> {
+/// Queues `data` as DATA chunks no larger than the limit (the writer
+/// flushes by itself past its buffer's bound).
+async fn feed_data(writer: &mut Writer, mut data: Bytes, max: usize) -> Result<()> {
     while data.len() > max {
         writer.feed((ChunkKind::Data, data.split_to(max))).await?;
     }
     if !data.is_empty() {
         writer.feed((ChunkKind::Data, data)).await?;
     }
-    writer.flush().await
+    Ok(())
+}
+
+/// The body's next frame. What is queued is flushed only when the body has
+/// nothing ready: a unary exchange (head, message, end or trailers) leaves
+/// in one write instead of three, a stream's events still go out at once.
+async fn next_frame<B>(
+    writer: &mut Writer,
+    body: &mut std::pin::Pin<&mut B>,
+) -> Result<Option<std::result::Result<Frame<Bytes>, B::Error>>>
+where
+    B: Body<Data = Bytes>,
+{
+    let ready = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+    match ready {
+        Poll::Ready(frame) => Ok(frame),
+        Poll::Pending => {
+            writer.flush().await?;
+            Ok(std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await)
+        }
+    }
 }
 
 // ---------------------------------------------------------------- hub side
@@ -107,8 +128,9 @@ where
         target: target.to_owned(),
     };
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
+    // Queued, not flushed: it leaves with the request's first bytes.
     writer
-        .send((ChunkKind::Open, head.encode_to_vec().into()))
+        .feed((ChunkKind::Open, head.encode_to_vec().into()))
         .await?;
 
     let (done_tx, done_rx) = oneshot::channel();
@@ -154,10 +176,10 @@ async fn pump_request<B>(
 {
     let pump = async {
         let mut body = std::pin::pin!(body);
-        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        while let Some(frame) = next_frame(&mut writer, &mut body).await? {
             let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
             if let Ok(data) = frame.into_data() {
-                write_data(&mut writer, data, limits.max_data).await?;
+                feed_data(&mut writer, data, limits.max_data).await?;
             }
         }
         writer.send((ChunkKind::End, Bytes::new())).await
@@ -318,16 +340,27 @@ where
     KB: Body<Data = Bytes>,
     KB::Error: Into<BoxError>,
 {
-    serve_stream_full(stream, service, kube, None, limits).await
+    serve_stream_full(stream, service, kube, AgentSelf::default(), limits).await
 }
 
-/// Like [`serve_stream_with`], also answering [`crate::frame::TARGET_DIAG`]
-/// requests with `diag` (the agent's own report, JSON).
+/// What the agent answers for itself rather than for a caller.
+#[derive(Debug, Clone, Default)]
+pub struct AgentSelf {
+    /// Its report on how it connected (JSON), for
+    /// [`crate::frame::TARGET_DIAG`].
+    pub diag: Option<Bytes>,
+    /// Woken by [`crate::frame::TARGET_RENEW`]: the hub asks for a
+    /// certificate renewal now.
+    pub renew: Option<std::sync::Arc<tokio::sync::Notify>>,
+}
+
+/// Like [`serve_stream_with`], also answering the hub's own requests to the
+/// agent ([`AgentSelf`]).
 pub async fn serve_stream_full<S, B, K, KB>(
     stream: TunnelStream,
     service: S,
     kube: Option<K>,
-    diag: Option<Bytes>,
+    own: AgentSelf,
     limits: Limits,
 ) -> Result<()>
 where
@@ -406,8 +439,25 @@ where
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     let exchange = async {
-        if target == crate::frame::TARGET_DIAG {
-            let body = diag.unwrap_or_else(|| Bytes::from_static(b"{}"));
+        if target == crate::frame::TARGET_RENEW {
+            let renew = own.renew.clone();
+            let answer = tower::service_fn(move |_: http::Request<RequestBody>| {
+                let renew = renew.clone();
+                async move {
+                    let mut resp = http::Response::new(http_body_util::Empty::<Bytes>::new());
+                    match renew {
+                        Some(n) => {
+                            n.notify_one();
+                            *resp.status_mut() = http::StatusCode::ACCEPTED;
+                        }
+                        None => *resp.status_mut() = http::StatusCode::NOT_FOUND,
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            respond(answer, request, &mut writer, limits).await
+        } else if target == crate::frame::TARGET_DIAG {
+            let body = own.diag.unwrap_or_else(|| Bytes::from_static(b"{}"));
             let diag = tower::service_fn(move |_: http::Request<RequestBody>| {
                 let body = body.clone();
                 async move {
@@ -466,24 +516,25 @@ where
         headers: to_wire(&parts.headers),
     };
     writer
-        .send((ChunkKind::Head, head.encode_to_vec().into()))
+        .feed((ChunkKind::Head, head.encode_to_vec().into()))
         .await?;
     let mut body = std::pin::pin!(body);
-    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+    while let Some(frame) = next_frame(writer, &mut body).await? {
         let frame = frame.map_err(|e| TunnelError::Io(std::io::Error::other(e.into())))?;
         match frame.into_data() {
-            Ok(data) => write_data(writer, data, limits.max_data).await?,
+            Ok(data) => feed_data(writer, data, limits.max_data).await?,
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
                     let list = HeaderList {
                         headers: to_wire(&trailers),
                     };
                     writer
-                        .send((ChunkKind::Trailers, list.encode_to_vec().into()))
+                        .feed((ChunkKind::Trailers, list.encode_to_vec().into()))
                         .await?;
                 }
             }
         }
     }
+    // Flushes what is queued, then ends the stream.
     writer.close().await
 }

@@ -1,8 +1,9 @@
-"""Drives `otter exec -it` through a real pseudo-terminal, as a person at a
-terminal would: types a command, resizes the window, exits with a code.
+"""Drives an interactive exec (`otter exec -it …`, `kubectl exec -it …`)
+through a real pseudo-terminal, as a person at a terminal would: types a
+command, resizes the window, exits with a code.
 
-argv: otter binary, pod, cluster. Environment: OTTER_CONFIG for the login.
-Prints one JSON line: {"output": ..., "code": ...}.
+argv: the whole command to run in the terminal (it must start a shell in
+the pod). Prints one JSON line: {"output": ..., "code": ...}.
 """
 
 import json
@@ -15,7 +16,7 @@ import termios
 import fcntl
 import time
 
-otter, pod, cluster = sys.argv[1:4]
+command = sys.argv[1:]
 
 
 def read_until(fd, needle, limit=20.0):
@@ -36,14 +37,14 @@ def read_until(fd, needle, limit=20.0):
 
 pid, fd = pty.fork()
 if pid == 0:
-    os.execv(otter, [otter, "exec", "-it", pod, "-c", cluster, "--", "sh"])
+    os.execv(command[0], command)
 
 # Start at 24x80, as a terminal would.
 fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
 time.sleep(1.0)
 os.write(fd, b"echo hi-from-the-pty\n")
 out = read_until(fd, b"hi-from-the-pty")
-# A window change: the kernel signals SIGWINCH, otter sends ResizeTTY.
+# A window change: the kernel signals SIGWINCH, the client sends a resize.
 fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 132, 0, 0))
 time.sleep(1.0)
 os.write(fd, b"exit 3\n")

@@ -257,6 +257,16 @@ pub fn start_agent_with(
 }
 
 /// A Get for `name` in `cluster`.
+/// A Watch of the double's `bulk` resource: 256 KiB events without end,
+/// to saturate a tunnel.
+pub fn bulk_watch(cluster: &str) -> WatchRequest {
+    WatchRequest {
+        cluster: Some(cluster.into()),
+        resource: Some("bulk".into()),
+        ..Default::default()
+    }
+}
+
 pub fn get(cluster: &str, name: &str) -> GetRequest {
     GetRequest {
         cluster: Some(cluster.into()),

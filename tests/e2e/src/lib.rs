@@ -88,6 +88,12 @@ impl TestHub {
     pub async fn channel(&self) -> tonic::transport::Channel {
         client_channel(self.hub.api_addr, self.hub.ca_pem(), None).await
     }
+
+    /// Like [`TestHub::channel`], trusting `ca_pem` (a bundle during a CA
+    /// rotation).
+    pub async fn channel_with_ca(&self, ca_pem: &str) -> tonic::transport::Channel {
+        client_channel(self.hub.api_addr, ca_pem, None).await
+    }
 }
 
 /// A gRPC channel to `addr` over TLS, trusting only `ca_pem`, optionally

@@ -47,6 +47,16 @@ pub fn venv_python() -> Option<PathBuf> {
     )
 }
 
+/// Debian's kubectl 1.20 (extracted by `scripts/setup.sh kubectl`): the
+/// client that speaks only SPDY for exec and port-forward.
+pub fn kubectl_120() -> Option<PathBuf> {
+    tool(
+        workspace_root().join(".tools/kubectl-1.20/usr/bin/kubectl"),
+        "Debian's kubectl 1.20",
+        "run `scripts/setup.sh kubectl`",
+    )
+}
+
 /// The npm packages of `ts/` (buf, tsc, connect-node).
 pub fn ts_node_modules() -> Option<PathBuf> {
     let dir = workspace_root().join("ts/node_modules");

@@ -106,7 +106,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
             &[],
             "",
             Duration::ZERO,
-            &hub.hub.state.ca.fingerprint(),
+            &hub.hub.state.authority.current().active.fingerprint(),
         ),
     );
     let (status, _, body) = http_call(

@@ -12,19 +12,53 @@ use otter_e2e::{
 use otter_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use otter_tunnel::TransportKind;
 
-/// A tinyproxy on a free loopback port; killed when dropped.
-struct Tinyproxy {
+/// A server process of the test on a loopback port (with its folder);
+/// killed when dropped.
+struct Daemon {
     child: std::process::Child,
     port: u16,
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Tinyproxy {
+impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
+
+/// A free loopback port.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `cmd` and waits (bounded) until it listens on `port`.
+fn daemon(mut cmd: std::process::Command, port: u16, dir: tempfile::TempDir) -> Daemon {
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let d = Daemon {
+        child,
+        port,
+        _dir: dir,
+    };
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return d;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{cmd:?} did not start listening on port {port}");
+}
+
+/// A tinyproxy on a free loopback port.
+type Tinyproxy = Daemon;
 
 fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
     let bin = std::path::Path::new("/usr/bin/tinyproxy");
@@ -33,11 +67,7 @@ fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let log = dir.path().join("tinyproxy.log");
     let mut conf = format!(
         "Port {port}\nListen 127.0.0.1\nAllow 127.0.0.1\nTimeout 60\nMaxClients 50\nLogLevel Info\nLogFile \"{}\"\nPidFile \"{}\"\n",
@@ -49,28 +79,9 @@ fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
     }
     let conf_path = dir.path().join("tinyproxy.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let child = std::process::Command::new(bin)
-        .arg("-d")
-        .arg("-c")
-        .arg(&conf_path)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(Tinyproxy {
-                child,
-                port,
-                _dir: dir,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut child = child;
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("tinyproxy did not start");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("-d").arg("-c").arg(&conf_path);
+    Some(daemon(cmd, port, dir))
 }
 
 fn proxy(url: &str) -> otter_tunnel::proxy::Proxy {
@@ -211,20 +222,11 @@ async fn proxy_credentials_are_sent_and_checked() {
 }
 
 /// stunnel (Debian's) terminating TLS in front of a tinyproxy: together an
-/// `https://` CONNECT proxy. Killed when dropped.
+/// `https://` CONNECT proxy.
 struct TlsProxy {
-    child: std::process::Child,
-    port: u16,
+    stunnel: Daemon,
     ca_pem: String,
-    _dir: tempfile::TempDir,
     _inner: Tinyproxy,
-}
-
-impl Drop for TlsProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn tls_proxy(auth: Option<(&str, &str)>) -> Option<TlsProxy> {
@@ -240,11 +242,7 @@ fn tls_proxy(auth: Option<(&str, &str)>) -> Option<TlsProxy> {
     let (cert, key) = ca.issue_server_cert(&["localhost".into()]).unwrap();
     std::fs::write(dir.path().join("proxy.crt"), cert).unwrap();
     std::fs::write(dir.path().join("proxy.key"), key).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let conf = format!(
         "foreground = yes\npid =\nsyslog = no\noutput = {d}/stunnel.log\n[proxy]\naccept = 127.0.0.1:{port}\nconnect = 127.0.0.1:{inner}\ncert = {d}/proxy.crt\nkey = {d}/proxy.key\n",
         d = dir.path().display(),
@@ -252,27 +250,13 @@ fn tls_proxy(auth: Option<(&str, &str)>) -> Option<TlsProxy> {
     );
     let conf_path = dir.path().join("stunnel.conf");
     std::fs::write(&conf_path, conf).unwrap();
-    let mut child = std::process::Command::new(bin)
-        .arg(&conf_path)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(TlsProxy {
-                child,
-                port,
-                ca_pem: ca.cert_pem().to_owned(),
-                _dir: dir,
-                _inner: inner,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("stunnel did not start");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg(&conf_path);
+    Some(TlsProxy {
+        stunnel: daemon(cmd, port, dir),
+        ca_pem: ca.cert_pem().to_owned(),
+        _inner: inner,
+    })
 }
 
 fn https_proxy(url: &str, ca_pem: &str) -> otter_tunnel::proxy::Proxy {
@@ -291,7 +275,7 @@ async fn tunnels_through_an_https_proxy() {
         return;
     };
     let hub = TestHub::start().await;
-    let url = format!("https://otter:s3cret@localhost:{}", tp.port);
+    let url = format!("https://otter:s3cret@localhost:{}", tp.stunnel.port);
     let token = hub.hub.mint_join_token("edge-1").unwrap();
     let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
         c.transports = vec![TransportKind::Quic, TransportKind::H2, TransportKind::Ws];

@@ -11,7 +11,7 @@ use std::{sync::atomic::Ordering, time::Duration};
 use futures::StreamExt;
 use otter_e2e::{
     TestHub, client_channel,
-    double::{WAIT, field, get, start_agent, wait_connected, wait_until},
+    double::{WAIT, bulk_watch, field, get, start_agent, wait_connected, wait_until},
     with_token,
 };
 use otter_proto::{
@@ -124,14 +124,7 @@ async fn link_core(transport: TransportKind) {
     // Head-of-line: a bulk stream that the caller does not read, and small
     // calls on the same tunnel still finish.
     let mut bulk = resources
-        .watch(with_token(
-            WatchRequest {
-                cluster: Some("edge-1".into()),
-                resource: Some("bulk".into()),
-                ..Default::default()
-            },
-            &hub.admin_token,
-        ))
+        .watch(with_token(bulk_watch("edge-1"), &hub.admin_token))
         .await
         .unwrap()
         .into_inner();

@@ -6,7 +6,9 @@ use std::{sync::Arc, time::Duration};
 use futures::StreamExt;
 use otter_e2e::{
     Relay, TestHub,
-    double::{WAIT, field, get, start_agent, start_agent_with, wait_connected, wait_until},
+    double::{
+        WAIT, bulk_watch, field, get, start_agent, start_agent_with, wait_connected, wait_until,
+    },
     with_token,
 };
 use otter_proto::{
@@ -186,10 +188,9 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
     hub.hub.shutdown().await;
 }
 
-/// QUIC first; where UDP gets no answer the agent falls back to TLS +
-/// HTTP/2 on its own and says why in its status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn falls_back_to_h2_when_udp_is_blocked() {
+/// A hub whose QUIC and HTTP/2 tunnel URLs lead through a relay that drops
+/// UDP (until told otherwise).
+async fn hub_behind_udp_blocking_relay() -> (TestHub, Relay) {
     let relay = Relay::start().await;
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let hub = TestHub::start_with(dir, None, |c| {
@@ -202,6 +203,14 @@ async fn falls_back_to_h2_when_udp_is_blocked() {
     .await;
     relay.set_target(hub.hub.tunnel_addr);
     relay.block_udp(true);
+    (hub, relay)
+}
+
+/// QUIC first; where UDP gets no answer the agent falls back to TLS +
+/// HTTP/2 on its own and says why in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_to_h2_when_udp_is_blocked() {
+    let (hub, _relay) = hub_behind_udp_blocking_relay().await;
     let token = hub.hub.mint_join_token("edge-1").unwrap();
     let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
         c.transports = vec![TransportKind::Quic, TransportKind::H2];
@@ -259,4 +268,94 @@ async fn agent_gone_mid_stream_ends_the_call_with_unavailable() {
         assert!(e.message().contains("edge-1"), "{}", e.message());
         hub.hub.shutdown().await;
     }
+}
+
+/// Make before break: an agent that fell back to HTTP/2 because UDP was
+/// blocked tries QUIC again now and then while connected; once UDP passes,
+/// it opens a QUIC tunnel, new calls take it, and a stream that was in
+/// flight on the HTTP/2 tunnel keeps flowing until its caller ends it, after
+/// which the hub closes the drained tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switches_to_a_better_transport_without_dropping_calls() {
+    let (hub, relay) = hub_behind_udp_blocking_relay().await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.transports = vec![TransportKind::Quic, TransportKind::H2];
+        c.connect_timeout = Duration::from_secs(1);
+        c.transport_retry = Duration::from_secs(1);
+    });
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    assert_eq!(s.connected, Some(TransportKind::H2));
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+
+    // A stream in flight on the HTTP/2 tunnel.
+    let mut bulk = ResourceServiceClient::new(channel.clone())
+        .max_decoding_message_size(1024 * 1024)
+        .watch(with_token(bulk_watch("edge-1"), &hub.admin_token))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..5 {
+        bulk.next().await.unwrap().unwrap();
+    }
+    // Probes fail while UDP is blocked; nothing changes.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(agent.agent.status().switches, 0);
+    assert_eq!(agent.agent.status().connected, Some(TransportKind::H2));
+
+    relay.block_udp(false);
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.switches == 1)
+        .await
+        .expect("switches once QUIC works");
+    assert_eq!(s.connected, Some(TransportKind::Quic));
+    // The stream from before the switch still flows.
+    for _ in 0..20 {
+        tokio::time::timeout(WAIT, bulk.next())
+            .await
+            .expect("in time")
+            .expect("open")
+            .expect("an event");
+    }
+    // New calls go over QUIC.
+    wait_until(
+        async || {
+            LinkServiceClient::new(channel.clone())
+                .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
+                .await
+                .unwrap()
+                .into_inner()
+                .links
+                .first()
+                .is_some_and(|l| l.transport.as_deref() == Some("quic"))
+        },
+        "the link to show quic",
+    )
+    .await;
+    let r = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-1", "after-switch"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "name"), "after-switch");
+    // The caller ends its stream: the drained HTTP/2 tunnel is closed.
+    drop(bulk);
+    let h2 = hub
+        .hub
+        .state
+        .metrics
+        .tunnels
+        .get_or_create(&otter_hub::metrics::TransportLabel {
+            transport: "h2".into(),
+        })
+        .clone();
+    wait_until(async || h2.get() == 0, "the old tunnel to close").await;
+    assert_eq!(agent.agent.status().connected, Some(TransportKind::Quic));
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
 }

@@ -20,21 +20,23 @@ use crate::State;
 use crate::api::{key, load_pod, pick_container};
 use crate::error::ApiError;
 use crate::http::{Body, Ctx, ResReq};
+use crate::spdy;
+use crate::spdy_exec;
 use crate::util::str_at;
 use crate::ws::{self, CLOSE, ERROR, RESIZE, STDERR, STDIN, STDOUT, Ws, frame};
 
 /// What the client asked for.
 #[derive(Debug, Clone)]
-struct Opts {
-    namespace: String,
-    pod: String,
-    container: String,
-    command: Vec<String>,
-    stdin: bool,
-    stdout: bool,
-    stderr: bool,
-    tty: bool,
-    v5: bool,
+pub(crate) struct Opts {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub command: Vec<String>,
+    pub stdin: bool,
+    pub stdout: bool,
+    pub stderr: bool,
+    pub tty: bool,
+    pub v5: bool,
 }
 
 pub(crate) fn handle(
@@ -62,7 +64,23 @@ pub(crate) fn handle(
             "you must specify at least one of stdin, stdout, stderr",
         ));
     }
+    let mut opts = Opts {
+        namespace: rr.namespace.clone().unwrap_or_default(),
+        pod: rr.name.clone().unwrap_or_default(),
+        container,
+        command,
+        stdin,
+        stdout,
+        stderr: stderr && !tty,
+        tty,
+        v5: false,
+    };
+    let pod_uid = str_at(&pod, "metadata.uid").unwrap_or_default().to_string();
+    let sub = if attach { "attach" } else { "exec" };
     if !ws::is_upgrade(req.headers()) {
+        if spdy::is_upgrade(req.headers()) {
+            return Ok(spdy_exec::handle(state, req, opts, attach, rr, pod_uid));
+        }
         return Err(ws::upgrade_required());
     }
     let supported: &[&'static str] = if state.cfg.exec_v4_only {
@@ -73,19 +91,9 @@ pub(crate) fn handle(
     let protocol = ws::choose(req.headers(), supported).ok_or_else(|| {
         ApiError::bad_request(format!("none of the offered subprotocols {:?} is supported (want v5.channel.k8s.io or v4.channel.k8s.io)", ws::offered(req.headers())))
     })?;
-    let opts = Opts {
-        namespace: rr.namespace.clone().unwrap_or_default(),
-        pod: rr.name.clone().unwrap_or_default(),
-        container,
-        command,
-        stdin,
-        stdout,
-        stderr: stderr && !tty,
-        tty,
-        v5: protocol == ws::V5,
-    };
+    opts.v5 = protocol == ws::V5;
+    state.record_session(sub, "websocket", protocol);
     let st = state.clone();
-    let pod_uid = str_at(&pod, "metadata.uid").unwrap_or_default().to_string();
     ws::accept(&state, req, protocol, move |ws| async move {
         if attach {
             run_attach(st, ws, opts, rr, pod_uid).await
@@ -95,11 +103,11 @@ pub(crate) fn handle(
     })
 }
 
-fn success() -> Value {
+pub(crate) fn success() -> Value {
     json!({ "metadata": {}, "status": "Success" })
 }
 
-fn exit_failure(command: &[String], code: i32) -> Value {
+pub(crate) fn exit_failure(command: &[String], code: i32) -> Value {
     json!({
         "metadata": {},
         "status": "Failure",
@@ -128,7 +136,7 @@ async fn finish(ws: &mut Ws, status: &Value) {
     .await;
 }
 
-fn record_resize(state: &State, opts: &Opts, data: &[u8]) {
+pub(crate) fn record_resize(state: &State, opts: &Opts, data: &[u8]) {
     if let Ok(v) = serde_json::from_slice::<Value>(data) {
         let w = v.get("Width").and_then(Value::as_u64).unwrap_or(0) as u16;
         let h = v.get("Height").and_then(Value::as_u64).unwrap_or(0) as u16;
@@ -142,7 +150,8 @@ fn record_resize(state: &State, opts: &Opts, data: &[u8]) {
     }
 }
 
-async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
+/// The local process standing in for the container's command.
+pub(crate) fn command(opts: &Opts) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(&opts.command[0]);
     cmd.args(&opts.command[1..])
         .stdin(if opts.stdin {
@@ -157,18 +166,26 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
         .env("KUBE_SIM_POD", &opts.pod)
         .env("KUBE_SIM_CONTAINER", &opts.container)
         .kill_on_drop(true);
-    let mut child = match cmd.spawn() {
+    cmd
+}
+
+/// The Status a runtime reports when the command cannot be started.
+pub(crate) fn start_failure(opts: &Opts, e: &std::io::Error) -> Value {
+    json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("OCI runtime exec failed: exec failed: unable to start container process: exec: \"{}\": {e}: unknown", opts.command[0]),
+        "reason": "InternalError",
+        "details": { "causes": [{ "message": format!("OCI runtime exec failed: exec: \"{}\": {e}", opts.command[0]) }] },
+        "code": 500
+    })
+}
+
+async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
+    let mut child = match command(&opts).spawn() {
         Ok(c) => c,
         Err(e) => {
-            let status = json!({
-                "metadata": {},
-                "status": "Failure",
-                "message": format!("OCI runtime exec failed: exec failed: unable to start container process: exec: \"{}\": {e}: unknown", opts.command[0]),
-                "reason": "InternalError",
-                "details": { "causes": [{ "message": format!("OCI runtime exec failed: exec: \"{}\": {e}", opts.command[0]) }] },
-                "code": 500
-            });
-            finish(&mut ws, &status).await;
+            finish(&mut ws, &start_failure(&opts, &e)).await;
             return;
         }
     };
@@ -241,7 +258,7 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
 
 /// Reads once from an optional pipe; `None` at EOF. Pends forever once the pipe is gone,
 /// so `select!` simply stops polling it.
-async fn read_some<R: tokio::io::AsyncRead + Unpin>(
+pub(crate) async fn read_some<R: tokio::io::AsyncRead + Unpin>(
     pipe: &mut Option<R>,
     buf: &mut [u8],
 ) -> Option<usize> {

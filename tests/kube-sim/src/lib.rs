@@ -7,7 +7,8 @@
 //! resourceVersions, selectors and paging, watches with bookmarks and 410s, JSON, merge and
 //! strategic merge patches, server-side apply with managedFields and conflicts, `/status`
 //! and `/scale`, CustomResourceDefinitions with schema validation, pod logs, and exec,
-//! attach and port-forward over WebSocket backed by real local processes and sockets.
+//! attach and port-forward over WebSocket and SPDY/3.1 backed by real local processes and
+//! sockets.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), kube_sim::Error> {
@@ -37,6 +38,9 @@
 //! - `rbac.rs`: tokens, impersonation, rules and 403s.
 //! - `logs.rs`: pod logs; `ws.rs`: WebSocket upgrade and channel framing;
 //!   `exec.rs`: exec and attach; `portforward.rs`: port-forward.
+//! - `spdy/`: SPDY/3.1 frames, header compression, connections and the WebSocket tunnel;
+//!   `spdy_exec.rs`, `spdy_portforward.rs`: the Kubernetes stream protocols over it;
+//!   `spdy_wire_tests.rs`: a hand-written SPDY client against a running server.
 //! - `tls.rs`: the CA and serving certificate. `util.rs`: time, uids, selectors.
 
 mod api;
@@ -58,6 +62,11 @@ mod rbac;
 mod resources;
 mod schema;
 mod seed;
+mod spdy;
+mod spdy_exec;
+mod spdy_portforward;
+#[cfg(test)]
+mod spdy_wire_tests;
 mod store;
 mod subresources;
 mod tls;
@@ -87,6 +96,17 @@ pub struct SubresourceCall {
     pub body: Value,
 }
 
+/// A streaming session the server accepted (exec, attach, port-forward), recorded for tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSession {
+    /// `exec`, `attach` or `portforward`.
+    pub subresource: String,
+    /// `websocket`, `spdy`, or `spdy-over-websocket`.
+    pub transport: String,
+    /// The negotiated stream protocol, e.g. `v4.channel.k8s.io` or `portforward.k8s.io`.
+    pub protocol: String,
+}
+
 /// Shared state of a running server.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -97,6 +117,7 @@ pub(crate) struct State {
     pub ports: Mutex<HashMap<(String, String, u16), SocketAddr>>,
     pub subresource_calls: Mutex<Vec<SubresourceCall>>,
     pub resizes: Mutex<Vec<(String, String, u16, u16)>>,
+    pub sessions: Mutex<Vec<StreamSession>>,
     pub cancel: CancellationToken,
     pub tracker: TaskTracker,
     pub addr: SocketAddr,
@@ -109,6 +130,20 @@ impl State {
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         self.tracker.spawn(fut);
+    }
+
+    /// Remembers an accepted streaming session (only the latest ones are kept).
+    pub fn record_session(&self, subresource: &str, transport: &str, protocol: &str) {
+        if let Ok(mut s) = self.sessions.lock() {
+            if s.len() >= MAX_RECORDED {
+                s.remove(0);
+            }
+            s.push(StreamSession {
+                subresource: subresource.into(),
+                transport: transport.into(),
+                protocol: protocol.into(),
+            });
+        }
     }
 }
 
@@ -139,6 +174,7 @@ impl KubeSim {
             ports: Mutex::new(HashMap::new()),
             subresource_calls: Mutex::new(Vec::new()),
             resizes: Mutex::new(Vec::new()),
+            sessions: Mutex::new(Vec::new()),
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
             addr,
@@ -225,6 +261,16 @@ impl KubeSim {
     pub fn resizes(&self) -> Vec<(String, String, u16, u16)> {
         self.state
             .resizes
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default()
+    }
+
+    /// Streaming sessions accepted so far: which subresource, over which transport, with
+    /// which negotiated protocol.
+    pub fn stream_sessions(&self) -> Vec<StreamSession> {
+        self.state
+            .sessions
             .lock()
             .map(|c| c.clone())
             .unwrap_or_default()

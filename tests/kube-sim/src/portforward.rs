@@ -1,7 +1,8 @@
 //! `pods/portforward` over WebSocket (`v4.channel.k8s.io`, as the kubelet speaks it): for
 //! port index i, channel 2i carries data and 2i+1 errors; the first message on every
 //! channel is the channel byte plus the port (u16, little-endian). Each port connects to
-//! the local TCP target the test registered for that pod and port.
+//! the local TCP target the test registered for that pod and port. SPDY (plain, or tunnelled
+//! in WebSocket as `SPDY/3.1+portforward.k8s.io`) is handed to `spdy_portforward.rs`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::error::ApiError;
 use crate::http::{Body, Ctx, ResReq};
 use crate::util::str_at;
 use crate::ws::{self, frame};
+use crate::{spdy, spdy_portforward};
 
 /// Ports one connection may forward (each takes two channels out of 255).
 const MAX_PORTS: usize = 64;
@@ -33,6 +35,48 @@ pub(crate) fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let pod = load_pod(&state, &rr)?;
+    let ns = rr.namespace.clone().unwrap_or_default();
+    let name = rr.name.clone().unwrap_or_default();
+    let uid = str_at(&pod, "metadata.uid").unwrap_or_default().to_string();
+    let target = spdy_portforward::Target {
+        namespace: ns.clone(),
+        pod: name.clone(),
+        uid: uid.clone(),
+    };
+    // Over SPDY the port travels in each stream's headers; the query is not needed.
+    if !ws::is_upgrade(req.headers()) {
+        if !spdy::is_upgrade(req.headers()) {
+            return Err(ws::upgrade_required());
+        }
+        let protocol = match spdy::negotiate(req.headers(), &[spdy_portforward::PROTOCOL]) {
+            Ok(p) => p,
+            Err(r) => return Ok(*r),
+        };
+        state.record_session("portforward", "spdy", protocol);
+        let st = state.clone();
+        return Ok(spdy::accept(&state, req, protocol, move |h, ev| {
+            spdy_portforward::session(st, h, ev, target)
+        }));
+    }
+    if ws::choose(req.headers(), &[spdy_portforward::TUNNEL_PROTOCOL]).is_some() {
+        state.record_session(
+            "portforward",
+            "spdy-over-websocket",
+            spdy_portforward::PROTOCOL,
+        );
+        let st = state.clone();
+        return ws::accept(
+            &state,
+            req,
+            spdy_portforward::TUNNEL_PROTOCOL,
+            move |ws| async move {
+                spdy::tunnel::serve(ws, move |h, ev| {
+                    spdy_portforward::session(st, h, ev, target)
+                })
+                .await
+            },
+        );
+    }
     let mut ports: Vec<u16> = Vec::new();
     for p in ctx.query.all("ports").iter().flat_map(|v| {
         v.split(',')
@@ -57,18 +101,13 @@ pub(crate) fn handle(
             "at most {MAX_PORTS} ports per request"
         )));
     }
-    if !ws::is_upgrade(req.headers()) {
-        return Err(ws::upgrade_required());
-    }
     let protocol = ws::choose(req.headers(), &[ws::V4]).ok_or_else(|| {
         ApiError::bad_request(format!(
-            "none of the offered subprotocols {:?} is supported (want v4.channel.k8s.io)",
+            "none of the offered subprotocols {:?} is supported (want v4.channel.k8s.io or SPDY/3.1+portforward.k8s.io)",
             ws::offered(req.headers())
         ))
     })?;
-    let ns = rr.namespace.clone().unwrap_or_default();
-    let name = rr.name.clone().unwrap_or_default();
-    let uid = str_at(&pod, "metadata.uid").unwrap_or_default().to_string();
+    state.record_session("portforward", "websocket", protocol);
     let targets: Vec<Option<SocketAddr>> = {
         let map = state.ports.lock().map(|m| m.clone()).unwrap_or_default();
         ports
@@ -79,6 +118,13 @@ pub(crate) fn handle(
     ws::accept(&state, req, protocol, move |ws| {
         run(ws, ports, targets, uid, ns)
     })
+}
+
+/// What the runtime reports when the pod's port cannot be reached.
+pub(crate) fn connect_error(port: u16, uid: &str, ns: &str, why: &str) -> String {
+    format!(
+        "error forwarding port {port} to pod {uid}, uid : failed to connect to localhost:{port} inside namespace \"{ns}\", IPv4: {why}"
+    )
 }
 
 async fn run(ws: Ws2, ports: Vec<u16>, targets: Vec<Option<SocketAddr>>, uid: String, ns: String) {
@@ -127,9 +173,7 @@ async fn run(ws: Ws2, ports: Vec<u16>, targets: Vec<Option<SocketAddr>>, uid: St
             }
             Err(e) => {
                 writers.push(None);
-                let msg = format!(
-                    "error forwarding port {port} to pod {uid}, uid : failed to connect to localhost:{port} inside namespace \"{ns}\", IPv4: {e}"
-                );
+                let msg = connect_error(*port, &uid, &ns, &e);
                 let _ = out_tx.send(frame(err_ch, msg.as_bytes())).await;
             }
         }

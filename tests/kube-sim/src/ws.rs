@@ -62,10 +62,11 @@ pub fn choose(headers: &HeaderMap, supported: &[&'static str]) -> Option<&'stati
         .find(|s| offered.iter().any(|o| o == s))
 }
 
-/// Why a non-WebSocket request to a streaming endpoint is refused: SPDY is not spoken here.
+/// Why a request to a streaming endpoint that upgrades to neither WebSocket nor SPDY is
+/// refused.
 pub fn upgrade_required() -> ApiError {
     ApiError::bad_request(
-        "Upgrade request required: this server speaks only WebSocket (v5.channel.k8s.io, v4.channel.k8s.io) for streaming subresources",
+        "Upgrade request required: streaming subresources need an Upgrade to websocket (v5.channel.k8s.io, v4.channel.k8s.io) or SPDY/3.1",
     )
 }
 

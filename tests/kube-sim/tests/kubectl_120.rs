@@ -1,5 +1,6 @@
 //! Debian's kubectl 1.20 (legacy discovery, no WebSocket) against kube-sim: discovery,
-//! CRUD, server-side apply, patches, scale, logs and `--as`. kubectl 1.20 validates with a
+//! CRUD, server-side apply, patches, scale, logs and `--as`; exec, attach and port-forward
+//! over SPDY/3.1. kubectl 1.20 validates with a
 //! protobuf OpenAPI v2 document the server does not serve, so writes pass
 //! `--validate=false`. Skipped with a message when `scripts/setup.sh` has not run.
 
@@ -37,14 +38,18 @@ impl Kubectl {
         Some(Self { bin, dir })
     }
 
-    async fn run_as(&self, user: &str, args: &[&str]) -> Out {
+    fn cmd(&self, user: &str, args: &[&str]) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(&self.bin);
         c.arg("--kubeconfig")
             .arg(self.dir.path().join(user))
             .args(args);
         c.env("HOME", self.dir.path())
             .env("KUBECACHEDIR", self.dir.path().join("cache"));
-        run(c, T).await
+        c
+    }
+
+    async fn run_as(&self, user: &str, args: &[&str]) -> Out {
+        run(self.cmd(user, args), T).await
     }
 
     async fn ok(&self, args: &[&str]) -> String {
@@ -281,5 +286,263 @@ async fn kubectl_120_suite() {
             .await
             .contains("pod/p1")
     );
+    sim.shutdown().await;
+}
+
+/// exec over SPDY/3.1 (`v4.channel.k8s.io`): stdin reaches the process, stdout and stderr
+/// come back on their own streams, and the exit code becomes kubectl's.
+#[tokio::test]
+async fn kubectl_120_exec_and_attach_over_spdy() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    let mut c = k.cmd(
+        "admin",
+        &[
+            "exec",
+            "-i",
+            "p1",
+            "--",
+            "sh",
+            "-c",
+            "cat; echo oops >&2; exit 3",
+        ],
+    );
+    c.kill_on_drop(true)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"through stdin\n").await.unwrap();
+        // Dropping stdin is EOF: kubectl half-closes the stdin stream.
+    }
+    let out = tokio::time::timeout(T, child.wait_with_output())
+        .await
+        .expect("exec finished in time")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stdout:?} {stderr:?}");
+    assert_eq!(stdout, "through stdin\n");
+    assert!(stderr.contains("oops\n"), "{stderr:?}");
+    assert!(
+        stderr.contains("command terminated with exit code 3"),
+        "{stderr:?}"
+    );
+
+    let ok = k
+        .run_as(
+            "admin",
+            &["exec", "p1", "--", "sh", "-c", "echo fine; echo warn >&2"],
+        )
+        .await;
+    assert_eq!(ok.code, Some(0), "{ok:?}");
+    assert_eq!(ok.stdout, "fine\n");
+    assert_eq!(ok.stderr, "warn\n");
+    let missing = k
+        .run_as("admin", &["exec", "p1", "--", "/nonexistent/tool"])
+        .await;
+    assert_ne!(missing.code, Some(0), "{missing:?}");
+    assert!(
+        missing.stderr.contains("no such file or directory")
+            || missing.stderr.contains("No such file or directory"),
+        "{missing:?}"
+    );
+
+    // A client that goes away takes its process with it.
+    let mut c = k.cmd(
+        "admin",
+        &["exec", "p1", "--", "sh", "-c", "echo $$; exec sleep 300"],
+    );
+    c.kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let mut line = String::new();
+    {
+        use tokio::io::AsyncBufReadExt;
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        tokio::time::timeout(T, out.read_line(&mut line))
+            .await
+            .expect("the process reports its pid")
+            .unwrap();
+    }
+    let pid: u32 = line.trim().parse().expect("a pid");
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                // The state follows the parenthesised command name.
+                let state = s.rsplit(')').next().unwrap_or_default().trim_start();
+                !state.starts_with('Z') && !state.starts_with('X')
+            })
+            .unwrap_or(false)
+    };
+    assert!(alive(pid), "sleep {pid} should be running");
+    child.kill().await.unwrap();
+    let mut gone = false;
+    for _ in 0..100 {
+        if !alive(pid) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "process {pid} outlived its exec session");
+
+    // RBAC is checked before the upgrade.
+    let bob = k.run_as("bob", &["exec", "p1", "--", "true"]).await;
+    assert!(
+        bob.stderr.contains("cannot create resource \"pods/exec\""),
+        "{bob:?}"
+    );
+
+    // attach: typed lines go into the container's log, which comes back on stdout.
+    let mut a = k.cmd("admin", &["attach", "-i", "p1", "-c", "c1"]);
+    a.kill_on_drop(true)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = a.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    tokio::time::timeout(T, async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = [0u8; 256];
+        // kubectl may start reading after the first line was typed: keep typing (a bounded
+        // number of times) until the echo shows up.
+        for _ in 0..100 {
+            stdin.write_all(b"typed into attach\n").await.unwrap();
+            let n = tokio::time::timeout(Duration::from_millis(300), stdout.read(&mut buf)).await;
+            if let Ok(Ok(n)) = n {
+                assert!(n > 0, "attach ended early: {seen}");
+                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            if seen.contains("typed into attach") {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("attach echoes typed input");
+    assert!(seen.contains("typed into attach"), "{seen}");
+    drop(stdin);
+    let status = tokio::time::timeout(T, child.wait())
+        .await
+        .expect("attach ends after stdin closes")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let logs = k.ok(&["logs", "p1", "-c", "c1"]).await;
+    assert!(logs.contains("typed into attach"), "{logs}");
+
+    let sessions = sim.stream_sessions();
+    assert!(
+        sessions.iter().any(|s| s.subresource == "exec"
+            && s.transport == "spdy"
+            && s.protocol == "v4.channel.k8s.io"),
+        "{sessions:?}"
+    );
+    assert!(
+        sessions
+            .iter()
+            .any(|s| s.subresource == "attach" && s.transport == "spdy"),
+        "{sessions:?}"
+    );
+    sim.shutdown().await;
+}
+
+/// port-forward over SPDY/3.1 (`portforward.k8s.io`): real bytes to a local echo server,
+/// several connections in turn, and an unregistered port reported on the error stream.
+#[tokio::test]
+async fn kubectl_120_port_forward_over_spdy() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    let (echo, echo_task) = common::echo_server().await;
+    sim.add_pod_port("default", "p1", 8080, echo);
+    let mut pf = k.cmd(
+        "admin",
+        &[
+            "port-forward",
+            "--address",
+            "127.0.0.1",
+            "pod/p1",
+            ":8080",
+            ":9090",
+        ],
+    );
+    pf.kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = pf.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let ports = common::forwarded_ports(&mut stdout, 2, T).await;
+    let local = |remote: u16| {
+        ports
+            .iter()
+            .find(|(_, r)| *r == remote)
+            .map(|(l, _)| *l)
+            .unwrap_or_else(|| panic!("no local port for {remote}: {ports:?}"))
+    };
+    // Nothing listens behind 9090: the error stream says so and the connection closes.
+    let refused = common::echo_through(local(9090), b"anyone?", T).await;
+    assert!(refused.is_empty(), "{refused:?}");
+    let data = common::payload(3 * 1024 * 1024 + 17);
+    for round in 0..3 {
+        let back = common::echo_through(local(8080), &data, T).await;
+        assert_eq!(back.len(), data.len(), "round {round}");
+        assert_eq!(common::fnv64(&back), common::fnv64(&data), "round {round}");
+    }
+    let sessions = sim.stream_sessions();
+    assert_eq!(
+        sessions
+            .iter()
+            .filter(|s| s.subresource == "portforward")
+            .map(|s| (s.transport.as_str(), s.protocol.as_str()))
+            .collect::<Vec<_>>(),
+        vec![("spdy", "portforward.k8s.io")],
+    );
+    assert!(child.try_wait().unwrap().is_none(), "port-forward exited");
+    child.kill().await.unwrap();
+    let mut stderr = String::new();
+    {
+        use tokio::io::AsyncReadExt;
+        let mut e = child.stderr.take().unwrap();
+        let _ = tokio::time::timeout(T, e.read_to_string(&mut stderr)).await;
+    }
+    assert!(
+        stderr.contains("error forwarding port 9090 to pod"),
+        "{stderr}"
+    );
+    echo_task.abort();
+    sim.shutdown().await;
+}
+
+/// `kubectl cp` runs tar through exec: a file of a few MiB goes in over stdin and comes
+/// back over stdout. The "container" is this machine, so both ends are temporary
+/// directories.
+#[tokio::test]
+async fn kubectl_120_cp_over_spdy() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    let pod_dir = tempfile::tempdir().unwrap();
+    let data = common::payload(3 * 1024 * 1024 + 3);
+    let src = k.file("payload.bin", "");
+    std::fs::write(&src, &data).unwrap();
+    let in_pod = pod_dir.path().join("copied.bin");
+    let dest = format!("p1:{}", in_pod.display());
+    let up = k.run_as("admin", &["cp", &src, &dest]).await;
+    assert_eq!(up.code, Some(0), "{up:?}");
+    let there = std::fs::read(&in_pod).unwrap();
+    assert_eq!(common::fnv64(&there), common::fnv64(&data));
+    let back = k.dir.path().join("back.bin");
+    let down = k
+        .run_as("admin", &["cp", &dest, back.to_str().unwrap()])
+        .await;
+    assert_eq!(down.code, Some(0), "{down:?}");
+    let here = std::fs::read(&back).unwrap();
+    assert_eq!(here.len(), data.len());
+    assert_eq!(common::fnv64(&here), common::fnv64(&data));
     sim.shutdown().await;
 }

@@ -1,5 +1,6 @@
 //! kubectl 1.33 (a client we did not write) against kube-sim: discovery, get, server-side
-//! apply, explain, patches, scale, rollout, delete, logs, exec over WebSocket v5, whoami,
+//! apply, explain, patches, scale, rollout, delete, logs, exec over WebSocket v5 and SPDY,
+//! port-forward over SPDY inside WebSocket and over plain SPDY, whoami,
 //! watch. Skipped with a message when kubectl 1.33 is not installed.
 
 mod common;
@@ -621,6 +622,103 @@ async fn typed_create_commands_send_protobuf() {
         k.ok(&["create", "token", "default"])
             .await
             .starts_with("kube-sim-token-")
+    );
+    sim.shutdown().await;
+}
+
+/// port-forward: kubectl 1.33 tunnels SPDY inside a WebSocket
+/// (`SPDY/3.1+portforward.k8s.io`); with the WebSocket path switched off it upgrades
+/// straight to SPDY/3.1. Both move real bytes to a local echo server.
+#[tokio::test]
+async fn port_forward_spdy_over_websocket_and_plain_spdy() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    let (echo, echo_task) = common::echo_server().await;
+    sim.add_pod_port("default", "p1", 8080, echo);
+    let data = common::payload(2 * 1024 * 1024 + 5);
+    for (websockets, transport) in [("true", "spdy-over-websocket"), ("false", "spdy")] {
+        let mut pf = k.cmd(
+            "admin",
+            &["port-forward", "--address", "127.0.0.1", "pod/p1", ":8080"],
+        );
+        pf.env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)
+            .kill_on_drop(true)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut child = pf.spawn().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let ports = common::forwarded_ports(&mut stdout, 1, T).await;
+        assert_eq!(ports[0].1, 8080);
+        for round in 0..2 {
+            let back = common::echo_through(ports[0].0, &data, T).await;
+            assert_eq!(back.len(), data.len(), "{transport} round {round}");
+            assert_eq!(
+                common::fnv64(&back),
+                common::fnv64(&data),
+                "{transport} round {round}"
+            );
+        }
+        let last = sim.stream_sessions().pop().expect("a recorded session");
+        assert_eq!(
+            (
+                last.subresource.as_str(),
+                last.transport.as_str(),
+                last.protocol.as_str()
+            ),
+            ("portforward", transport, "portforward.k8s.io")
+        );
+        assert!(child.try_wait().unwrap().is_none(), "port-forward exited");
+        child.kill().await.unwrap();
+    }
+    echo_task.abort();
+    sim.shutdown().await;
+}
+
+/// exec with the WebSocket path switched off: kubectl 1.33 falls back to SPDY/3.1 and
+/// negotiates `v4.channel.k8s.io`.
+#[tokio::test]
+async fn exec_over_spdy() {
+    let sim = common::start().await;
+    let Some(k) = Kubectl::new(&sim) else { return };
+    let mut c = k.cmd(
+        "admin",
+        &[
+            "exec",
+            "-i",
+            "p1",
+            "--",
+            "sh",
+            "-c",
+            "tr a-z A-Z; echo err >&2; exit 7",
+        ],
+    );
+    c.env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")
+        .kill_on_drop(true)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"shout\n").await.unwrap();
+    }
+    let out = tokio::time::timeout(T, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "SHOUT\n");
+    assert!(stderr.contains("err\n"), "{stderr}");
+    assert!(
+        stderr.contains("command terminated with exit code 7"),
+        "{stderr}"
+    );
+    let last = sim.stream_sessions().pop().expect("a recorded session");
+    assert_eq!(
+        (last.transport.as_str(), last.protocol.as_str()),
+        ("spdy", "v4.channel.k8s.io")
     );
     sim.shutdown().await;
 }

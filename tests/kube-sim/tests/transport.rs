@@ -206,7 +206,7 @@ async fn http2_and_http1_with_status_errors() {
         .insert("impersonate-group", http::HeaderValue::from_static("devs"));
     let (code, v) = body_json(h1.send_request(r).await.unwrap()).await;
     assert_eq!((code, v["reason"].as_str()), (500, Some("InternalError")));
-    // Exec without a WebSocket upgrade (a SPDY client) is told what is spoken here.
+    // Exec without any upgrade is told what is spoken here.
     let (code, v) = body_json(
         h1.send_request(req(
             "POST",
@@ -219,7 +219,11 @@ async fn http2_and_http1_with_status_errors() {
     )
     .await;
     assert_eq!(code, 400);
-    assert!(v["message"].as_str().unwrap().contains("v5.channel.k8s.io"));
+    let msg = v["message"].as_str().unwrap();
+    assert!(
+        msg.contains("v5.channel.k8s.io") && msg.contains("SPDY/3.1"),
+        "{msg}"
+    );
     sim.shutdown().await;
 }
 

@@ -123,3 +123,99 @@ pub async fn run(mut cmd: tokio::process::Command, timeout: Duration) -> Out {
         Err(_) => panic!("{cmd:?} did not finish within {timeout:?}"),
     }
 }
+
+/// A loopback echo server: each connection gets back what it sends, then EOF once the
+/// client has half-closed. Runs until the returned task is aborted (or the runtime ends).
+pub async fn echo_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                use tokio::io::AsyncWriteExt;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Reads `kubectl port-forward` output until it has named `n` local ports it listens on
+/// (`Forwarding from 127.0.0.1:LOCAL -> REMOTE`); returns (local, remote) pairs.
+pub async fn forwarded_ports(
+    out: &mut tokio::process::ChildStdout,
+    n: usize,
+    timeout: Duration,
+) -> Vec<(u16, u16)> {
+    use tokio::io::AsyncReadExt;
+    let mut text = String::new();
+    let mut buf = [0u8; 256];
+    let parse = |text: &str| -> Vec<(u16, u16)> {
+        text.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("Forwarding from 127.0.0.1:")?;
+                let (local, remote) = rest.split_once(" -> ")?;
+                Some((local.trim().parse().ok()?, remote.trim().parse().ok()?))
+            })
+            .collect()
+    };
+    tokio::time::timeout(timeout, async {
+        loop {
+            let found = parse(&text);
+            if found.len() >= n {
+                return found;
+            }
+            let got = out.read(&mut buf).await.unwrap();
+            assert!(got > 0, "port-forward ended before listening: {text}");
+            text.push_str(&String::from_utf8_lossy(&buf[..got]));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("port-forward did not report its ports: {text}"))
+}
+
+/// A deterministic pseudo-random payload.
+pub fn payload(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// FNV-1a, 64 bits: a checksum to compare what went out with what came back.
+pub fn fnv64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Connects to a forwarded local port, sends `data` (then half-closes) while reading, and
+/// returns everything read until EOF.
+pub async fn echo_through(port: u16, data: &[u8], timeout: Duration) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the forwarded port");
+    let (mut r, mut w) = s.into_split();
+    let send = async {
+        for chunk in data.chunks(64 * 1024) {
+            w.write_all(chunk).await.unwrap();
+        }
+        w.shutdown().await.unwrap();
+    };
+    let recv = async {
+        let mut got = Vec::with_capacity(data.len());
+        r.read_to_end(&mut got).await.unwrap();
+        got
+    };
+    tokio::time::timeout(timeout, async { tokio::join!(send, recv).1 })
+        .await
+        .expect("echo through port-forward finished in time")
+}
