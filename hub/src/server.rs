@@ -142,7 +142,7 @@ impl Hub {
             let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(quic_tls)
                 .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
             let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-            server.transport_config(Arc::new(quic::transport_config(&quic_settings)));
+            server.transport_config(Arc::new(quic::hub_transport_config(&quic_settings)));
             // A stateless-reset key kept in the store: after a crash the
             // restarted hub's resets of old connections are recognised by
             // the agents, which reconnect at once instead of waiting for

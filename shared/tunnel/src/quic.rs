@@ -63,6 +63,15 @@ pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     t
 }
 
+/// The hub's side: like [`transport_config`], but accepting no streams.
+/// The agent opens none, and quinn sets aside state for every stream a
+/// peer may open (1,024 would be most of an idle tunnel's memory).
+pub fn hub_transport_config(s: &QuicSettings) -> TransportConfig {
+    let mut t = transport_config(s);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
+    t
+}
+
 fn quic_tls_error(e: impl std::fmt::Display) -> TunnelError {
     TunnelError::Tls(format!("QUIC needs TLS 1.3 with AES-128-GCM: {e}"))
 }
@@ -77,7 +86,7 @@ pub fn hub_endpoint(
 ) -> Result<Endpoint> {
     let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    config.transport_config(Arc::new(transport_config(settings)));
+    config.transport_config(Arc::new(hub_transport_config(settings)));
     // The agent is the QUIC client but opens no streams of its own.
     Ok(Endpoint::server(config, addr)?)
 }
