@@ -177,6 +177,7 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
         max_port_forward: cli.max_port_forward_sessions,
         idle: std::time::Duration::from_secs(cli.session_idle_secs.max(1)),
     };
+    services.runtime.gauges = config.gauges.clone();
     // kubectl's requests through the hub use the agent's own client; the
     // proxy adds the caller's impersonation headers itself.
     let proxy = crate::kube_proxy::KubeProxy::new(access.agent().clone());

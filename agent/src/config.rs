@@ -47,6 +47,9 @@ pub struct AgentConfig {
     pub backoff_cap: Duration,
     /// Renew when this fraction of the certificate's life has passed.
     pub renew_at: f64,
+    /// Live counts of streams and sessions; share it with the services
+    /// ([`crate::runtime::RuntimeConfig::gauges`]) so one place shows both.
+    pub gauges: std::sync::Arc<crate::gauges::Gauges>,
     /// While connected over a transport ranked below the first, try the
     /// better ones this often (with jitter) and switch when one works;
     /// zero never tries.
@@ -71,6 +74,7 @@ impl AgentConfig {
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(30),
             renew_at: 2.0 / 3.0,
+            gauges: Default::default(),
             transport_retry: Duration::from_secs(120),
         }
     }

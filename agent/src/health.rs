@@ -1,6 +1,7 @@
 //! Liveness and readiness over plain HTTP for the kubelet's probes:
 //! `/healthz` answers while the process runs, `/readyz` only while a tunnel
-//! to the hub is up.
+//! to the hub is up; `/metrics` has the live counts ([`crate::gauges`]) in
+//! Prometheus' text format.
 
 use std::{convert::Infallible, net::SocketAddr};
 
@@ -10,12 +11,13 @@ use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::AgentStatus;
+use crate::{AgentStatus, gauges::Gauges};
 
 /// Serves the probes on `listener` until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
     status: watch::Receiver<AgentStatus>,
+    gauges: std::sync::Arc<Gauges>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -23,20 +25,22 @@ pub async fn serve(
             r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
             _ = shutdown.cancelled() => return,
         };
-        let status = status.clone();
+        let (status, gauges) = (status.clone(), gauges.clone());
         tokio::spawn(async move {
             let service =
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let ready = status.borrow().connected.is_some();
+                    let now = status.borrow().clone();
+                    let ready = now.connected.is_some();
+                    let metrics = (req.uri().path() == "/metrics").then(|| gauges.render(&now));
                     async move {
-                        let (code, text) = match req.uri().path() {
-                            "/healthz" => (200, "ok"),
-                            "/readyz" if ready => (200, "tunnel up"),
-                            "/readyz" => (503, "no tunnel to the hub"),
-                            _ => (404, "not found"),
+                        let (code, text): (u16, Bytes) = match (req.uri().path(), metrics) {
+                            (_, Some(m)) => (200, m.into()),
+                            ("/healthz", _) => (200, "ok".into()),
+                            ("/readyz", _) if ready => (200, "tunnel up".into()),
+                            ("/readyz", _) => (503, "no tunnel to the hub".into()),
+                            _ => (404, "not found".into()),
                         };
-                        let mut resp =
-                            http::Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+                        let mut resp = http::Response::new(Full::new(text));
                         *resp.status_mut() =
                             http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::OK);
                         Ok::<_, Infallible>(resp)

@@ -11,7 +11,8 @@
 //! - [`backoff`] — the reconnect schedule, sans IO.
 //! - [`kube_proxy`] — kubectl's requests, forwarded by the hub, sent to the
 //!   local apiserver as the caller (impersonation).
-//! - [`health`] — `/healthz` and `/readyz` for the kubelet.
+//! - [`health`] — `/healthz` and `/readyz` for the kubelet, `/metrics`.
+//! - [`gauges`] — live counts of tunnel streams and sessions.
 //! - [`services`] — the gRPC services the agent serves, wired together:
 //!   - [`kube`] — the agent's Kubernetes client and the impersonating
 //!     clients per caller;
@@ -28,6 +29,7 @@ pub mod config;
 pub mod convert;
 pub mod discovery;
 pub mod enroll;
+pub mod gauges;
 pub mod health;
 pub mod kube;
 pub mod kube_proxy;
@@ -90,6 +92,23 @@ pub enum AgentError {
     Tunnel(#[from] otter_tunnel::TunnelError),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl AgentError {
+    /// The hub's retry-after hint, when the hub turned this attempt away
+    /// because it is busy (paced tunnel admission or registration).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Tunnel(t) => t.retry_after(),
+            Self::Register(s) => s
+                .metadata()
+                .get(otter_tunnel::pace::GRPC_RETRY_AFTER_MS)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .map(std::time::Duration::from_millis),
+            _ => None,
+        }
+    }
 }
 
 /// Result alias for the agent.

@@ -62,6 +62,8 @@ const INPUT_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Default)]
 pub struct RuntimeConfig {
     pub sessions: Limits,
+    /// Where live sessions are counted.
+    pub gauges: Arc<crate::gauges::Gauges>,
 }
 
 enum Input {
@@ -89,6 +91,7 @@ pub struct Runtime {
     kube: KubeAccess,
     catalog: Arc<Catalog>,
     sessions: Table,
+    gauges: Arc<crate::gauges::Gauges>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -128,6 +131,7 @@ impl Runtime {
             kube,
             catalog,
             sessions,
+            gauges: config.gauges,
         }
     }
 
@@ -160,6 +164,7 @@ impl Runtime {
             SessionGuard {
                 id,
                 table: self.sessions.clone(),
+                _counted: self.gauges.session(kind),
             },
             rx,
             reaped,
@@ -207,6 +212,7 @@ impl Runtime {
 struct SessionGuard {
     id: String,
     table: Table,
+    _counted: crate::gauges::Held,
 }
 
 impl SessionGuard {

@@ -33,6 +33,13 @@ pub struct AgentStatus {
     pub renewals: u32,
     /// Tunnels established so far.
     pub connects: u32,
+    /// Dial rounds so far (each tries the transports in order).
+    pub dials: u32,
+    /// Dials the hub refused with a retry-after hint (too many agents
+    /// connecting or registering at once).
+    pub refusals: u32,
+    /// The hint of the last refusal.
+    pub last_retry_after: Option<Duration>,
     /// Switches to a better transport made while connected.
     pub switches: u32,
     /// Serial of the current certificate.
@@ -48,6 +55,7 @@ pub struct AgentStatus {
 #[derive(Debug)]
 pub struct Agent {
     status: watch::Receiver<AgentStatus>,
+    gauges: Arc<crate::gauges::Gauges>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -70,6 +78,7 @@ impl Agent {
         let (tx, rx) = watch::channel(AgentStatus::default());
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let gauges = config.gauges.clone();
         tasks.spawn(run(
             config,
             routes,
@@ -80,6 +89,7 @@ impl Agent {
         ));
         Ok(Agent {
             status: rx,
+            gauges,
             shutdown,
             tasks,
         })
@@ -94,11 +104,18 @@ impl Agent {
         self.status.clone()
     }
 
-    /// Serves `/healthz` and `/readyz` on `listener` for as long as the agent runs.
+    /// Live counts of tunnel streams and sessions.
+    pub fn gauges(&self) -> &Arc<crate::gauges::Gauges> {
+        &self.gauges
+    }
+
+    /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` for as
+    /// long as the agent runs.
     pub fn serve_health(&self, listener: tokio::net::TcpListener) {
         self.tasks.spawn(crate::health::serve(
             listener,
             self.status.clone(),
+            self.gauges.clone(),
             self.shutdown.clone(),
         ));
     }
@@ -162,8 +179,19 @@ async fn run(
                 Ok(c) => creds = Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "register failed");
-                    status.send_modify(|s| s.last_error = e.to_string());
-                    if !pause(&mut backoff, &shutdown).await {
+                    let hint = e.retry_after();
+                    status.send_modify(|s| {
+                        s.last_error = e.to_string();
+                        if hint.is_some() {
+                            s.refusals += 1;
+                            s.last_retry_after = hint;
+                        }
+                    });
+                    let go_on = match hint {
+                        Some(after) => pause_at_least(after, &mut backoff, &shutdown).await,
+                        None => pause(&mut backoff, &shutdown).await,
+                    };
+                    if !go_on {
                         return;
                     }
                     continue;
@@ -175,27 +203,44 @@ async fn run(
         };
 
         // Connect: transports in the configured order, first that works.
+        // A tunnel counts once the hub has admitted it, which it shows by
+        // opening the first stream; a hub that is busy says when to come
+        // back instead, and then no other transport is tried either.
+        status.send_modify(|s| s.dials += 1);
         let mut attempts = Vec::new();
-        let mut acceptor: Option<Box<dyn AcceptorDyn>> = None;
+        let mut up: Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> = None;
+        let mut hint = None;
         for kind in &dial_order(&config.transports, last_good) {
-            match dial(&config, &current, *kind).await {
-                Ok(a) => {
+            match dial_admitted(&config, &current, *kind).await {
+                Ok(pair) => {
                     attempts.push((*kind, Ok(())));
-                    acceptor = Some(a);
+                    up = Some(pair);
                     break;
                 }
                 Err(e) => {
                     tracing::info!(transport = %kind, error = %e, "transport failed");
                     attempts.push((*kind, Err(e.to_string())));
+                    if let Some(after) = e.retry_after() {
+                        hint = Some(after);
+                        break;
+                    }
                 }
             }
         }
-        let Some(mut acceptor) = acceptor else {
+        let Some((mut acceptor, first)) = up else {
             status.send_modify(|s| {
                 s.last_error = format!("no transport worked: {attempts:?}");
                 s.attempts = attempts;
+                if hint.is_some() {
+                    s.refusals += 1;
+                    s.last_retry_after = hint;
+                }
             });
-            if !pause(&mut backoff, &shutdown).await {
+            let go_on = match hint {
+                Some(after) => pause_at_least(after, &mut backoff, &shutdown).await,
+                None => pause(&mut backoff, &shutdown).await,
+            };
+            if !go_on {
                 return;
             }
             continue;
@@ -212,6 +257,18 @@ async fn run(
             s.proxy = config.proxy.as_ref().map(|p| p.display());
         });
         backoff.reset();
+        let own = |diag: &bytes::Bytes| otter_tunnel::http::AgentSelf {
+            diag: Some(diag.clone()),
+            renew: Some(renew_now.clone()),
+        };
+        serve_one(
+            &tasks,
+            first,
+            &routes,
+            kube.as_ref(),
+            own(&diag),
+            &config.gauges,
+        );
 
         // Serve until the tunnel ends; renew in the meantime without dropping
         // it, and move to a better transport when one works again.
@@ -228,11 +285,7 @@ async fn run(
             tokio::select! {
                 next = acceptor.accept_dyn() => match next {
                     Ok(Some(stream)) => {
-                        let own = otter_tunnel::http::AgentSelf {
-                            diag: Some(diag.clone()),
-                            renew: Some(renew_now.clone()),
-                        };
-                        serve_one(&tasks, stream, &routes, kube.as_ref(), own);
+                        serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag), &config.gauges);
                     }
                     Ok(None) => break "hub closed the tunnel".to_owned(),
                     Err(e) => break e.to_string(),
@@ -264,8 +317,8 @@ async fn run(
                     let this = generation;
                     tasks.spawn(async move {
                         for k in better {
-                            if let Ok(a) = dial(&config, &creds, k).await {
-                                let _ = tx.send((this, Some(a))).await;
+                            if let Ok(pair) = dial_admitted(&config, &creds, k).await {
+                                let _ = tx.send((this, Some(pair))).await;
                                 return;
                             }
                         }
@@ -277,7 +330,7 @@ async fn run(
                         continue; // from a tunnel that is gone; dropping it closes it
                     }
                     probing = false;
-                    let Some(better) = found else {
+                    let Some((better, first)) = found else {
                         probe_at = next_probe(&config, kind);
                         continue;
                     };
@@ -287,14 +340,11 @@ async fn run(
                     let old = std::mem::replace(&mut acceptor, better);
                     let new_kind = acceptor.kind_dyn();
                     tracing::info!(from = %kind, to = %new_kind, "switched to a better transport");
-                    let own = otter_tunnel::http::AgentSelf {
-                        diag: Some(diag.clone()),
-                        renew: Some(renew_now.clone()),
-                    };
-                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own, shutdown.clone()));
+                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag), config.gauges.clone(), shutdown.clone()));
                     kind = new_kind;
                     last_good = Some(kind);
                     diag = diagnosis(&config, &[(kind, Ok(()))]);
+                    serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag), &config.gauges);
                     probe_at = next_probe(&config, kind);
                     status.send_modify(|s| {
                         s.connected = Some(kind);
@@ -385,13 +435,17 @@ fn serve_one(
     routes: &tonic::service::Routes,
     kube: Option<&crate::kube_proxy::KubeProxy>,
     own: otter_tunnel::http::AgentSelf,
+    gauges: &Arc<crate::gauges::Gauges>,
 ) {
     let routes = tower::ServiceExt::<http::Request<otter_tunnel::http::RequestBody>>::map_response(
         routes.clone(),
         oversize_is_resource_exhausted,
     );
     let kube = kube.map(|k| k.service());
+    // Counted for as long as the stream is served, however it ends.
+    let counted = gauges.stream();
     tasks.spawn(async move {
+        let _counted = counted;
         if let Err(e) =
             otter_tunnel::http::serve_stream_full(stream, routes, kube, own, Limits::default())
                 .await
@@ -412,11 +466,12 @@ async fn serve_until_closed(
     routes: tonic::service::Routes,
     kube: Option<crate::kube_proxy::KubeProxy>,
     own: otter_tunnel::http::AgentSelf,
+    gauges: Arc<crate::gauges::Gauges>,
     shutdown: CancellationToken,
 ) {
     let serve = async {
         while let Ok(Some(stream)) = old.accept_dyn().await {
-            serve_one(&tasks, stream, &routes, kube.as_ref(), own.clone());
+            serve_one(&tasks, stream, &routes, kube.as_ref(), own.clone(), &gauges);
         }
     };
     tokio::select! {
@@ -441,6 +496,8 @@ async fn obtain(
                 });
                 return Ok(new);
             }
+            // A busy hub is not a refused renewal: come back later.
+            Err(e) if e.retry_after().is_some() => return Err(e),
             Err(e) => Some(e),
         },
         None => None,
@@ -464,6 +521,43 @@ async fn pause(backoff: &mut Backoff, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(delay) => true,
         _ = shutdown.cancelled() => false,
+    }
+}
+
+/// Sleeps for the hub's hint plus a jittered backoff delay, so agents the
+/// hub turned away together do not come back together; false when shutting
+/// down.
+async fn pause_at_least(
+    after: Duration,
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> bool {
+    let delay = after + backoff.next_delay();
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => true,
+        _ = shutdown.cancelled() => false,
+    }
+}
+
+/// Dials over `kind` and waits (bounded) for the hub to admit the tunnel:
+/// it opens the first stream once it has (the diagnosis request), or closes
+/// the connection with a reason (a paced refusal carries its hint).
+async fn dial_admitted(
+    config: &AgentConfig,
+    creds: &Credentials,
+    kind: TransportKind,
+) -> Result<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> {
+    let mut acceptor = dial(config, creds, kind).await?;
+    let limit = config.connect_timeout;
+    match tokio::time::timeout(limit, acceptor.accept_dyn()).await {
+        Ok(Ok(Some(first))) => Ok((acceptor, first)),
+        Ok(Ok(None)) => Err(AgentError::Connect(
+            "the hub closed the tunnel before admitting it".into(),
+        )),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(AgentError::Connect(format!(
+            "the hub did not admit the tunnel within {limit:?}"
+        ))),
     }
 }
 

@@ -38,6 +38,14 @@ pub struct HubConfig {
     /// over a better transport): long enough for watches and exec sessions
     /// in flight to end on their own; a dead one ends sooner by keepalive.
     pub reconnect_drain_timeout: Duration,
+    /// Tunnels set up at once (handshakes through admission); agents beyond
+    /// it are told to come back after `admission_retry_after`.
+    pub max_concurrent_admissions: usize,
+    /// The hint refused agents get: they wait at least this long, plus jitter.
+    pub admission_retry_after: Duration,
+    /// Register calls served at once (each signs a certificate); more are
+    /// answered Unavailable with the same hint.
+    pub max_concurrent_registrations: usize,
     /// Largest gRPC request message accepted at the front door.
     pub max_request_message: usize,
     /// Browser origins allowed by CORS (exact match; `*` allows any).
@@ -102,6 +110,9 @@ impl HubConfig {
             keepalive: Keepalive::default(),
             max_calls_per_tunnel: 512,
             drain_timeout: Duration::from_secs(30),
+            max_concurrent_admissions: 128,
+            admission_retry_after: Duration::from_secs(1),
+            max_concurrent_registrations: 32,
             reconnect_drain_timeout: Duration::from_secs(15 * 60),
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
@@ -123,6 +134,11 @@ impl HubConfig {
         if self.agent_cert_lifetime < Duration::from_secs(60) {
             return Err(HubError::Config(
                 "agent certificate lifetime must be at least 1 minute".into(),
+            ));
+        }
+        if self.max_concurrent_admissions == 0 || self.max_concurrent_registrations == 0 {
+            return Err(HubError::Config(
+                "max concurrent admissions and registrations must be at least 1".into(),
             ));
         }
         if self.kube_upgrades.per_user == 0 || self.kube_upgrades.per_cluster == 0 {

@@ -271,10 +271,21 @@ impl LinkService for LinkSvc {
             .join_token
             .as_deref()
             .is_none_or(str::is_empty);
-        let result = self.register_inner(request).await;
+        // Signing is the costly part: at most so many at once, the others
+        // are told when to come back (agents honour the hint).
+        let result = match self.state.register_pacer.try_enter() {
+            Ok(_slot) => self.register_inner(request).await,
+            Err(after) => Err(busy(after)),
+        };
         let outcome = match &result {
             Ok(_) if renewal => "renewed",
             Ok(_) => "registered",
+            Err(s)
+                if s.metadata()
+                    .contains_key(otter_tunnel::pace::GRPC_RETRY_AFTER_MS) =>
+            {
+                "busy"
+            }
             Err(s) => match s.code() {
                 tonic::Code::InvalidArgument => "invalid",
                 tonic::Code::Unauthenticated => "unauthenticated",
@@ -408,4 +419,17 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
         proxy: report["proxy"].as_str().map(str::to_owned),
         rtt_micros: t.opener.rtt().map(|d| d.as_micros() as i64),
     }
+}
+
+/// Unavailable with the hub's retry-after hint in the metadata.
+fn busy(after: std::time::Duration) -> Status {
+    let mut s = Status::unavailable(format!(
+        "the hub is busy registering other agents; retry after {} ms",
+        after.as_millis()
+    ));
+    if let Ok(v) = after.as_millis().to_string().parse() {
+        s.metadata_mut()
+            .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
+    }
+    s
 }

@@ -59,6 +59,12 @@ pub struct Metrics {
     pub calls_in_flight: Gauge<i64, AtomicI64>,
     pub tunnel_bytes: Family<DirectionLabel, Counter<u64, AtomicU64>>,
     pub registers: Family<OutcomeLabel, Counter>,
+    pub admissions_in_progress: Gauge<i64, AtomicI64>,
+    pub admissions_peak: Gauge<i64, AtomicI64>,
+    pub admissions_max: Gauge<i64, AtomicI64>,
+    pub tunnel_refusals: Gauge<i64, AtomicI64>,
+    pub registrations_peak: Gauge<i64, AtomicI64>,
+    pub registration_refusals: Gauge<i64, AtomicI64>,
     /// kubectl exec / attach / port-forward connections relayed right now.
     pub kube_upgraded: Gauge<i64, AtomicI64>,
 }
@@ -103,6 +109,42 @@ impl Default for Metrics {
             tunnel_bytes.clone(),
         );
         registry.register("registers", "Register outcomes", registers.clone());
+        let admissions_in_progress = Gauge::<i64, AtomicI64>::default();
+        let admissions_peak = Gauge::<i64, AtomicI64>::default();
+        let admissions_max = Gauge::<i64, AtomicI64>::default();
+        let tunnel_refusals = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "tunnel_admissions_in_progress",
+            "Tunnels being set up right now",
+            admissions_in_progress.clone(),
+        );
+        registry.register(
+            "tunnel_admissions_peak",
+            "The most tunnels set up at once since the hub started",
+            admissions_peak.clone(),
+        );
+        registry.register(
+            "tunnel_admissions_max",
+            "Tunnels the hub sets up at once at most (configured)",
+            admissions_max.clone(),
+        );
+        registry.register(
+            "tunnel_refusals",
+            "Tunnels told to come back later since the hub started",
+            tunnel_refusals.clone(),
+        );
+        let registrations_peak = Gauge::<i64, AtomicI64>::default();
+        let registration_refusals = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "registrations_peak",
+            "The most Register calls served at once since the hub started",
+            registrations_peak.clone(),
+        );
+        registry.register(
+            "registration_refusals",
+            "Register calls told to come back later since the hub started",
+            registration_refusals.clone(),
+        );
         let kube_upgraded = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "kube_upgraded_connections",
@@ -117,6 +159,12 @@ impl Default for Metrics {
             calls_in_flight,
             tunnel_bytes,
             registers,
+            admissions_in_progress,
+            admissions_peak,
+            admissions_max,
+            tunnel_refusals,
+            registrations_peak,
+            registration_refusals,
             kube_upgraded,
         }
     }
@@ -128,6 +176,22 @@ impl Metrics {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// Copies the counts of the tunnel and Register gates in, before a render.
+    pub fn pacers(
+        &self,
+        tunnels: &otter_tunnel::pace::Pacer,
+        registrations: &otter_tunnel::pace::Pacer,
+    ) {
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        let m = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.admissions_in_progress.set(n(tunnels.in_progress()));
+        self.admissions_peak.set(n(tunnels.peak()));
+        self.admissions_max.set(n(tunnels.max()));
+        self.tunnel_refusals.set(m(tunnels.refused()));
+        self.registrations_peak.set(n(registrations.peak()));
+        self.registration_refusals.set(m(registrations.refused()));
     }
 
     pub fn register_outcome(&self, outcome: &str) {

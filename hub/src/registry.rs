@@ -93,6 +93,11 @@ impl Registry {
         }
     }
 
+    /// Forgets every tunnel (the hub is stopping).
+    pub fn clear(&self) {
+        self.write().clear();
+    }
+
     pub fn all(&self) -> Vec<Arc<TunnelEntry>> {
         self.read().values().cloned().collect()
     }

@@ -57,6 +57,10 @@ pub struct HubState {
     pub metrics: Arc<Metrics>,
     /// Signs and verifies manifest URLs.
     pub manifest_key: ring::hmac::Key,
+    /// How many tunnels are set up at once (paced reconnects).
+    pub pacer: Arc<otter_tunnel::pace::Pacer>,
+    /// How many Register calls are served at once.
+    pub register_pacer: Arc<otter_tunnel::pace::Pacer>,
     /// Client of the Rancher management cluster, when one is configured.
     pub rancher: Option<crate::rancher::Rancher>,
     /// Upgraded connections of the Kubernetes API proxy, counted per user
@@ -105,7 +109,7 @@ impl Hub {
             tracing::info!(pruned, "removed long-expired join tokens");
         }
 
-        let api = TcpListener::bind(config.api_listen).await?;
+        let api = bind_tcp(config.api_listen).await?;
         let api_addr = api.local_addr()?;
         let (tunnel_tcp, endpoint_udp) = bind_tunnel_port(config.tunnel_listen).await?;
         let tunnel_addr = tunnel_tcp.local_addr()?;
@@ -138,7 +142,7 @@ impl Hub {
             let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(quic_tls)
                 .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
             let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-            server.transport_config(Arc::new(quic::transport_config(&quic_settings)));
+            server.transport_config(Arc::new(quic::hub_transport_config(&quic_settings)));
             // A stateless-reset key kept in the store: after a crash the
             // restarted hub's resets of old connections are recognised by
             // the agents, which reconnect at once instead of waiting for
@@ -169,6 +173,14 @@ impl Hub {
         };
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
+        let pacer = otter_tunnel::pace::Pacer::new(
+            config.max_concurrent_admissions,
+            config.admission_retry_after,
+        );
+        let register_pacer = otter_tunnel::pace::Pacer::new(
+            config.max_concurrent_registrations,
+            config.admission_retry_after,
+        );
         let state = Arc::new(HubState {
             config,
             store,
@@ -183,6 +195,8 @@ impl Hub {
             metrics: Arc::new(Metrics::default()),
             manifest_key,
             rancher,
+            pacer: pacer.clone(),
+            register_pacer,
             upgrades: Arc::default(),
         });
         let shutdown = CancellationToken::new();
@@ -192,14 +206,20 @@ impl Hub {
             accepted_rx,
             shutdown.clone(),
         ));
-        tasks.spawn(h2::accept_loop(
+        tasks.spawn(h2::accept_loop_paced(
             tunnel_tcp,
             Arc::new(tunnel_tls),
             h2_settings,
             accepted_tx.clone(),
             shutdown.clone(),
+            pacer.clone(),
         ));
-        tasks.spawn(quic::accept_loop(endpoint, accepted_tx, shutdown.clone()));
+        tasks.spawn(quic::accept_loop_paced(
+            endpoint,
+            accepted_tx,
+            shutdown.clone(),
+            pacer,
+        ));
         let routes = api_routes(&state, health_service)?;
         let api_tls = (!state.config.api_plaintext).then(|| Arc::new(api_tls));
         tasks.spawn(serve_api(
@@ -253,6 +273,11 @@ impl Hub {
         for t in self.state.registry.all() {
             t.opener.close("hub shutting down");
         }
+        // The routing table holds the tunnels' connections, and a QUIC
+        // connection holds the endpoint's socket: drop them now rather than
+        // with the last reference to the state, so the port is free when
+        // this returns.
+        self.state.registry.clear();
         self.state.tasks.close();
         if tokio::time::timeout(Duration::from_secs(10), self.state.tasks.wait())
             .await
@@ -308,21 +333,59 @@ async fn open_store(dir: &std::path::Path) -> Result<SledStore> {
 
 /// Binds TCP and UDP on the same port. With port 0 the kernel picks the TCP
 /// port; if that UDP port is taken, try again.
+///
+/// A fixed port still held by the QUIC endpoint of a hub that just stopped
+/// (its closing connections drain for a moment) is waited for, bounded,
+/// so a restart right after a stop finds its port again.
 async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::UdpSocket)> {
-    let mut last_err = None;
-    for _ in 0..16 {
-        let tcp = TcpListener::bind(addr).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut fresh_ports = 0;
+    // Bounded: 16 fresh ports, or the deadline for a fixed one.
+    let last_err = loop {
+        let tcp = bind_tcp(addr).await?;
         let port = tcp.local_addr()?.port();
         match std::net::UdpSocket::bind(SocketAddr::new(addr.ip(), port)) {
             Ok(udp) => return Ok((tcp, udp)),
-            Err(e) if addr.port() == 0 => last_err = Some(e),
-            Err(e) => return Err(e.into()),
+            Err(e) if addr.port() == 0 => {
+                fresh_ports += 1;
+                if fresh_ports >= 16 {
+                    break e;
+                }
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                drop(tcp);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                let at = SocketAddr::new(addr.ip(), port);
+                return Err(std::io::Error::new(e.kind(), format!("UDP {at}: {e}")).into());
+            }
+        }
+    };
+    Err(HubError::from(last_err))
+}
+
+/// Binds a TCP listener; a fixed port still held by a hub of this process
+/// that is just stopping is waited for, bounded (a new process would find
+/// it free; one restarting in place must wait for the old listener to go).
+async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(addr).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && addr.port() != 0
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("TCP {addr}: {e}")).into()),
+            Ok(l) => return Ok(l),
         }
     }
-    Err(last_err.map_or_else(
-        || HubError::Config("no free tunnel port".into()),
-        HubError::from,
-    ))
 }
 
 /// The gRPC services the hub itself implements (the forwarded services
@@ -521,6 +584,7 @@ async fn route(
     if path == "/metrics" && req.method() == http::Method::GET {
         return match crate::auth::authenticate(&state, req.headers()).await {
             Ok(_) => {
+                state.metrics.pacers(&state.pacer, &state.register_pacer);
                 let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
                 resp.headers_mut().insert(
                     http::header::CONTENT_TYPE,

@@ -35,7 +35,10 @@ pub async fn run(
     }
 }
 
-fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
+fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
+    // The tunnel's slot among those being set up: held until the agent
+    // has answered on the tunnel (its diagnosis), freed at once on refusal.
+    let admission = a.admission.take();
     let refuse = |why: String| {
         a.opener.close(&why);
         Err(why)
@@ -90,7 +93,11 @@ fn admit(state: &Arc<HubState>, a: Accepted) -> Result<(), String> {
     gauge.inc();
     tracing::info!(%cluster, agent_id = %entry.agent_id, transport = %a.transport, remote = %a.remote, "tunnel up");
 
-    state.tasks.spawn(fetch_diagnosis(entry.clone()));
+    let diagnosed = entry.clone();
+    state.tasks.spawn(async move {
+        fetch_diagnosis(diagnosed).await;
+        drop(admission);
+    });
     let state = state.clone();
     state.tasks.clone().spawn(async move {
         let reason = entry.opener.closed().await;

@@ -24,7 +24,9 @@ use serde_json::Value as Json;
 use super::{
     client::{FileConfig, Hub, save_file},
     output::{self, struct_to_json},
-    resources, status_error,
+    resources,
+    resume::{self, ResumingWatch, Watched},
+    status_error,
 };
 
 /// `otter login`.
@@ -304,6 +306,8 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
     };
     let kind = rt.kind.clone().unwrap_or_default();
     let mut client = ResourceServiceClient::new(hub.channel.clone());
+    // Where the watch starts: right after the list, so it repeats nothing.
+    let mut listed_at = None;
     let objects: Vec<Json> = match &a.name {
         Some(name) => {
             let r = client
@@ -338,8 +342,9 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
                 }))
                 .await
                 .map_err(status_error)?;
-            r.into_inner()
-                .items
+            let r = r.into_inner();
+            listed_at = r.resource_version.clone().filter(|v| !v.is_empty());
+            r.items
                 .iter()
                 .map(|i| i.object.as_ref().map(struct_to_json).unwrap_or_default())
                 .collect()
@@ -383,23 +388,41 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
     }
     if a.watch {
         let _ = std::io::stdout().flush();
-        let mut stream = client
-            .watch(hub.req(WatchRequest {
-                cluster: Some(a.cluster.clone()),
-                group: rt.group.clone(),
-                version: rt.version.clone(),
-                resource: rt.resource.clone(),
-                namespace: Some(namespace),
-                label_selector: a.selector.clone(),
-                field_selector: a.name.as_ref().map(|n| format!("metadata.name={n}")),
-                resource_version: None,
-            }))
-            .await
-            .map_err(status_error)?
-            .into_inner();
-        let mut seen_initial = false;
-        while let Some(ev) = stream.next().await {
-            let ev = ev.map_err(status_error)?;
+        // From the list's version there are no initial ADDED events to skip.
+        let mut seen_initial = listed_at.is_some();
+        let request = WatchRequest {
+            cluster: Some(a.cluster.clone()),
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            resource: rt.resource.clone(),
+            namespace: Some(namespace),
+            label_selector: a.selector.clone(),
+            field_selector: a.name.as_ref().map(|n| format!("metadata.name={n}")),
+            resource_version: listed_at,
+        };
+        // A lost tunnel or a restarted hub ends the call; it is opened
+        // again from the last version printed, so nothing is missed or
+        // printed twice.
+        let mut watch =
+            ResumingWatch::new(client, request, |m| hub.req(m), resume::Resume::default());
+        while let Some(next) = watch.next().await {
+            let ev = match next.map_err(status_error)? {
+                Watched::Event(ev) => ev,
+                Watched::Resuming {
+                    after,
+                    from,
+                    attempt,
+                } => {
+                    eprintln!(
+                        "watch interrupted ({}); resuming from resourceVersion {} (attempt {attempt})",
+                        after.message(),
+                        from.as_deref().unwrap_or("(none)")
+                    );
+                    // Resumed from a version: no initial events come again.
+                    seen_initial |= from.is_some();
+                    continue;
+                }
+            };
             let ty = ev.r#type.unwrap_or(0);
             if ty == watch_event::Type::Bookmark as i32 {
                 seen_initial = true;

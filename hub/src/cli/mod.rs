@@ -6,11 +6,14 @@
 //! - [`commands`] — one function per client command.
 //! - [`resources`] — resource names as typed, resolved with Discovery.
 //! - [`output`] — tables, ages, YAML.
+//! - [`resume`] — a Watch that is opened again from the last
+//!   resourceVersion when the tunnel or the hub goes away (`get -w`).
 
 pub mod client;
 pub mod commands;
 pub mod output;
 pub mod resources;
+pub mod resume;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -364,6 +367,15 @@ pub struct HubArgs {
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
+    /// Tunnels set up at once; agents beyond it are told to retry later.
+    #[arg(long, default_value_t = 128)]
+    pub max_concurrent_admissions: usize,
+    /// The retry-after hint refused agents get, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub admission_retry_after_ms: u64,
+    /// Register calls served at once; more are told to retry later.
+    #[arg(long, default_value_t = 32)]
+    pub max_concurrent_registrations: usize,
     /// kubectl exec / attach / port-forward connections one user may hold at once (429 beyond).
     #[arg(long, default_value_t = 64)]
     pub kube_upgrades_per_user: usize,
@@ -435,6 +447,9 @@ impl HubArgs {
         c.keepalive =
             otter_tunnel::Keepalive::every(Duration::from_secs(self.keepalive_secs.max(1)));
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
+        c.max_concurrent_admissions = self.max_concurrent_admissions;
+        c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);
+        c.max_concurrent_registrations = self.max_concurrent_registrations;
         c.kube_upgrades = crate::config::KubeUpgradeLimits {
             per_user: self.kube_upgrades_per_user,
             per_cluster: self.kube_upgrades_per_cluster,

@@ -212,6 +212,21 @@ pub async fn accept_loop(
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
 ) {
+    let pacer = crate::pace::Pacer::unlimited();
+    accept_loop_paced(listener, tls, settings, out, shutdown, pacer).await;
+}
+
+/// Like [`accept_loop`], setting up at most what `pacer` allows at once;
+/// the others get the pacer's hint after the TLS handshake (a refusal line
+/// instead of the HTTP/2 preface, or a 503 to the WebSocket upgrade).
+pub async fn accept_loop_paced(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    settings: H2Settings,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+    pacer: Arc<crate::pace::Pacer>,
+) {
     let acceptor = TlsAcceptor::from(tls);
     let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
     loop {
@@ -231,15 +246,34 @@ pub async fn accept_loop(
             return;
         };
         let (acceptor, out, shutdown) = (acceptor.clone(), out.clone(), shutdown.clone());
+        let ticket = pacer.try_enter();
         tokio::spawn(async move {
             let _permit = permit;
             let _ = tcp.set_nodelay(true);
             let handshake = async {
-                let tls = acceptor.accept(tcp).await?;
+                let mut tls = acceptor.accept(tcp).await?;
                 let (_, conn) = tls.get_ref();
                 let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
+                let ws = conn.alpn_protocol() == Some(crate::ws::ALPN);
+                let admission = match ticket {
+                    Ok(a) => a,
+                    Err(after) if ws => {
+                        crate::ws::refuse(Box::new(tls), after).await;
+                        return Ok(None);
+                    }
+                    Err(after) => {
+                        use tokio::io::AsyncWriteExt;
+                        let line = format!("{}\n", crate::pace::reason(after));
+                        let _ = tls
+                            .write_all(&[crate::pace::H2_REFUSED, line.as_bytes()].concat())
+                            .await;
+                        let _ = tls.shutdown().await;
+                        return Ok(None);
+                    }
+                };
                 // The same port serves HTTP/2 directly and HTTP/2 inside a
                 // WebSocket; ALPN tells them apart.
+                let (_, conn) = tls.get_ref();
                 let (opener, transport) = match conn.alpn_protocol() {
                     Some(p) if p == ALPN => (
                         hub_handshake(Box::new(tls), settings).await?,
@@ -257,21 +291,23 @@ pub async fn accept_loop(
                         ));
                     }
                 };
-                Ok::<_, TunnelError>(Accepted {
+                Ok::<_, TunnelError>(Some(Accepted {
                     opener: Arc::new(opener),
                     peer_cert,
                     remote,
                     transport,
-                })
+                    admission: Some(admission),
+                }))
             };
             let accepted = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
                 _ = shutdown.cancelled() => return,
             };
             match accepted {
-                Ok(Ok(a)) => {
+                Ok(Ok(Some(a))) => {
                     let _ = out.send(a).await;
                 }
+                Ok(Ok(None)) => tracing::debug!(%remote, "tunnel paced: told to retry later"),
                 Ok(Err(e)) => tracing::info!(%remote, error = %e, "tunnel handshake refused"),
                 Err(_) => tracing::info!(%remote, "tunnel handshake timed out"),
             }
@@ -330,6 +366,7 @@ pub async fn agent_handshake_as(
     settings: H2Settings,
     kind: TransportKind,
 ) -> Result<H2Acceptor> {
+    let io = admitted(io).await?;
     let mut conn = server::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
@@ -360,6 +397,72 @@ pub async fn agent_handshake_as(
         rtt,
         kind,
     })
+}
+
+/// Length of the HTTP/2 client preface, which starts every admitted tunnel.
+const PREFACE_LEN: usize = 24;
+
+/// Reads what the hub sends first: the HTTP/2 preface (admitted; handed
+/// back to be read again by HTTP/2) or a paced refusal with its hint.
+async fn admitted(mut io: Box<dyn Io>) -> Result<Box<dyn Io>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = vec![0u8; PREFACE_LEN];
+    io.read_exact(&mut head).await?;
+    if !head.starts_with(crate::pace::H2_REFUSED) {
+        return Ok(Box::new(Rewound {
+            head: Bytes::from(head),
+            io,
+        }));
+    }
+    // The rest of the refusal line, bounded.
+    let mut line = head[crate::pace::H2_REFUSED.len()..].to_vec();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\n") && line.len() < 128 {
+        if io.read(&mut byte).await? == 0 {
+            break;
+        }
+        line.push(byte[0]);
+    }
+    let hint = crate::pace::parse_reason(&String::from_utf8_lossy(&line))
+        .ok_or_else(|| TunnelError::protocol("malformed refusal from the hub"))?;
+    Err(TunnelError::Refused { retry_after: hint })
+}
+
+/// A byte stream with bytes already read put back in front.
+struct Rewound {
+    head: Bytes,
+    io: Box<dyn Io>,
+}
+
+impl AsyncRead for Rewound {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(out.remaining());
+            out.put_slice(&self.head.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, out)
+    }
+}
+
+impl AsyncWrite for Rewound {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }
 
 /// The agent's side of an HTTP/2 tunnel. Polling [`Acceptor::accept`] also

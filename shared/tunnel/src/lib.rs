@@ -8,6 +8,8 @@
 //! - [`quic`], [`h2`], [`ws`], [`mem`] — one file per transport: QUIC
 //!   streams (quinn), HTTP/2 streams over TLS/TCP (h2), the same HTTP/2 over
 //!   a WebSocket (for HTTPS-only networks), and in-memory pipes for tests.
+//! - [`pace`] — paced admission: how many tunnels the hub sets up at once,
+//!   and the retry-after hint each transport carries to the others.
 //! - [`frame`] — sans-IO framing of a stream: typed, length-prefixed chunks
 //!   with hard size limits.
 //! - [`http`] — HTTP exchanges over one stream: the hub side
@@ -23,6 +25,7 @@ pub mod frame;
 pub mod h2;
 pub mod http;
 pub mod mem;
+pub mod pace;
 pub mod proxy;
 pub mod quic;
 pub mod transport;
@@ -65,6 +68,25 @@ pub enum TunnelError {
     /// Something took longer than its bound.
     #[error("timed out: {0}")]
     Timeout(&'static str),
+    /// The hub is setting up as many tunnels as it will at once; dial again
+    /// after `retry_after` (see [`pace`]).
+    #[error("the hub is busy admitting other tunnels: retry after {} ms", retry_after.as_millis())]
+    Refused { retry_after: std::time::Duration },
+}
+
+impl TunnelError {
+    /// The hub's retry-after hint, when this is a paced refusal.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Refused { retry_after } => Some(*retry_after),
+            Self::Quic(quinn::ConnectionError::ApplicationClosed(c))
+                if c.error_code == quinn::VarInt::from_u32(pace::QUIC_REFUSED) =>
+            {
+                pace::parse_reason(&String::from_utf8_lossy(&c.reason))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl TunnelError {

@@ -63,6 +63,15 @@ pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     t
 }
 
+/// The hub's side: like [`transport_config`], but accepting no streams.
+/// The agent opens none, and quinn sets aside state for every stream a
+/// peer may open (1,024 would be most of an idle tunnel's memory).
+pub fn hub_transport_config(s: &QuicSettings) -> TransportConfig {
+    let mut t = transport_config(s);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(0));
+    t
+}
+
 fn quic_tls_error(e: impl std::fmt::Display) -> TunnelError {
     TunnelError::Tls(format!("QUIC needs TLS 1.3 with AES-128-GCM: {e}"))
 }
@@ -77,7 +86,7 @@ pub fn hub_endpoint(
 ) -> Result<Endpoint> {
     let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    config.transport_config(Arc::new(transport_config(settings)));
+    config.transport_config(Arc::new(hub_transport_config(settings)));
     // The agent is the QUIC client but opens no streams of its own.
     Ok(Endpoint::server(config, addr)?)
 }
@@ -88,6 +97,18 @@ pub async fn accept_loop(
     endpoint: Endpoint,
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
+) {
+    accept_loop_paced(endpoint, out, shutdown, crate::pace::Pacer::unlimited()).await;
+}
+
+/// Like [`accept_loop`], setting up at most what `pacer` allows at once;
+/// the others are closed after the handshake with the pacer's hint
+/// ([`crate::pace::QUIC_REFUSED`]).
+pub async fn accept_loop_paced(
+    endpoint: Endpoint,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+    pacer: Arc<crate::pace::Pacer>,
 ) {
     let pending = Arc::new(Semaphore::new(crate::h2::MAX_PENDING_HANDSHAKES));
     loop {
@@ -105,11 +126,23 @@ pub async fn accept_loop(
             return;
         };
         let (out, shutdown) = (out.clone(), shutdown.clone());
+        let ticket = pacer.try_enter();
         tokio::spawn(async move {
             let _permit = permit;
             let remote = incoming.remote_address();
             let handshake = async {
                 let conn = incoming.await?;
+                let admission = match ticket {
+                    Ok(a) => a,
+                    Err(after) => {
+                        // Only an established connection can carry a reason.
+                        conn.close(
+                            VarInt::from_u32(crate::pace::QUIC_REFUSED),
+                            crate::pace::reason(after).as_bytes(),
+                        );
+                        return Ok(None);
+                    }
+                };
                 let peer_cert = conn
                     .peer_identity()
                     .and_then(|any| {
@@ -117,21 +150,23 @@ pub async fn accept_loop(
                             .ok()
                     })
                     .and_then(|certs| certs.first().cloned());
-                Ok::<_, TunnelError>(Accepted {
+                Ok::<_, TunnelError>(Some(Accepted {
                     opener: Arc::new(QuicOpener { conn }),
                     peer_cert,
                     remote,
                     transport: TransportKind::Quic,
-                })
+                    admission: Some(admission),
+                }))
             };
             let accepted = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
                 _ = shutdown.cancelled() => return,
             };
             match accepted {
-                Ok(Ok(a)) => {
+                Ok(Ok(Some(a))) => {
                     let _ = out.send(a).await;
                 }
+                Ok(Ok(None)) => tracing::debug!(%remote, "QUIC tunnel paced: told to retry later"),
                 Ok(Err(e)) => tracing::info!(%remote, error = %e, "QUIC tunnel handshake refused"),
                 Err(_) => tracing::info!(%remote, "QUIC tunnel handshake timed out"),
             }

@@ -119,6 +119,8 @@ pub struct Accepted {
     pub peer_cert: Option<rustls::pki_types::CertificateDer<'static>>,
     pub remote: std::net::SocketAddr,
     pub transport: TransportKind,
+    /// The tunnel's slot among those being set up; drop it once set up.
+    pub admission: Option<crate::pace::Admission>,
 }
 
 impl std::fmt::Debug for Accepted {

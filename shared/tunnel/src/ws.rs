@@ -35,6 +35,10 @@ pub fn config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_MESSAGE))
         .max_frame_size(Some(MAX_MESSAGE))
+        // The read buffer is allocated whole for every connection: the
+        // default 128 KiB would be most of an idle tunnel's memory on the
+        // hub. 16 KiB takes one TLS record per read.
+        .read_buffer_size(16 * 1024)
 }
 
 /// A WebSocket as a byte stream: writes become binary messages, binary
@@ -131,12 +135,59 @@ pub async fn accept(io: Box<dyn Io>) -> Result<WsIo<Box<dyn Io>>> {
     Ok(WsIo::new(ws))
 }
 
+/// Hub side: answers the upgrade with 503 and the pacer's hint (standard
+/// `Retry-After` in whole seconds, rounded up, and the exact milliseconds
+/// in [`crate::pace::WS_RETRY_AFTER_MS`]), then closes.
+// The callback's error type is tungstenite's own (an HTTP response).
+#[allow(clippy::result_large_err)]
+pub async fn refuse(io: Box<dyn Io>, after: std::time::Duration) {
+    use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+    let refuse = |_: &Request, _: Response| -> std::result::Result<Response, ErrorResponse> {
+        let mut e = ErrorResponse::new(Some(crate::pace::reason(after)));
+        *e.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        let secs = after.as_millis().div_ceil(1000).max(1);
+        let headers = e.headers_mut();
+        if let Ok(v) = http::HeaderValue::from_str(&secs.to_string()) {
+            headers.insert(http::header::RETRY_AFTER, v);
+        }
+        if let Ok(v) = http::HeaderValue::from_str(&after.as_millis().to_string()) {
+            headers.insert(crate::pace::WS_RETRY_AFTER_MS, v);
+        }
+        Err(e)
+    };
+    let _ = tokio_tungstenite::accept_hdr_async_with_config(io, refuse, Some(config())).await;
+}
+
+/// The hint of a refused upgrade: milliseconds when given, else the
+/// standard `Retry-After` seconds.
+fn refusal_hint(resp: &http::Response<Option<Vec<u8>>>) -> Option<std::time::Duration> {
+    if resp.status() != http::StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    header(crate::pace::WS_RETRY_AFTER_MS)
+        .map(std::time::Duration::from_millis)
+        .or_else(|| header("retry-after").map(std::time::Duration::from_secs))
+}
+
 /// Agent side: upgrades a TLS connection to the hub's tunnel WebSocket.
 pub async fn connect(io: Box<dyn Io>, host: &str, port: u16) -> Result<WsIo<Box<dyn Io>>> {
     let url = format!("wss://{host}:{port}{PATH}");
     let (ws, _) = tokio_tungstenite::client_async_with_config(url, io, Some(config()))
         .await
-        .map_err(|e| TunnelError::protocol(format!("WebSocket upgrade: {e}")))?;
+        .map_err(|e| match &e {
+            tokio_tungstenite::tungstenite::Error::Http(resp) if refusal_hint(resp).is_some() => {
+                TunnelError::Refused {
+                    retry_after: refusal_hint(resp).unwrap_or_default(),
+                }
+            }
+            _ => TunnelError::protocol(format!("WebSocket upgrade: {e}")),
+        })?;
     Ok(WsIo::new(ws))
 }
 

@@ -79,7 +79,7 @@ impl HubProc {
             .env("RUST_LOG", "error")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::inherit())
             .spawn()?;
         let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
         let mut line = String::new();
@@ -177,11 +177,14 @@ fn start_agent(
     let cluster = format!("c-{i}");
     let mut config = AgentConfig::new(url, &cluster, "agent-0", ca);
     config.join_token = Secret(token.to_owned());
-    // Half the agents on each transport.
-    config.transports = vec![if i.is_multiple_of(2) {
-        TransportKind::Quic
-    } else {
-        TransportKind::H2
+    // Half the agents on each transport, unless OTTER_BENCH_TRANSPORT names
+    // one (to see what each costs).
+    config.transports = vec![match std::env::var("OTTER_BENCH_TRANSPORT").as_deref() {
+        Ok("quic") => TransportKind::Quic,
+        Ok("h2") => TransportKind::H2,
+        Ok("ws") => TransportKind::Ws,
+        _ if i.is_multiple_of(2) => TransportKind::Quic,
+        _ => TransportKind::H2,
     }];
     let double = Double {
         cluster: cluster.clone(),

@@ -56,9 +56,36 @@ impl KubeEnv {
         sim: SimConfig,
         tweak: impl FnOnce(&mut ServicesConfig),
     ) -> KubeEnv {
+        Self::start_full(transport, sim, |_| {}, tweak).await
+    }
+
+    /// Like [`KubeEnv::start_over`], with a chance to change the hub's
+    /// config too (say, tunnel URLs pointing at a [`crate::Relay`], whose
+    /// target is set by `hub_tweak`'s caller once the hub runs).
+    pub async fn start_full(
+        transport: TransportKind,
+        sim: SimConfig,
+        hub_tweak: impl FnOnce(&mut otter_hub::HubConfig),
+        tweak: impl FnOnce(&mut ServicesConfig),
+    ) -> KubeEnv {
+        Self::start_with_hub(transport, sim, hub_tweak, |_| {}, tweak).await
+    }
+
+    /// The most general start: `hub_tweak` changes the hub's config,
+    /// `started` runs once the hub listens (before the agent dials), and
+    /// `tweak` changes the agent's service settings.
+    pub async fn start_with_hub(
+        transport: TransportKind,
+        sim: SimConfig,
+        hub_tweak: impl FnOnce(&mut otter_hub::HubConfig),
+        started: impl FnOnce(&TestHub),
+        tweak: impl FnOnce(&mut ServicesConfig),
+    ) -> KubeEnv {
         otter_pki::tls::install_default_provider();
         let sim = KubeSim::start(sim).await.expect("kube-sim starts");
-        let hub = TestHub::start().await;
+        let dir = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
+        let hub = TestHub::start_with(dir, None, hub_tweak).await;
+        started(&hub);
         let cluster = "edge-1".to_owned();
         // The agent's own identity may impersonate (the test server's admin),
         // and reaches the API through a kubeconfig file, as with --kubeconfig.
@@ -68,14 +95,16 @@ impl KubeEnv {
             .await
             .expect("kubeconfig loads");
         let access = otter_agent::kube::KubeAccess::new(kube_config).expect("kube client");
+        let mut config = AgentConfig::new(hub.api_url(), &cluster, "agent-0", hub.hub.ca_pem());
         let mut services = ServicesConfig::default();
+        // One place counts the agent's streams and its sessions.
+        services.runtime.gauges = config.gauges.clone();
         tweak(&mut services);
         // The Kubernetes API proxy as the agent binary runs it.
         let proxy = otter_agent::kube_proxy::KubeProxy::new(access.agent().clone());
         let routes = otter_agent::services(access, &cluster, services);
 
         let token = hub.hub.mint_join_token(&cluster).expect("join token");
-        let mut config = AgentConfig::new(hub.api_url(), &cluster, "agent-0", hub.hub.ca_pem());
         config.join_token = Secret(token);
         config.transports = vec![transport];
         config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));

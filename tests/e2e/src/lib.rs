@@ -8,9 +8,15 @@
 //! - [`tools`] — third-party clients run as bounded subprocesses.
 //! - [`double`] — agents serving a test double; [`kube`] — an agent with
 //!   the real Kubernetes services against the Kubernetes API test server.
+//! - [`fleet`] — a hub and agents as processes, with their metrics.
+//! - [`procs`] — real hub and agent processes (to kill, or to put in
+//!   network namespaces); [`netns`] — two namespaces and a link to cut.
 
 pub mod double;
+pub mod fleet;
 pub mod kube;
+pub mod netns;
+pub mod procs;
 pub mod tools;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};

@@ -1,0 +1,262 @@
+//! A hub and agents as real processes on loopback, against a Kubernetes
+//! API test server in the test's own process: what the crash and
+//! slow-consumer tests start, kill and measure.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use futures::Future;
+use otter_proto::link::v1::{
+    Link, LinkState, ListLinksRequest, link_service_client::LinkServiceClient,
+};
+use tonic::transport::Channel;
+
+use crate::{
+    client_channel,
+    double::WAIT,
+    procs::{Proc, Role, free_port, http_get},
+    with_token,
+};
+
+/// A hub process, its agents (one per transport) and the test server they
+/// serve, all on loopback.
+#[derive(Debug)]
+pub struct Fleet {
+    pub dir: tempfile::TempDir,
+    pub data: PathBuf,
+    pub api: u16,
+    pub tunnel: u16,
+    pub hub: Option<Proc>,
+    pub hub_starts: u32,
+    pub agents: Vec<AgentProc>,
+    pub admin_token: String,
+    pub ca_pem: String,
+}
+
+#[derive(Debug)]
+pub struct AgentProc {
+    pub cluster: String,
+    pub transport: &'static str,
+    pub health: SocketAddr,
+    pub proc: Option<Proc>,
+    pub starts: u32,
+}
+
+impl Fleet {
+    /// Mints the join tokens with a hub in this process, then starts the
+    /// hub and the agents as processes.
+    pub async fn start(sim: &kube_sim::KubeSim, transports: &[&'static str]) -> Fleet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("hub");
+        std::fs::create_dir_all(&data).expect("data dir");
+        {
+            let setup = std::sync::Arc::new(tempfile::TempDir::new_in(dir.path()).expect("dir"));
+            let mut config = otter_hub::HubConfig::new(&data);
+            config.api_listen = "127.0.0.1:0".parse().expect("address");
+            config.tunnel_listen = "127.0.0.1:0".parse().expect("address");
+            let hub = otter_hub::Hub::start(config).await.expect("setup hub");
+            for (i, _) in transports.iter().enumerate() {
+                let token = hub.mint_join_token(&format!("edge-{i}")).expect("token");
+                std::fs::write(dir.path().join(format!("token-{i}")), token).expect("token file");
+            }
+            hub.shutdown().await;
+            drop(setup);
+        }
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).expect("write");
+        let admin_token = std::fs::read_to_string(data.join("admin-token"))
+            .expect("admin token")
+            .trim()
+            .to_owned();
+        let ca_pem = std::fs::read_to_string(data.join("ca.crt")).expect("CA");
+        let mut fleet = Fleet {
+            data,
+            api: free_port(),
+            tunnel: free_port(),
+            hub: None,
+            hub_starts: 0,
+            agents: transports
+                .iter()
+                .enumerate()
+                .map(|(i, t)| AgentProc {
+                    cluster: format!("edge-{i}"),
+                    transport: t,
+                    health: SocketAddr::from(([127, 0, 0, 1], free_port())),
+                    proc: None,
+                    starts: 0,
+                })
+                .collect(),
+            admin_token,
+            ca_pem,
+            dir,
+        };
+        fleet.start_hub();
+        for i in 0..fleet.agents.len() {
+            fleet.start_agent(i);
+        }
+        fleet
+    }
+
+    pub fn start_hub(&mut self) {
+        self.hub_starts += 1;
+        let args: Vec<String> = [
+            "hub",
+            "--data-dir",
+            &self.data.display().to_string(),
+            "--listen",
+            &format!("127.0.0.1:{}", self.api),
+            "--tunnel-listen",
+            &format!("127.0.0.1:{}", self.tunnel),
+            "--keepalive-secs",
+            "1",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let name = format!("hub-{}", self.hub_starts);
+        self.hub = Some(Proc::start(
+            &name,
+            Role::Otter,
+            &args,
+            self.dir.path(),
+            None,
+        ));
+    }
+
+    pub fn start_agent(&mut self, i: usize) {
+        let d = self.dir.path();
+        let a = &mut self.agents[i];
+        a.starts += 1;
+        let args: Vec<String> = [
+            "--hub-url",
+            &format!("https://localhost:{}", self.api),
+            "--cluster",
+            &a.cluster,
+            "--agent-id",
+            &format!("agent-{i}"),
+            "--hub-ca-file",
+            &self.data.join("ca.crt").display().to_string(),
+            "--join-token-file",
+            &d.join(format!("token-{i}")).display().to_string(),
+            "--state-dir",
+            &d.join(format!("state-{i}")).display().to_string(),
+            "--transports",
+            a.transport,
+            "--keepalive-secs",
+            "1",
+            "--health-listen",
+            &a.health.to_string(),
+            "--kubeconfig",
+            &d.join("kubeconfig").display().to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let name = format!("{}-{}", a.cluster, a.starts);
+        a.proc = Some(Proc::start(&name, Role::Agent, &args, d, None));
+    }
+
+    pub fn api_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.api))
+    }
+
+    pub async fn channel(&self) -> Channel {
+        // The hub process may still be binding its port.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if tokio::net::TcpStream::connect(self.api_addr())
+                .await
+                .is_ok()
+            {
+                return client_channel(self.api_addr(), &self.ca_pem, None).await;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hub API never listened:\n{}",
+                self.hub_log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn hub_log(&self) -> String {
+        self.hub.as_ref().map(|h| h.tail(30)).unwrap_or_default()
+    }
+
+    pub async fn links(&self, channel: &Channel) -> Vec<Link> {
+        LinkServiceClient::new(channel.clone())
+            .list_links(with_token(ListLinksRequest {}, &self.admin_token))
+            .await
+            .map(|r| r.into_inner().links)
+            .unwrap_or_default()
+    }
+
+    /// Waits until every agent's link is connected; returns the links.
+    pub async fn all_connected(&self, channel: &Channel) -> Vec<Link> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let links = self.links(channel).await;
+            let up = links
+                .iter()
+                .filter(|l| l.state == Some(LinkState::Connected as i32))
+                .count();
+            if up == self.agents.len() {
+                return links;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "links never all connected: {links:?}\nhub:\n{}",
+                self.hub_log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The agent's `/metrics`, read until it answers.
+    pub async fn agent_metrics(&self, i: usize) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(m) = http_get(self.agents[i].health, "/metrics").await {
+                return m;
+            }
+            assert!(Instant::now() < deadline, "agent {i} has no /metrics");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The hub's `/metrics`.
+    pub async fn hub_metrics(&self) -> String {
+        let req = http::Request::get("/metrics")
+            .header("authorization", format!("Bearer {}", self.admin_token))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("request");
+        let (status, _, body) = crate::http_call(self.api_addr(), &self.ca_pem, true, req).await;
+        assert_eq!(status, 200);
+        String::from_utf8_lossy(&body).into_owned()
+    }
+}
+
+/// A sample of a text exposition; 0 when absent (an empty family).
+pub fn metric(text: &str, name: &str) -> f64 {
+    otter_agent::gauges::sample(text, name).unwrap_or(0.0)
+}
+
+/// Waits (bounded) until `check` holds for the text `fetch` returns.
+pub async fn until_metrics<F: Future<Output = String>>(
+    what: &str,
+    mut fetch: impl FnMut() -> F,
+    check: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = fetch().await;
+        if check(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "timed out: {what}\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

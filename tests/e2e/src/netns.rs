@@ -1,0 +1,114 @@
+//! Two network namespaces joined by a veth pair, for tests that cut the
+//! path between a hub and an agent for real (the link goes down; packets
+//! stop; nothing is told to either side).
+//!
+//! Everything lives inside the two namespaces this creates: the veth ends
+//! are created there directly, with private addresses, so the machine's
+//! own namespace (its links, addresses and routes) is never touched. Names
+//! are unique per process and pair; dropping the pair deletes both
+//! namespaces, which removes the veth pair with them, also when a test
+//! panics. Kill the processes inside first (drop them before the pair).
+
+use std::{net::Ipv4Addr, process::Command, sync::atomic::AtomicU32};
+
+/// The hub's end of the link.
+pub const HUB_IP: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 1);
+/// The agent's end of the link.
+pub const AGENT_IP: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
+const HUB_IF: &str = "otter-h";
+const AGENT_IF: &str = "otter-a";
+
+/// Two namespaces, `hub` and `agent`, joined by one veth pair.
+#[derive(Debug)]
+pub struct NetPair {
+    pub hub: String,
+    pub agent: String,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl NetPair {
+    /// Creates the namespaces and the link between them, up. Err when this
+    /// machine does not let us (no privilege, no `ip`): a capability of the
+    /// machine, so callers skip rather than fail.
+    pub fn create() -> Result<NetPair, String> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let base = format!("otter-e2e-{}-{n}", std::process::id());
+        let hub = format!("{base}-hub");
+        let agent = format!("{base}-agent");
+        ip(&["netns", "add", &hub])?;
+        // From here on, Drop cleans up whatever was made.
+        let mut pair = NetPair {
+            hub,
+            agent: String::new(),
+        };
+        ip(&["netns", "add", &agent])?;
+        pair.agent = agent;
+        pair.setup()?;
+        Ok(pair)
+    }
+
+    fn setup(&self) -> Result<(), String> {
+        let (h, a) = (self.hub.as_str(), self.agent.as_str());
+        ip(&[
+            "-n", h, "link", "add", HUB_IF, "type", "veth", "peer", "name", AGENT_IF, "netns", a,
+        ])?;
+        ip(&[
+            "-n",
+            h,
+            "addr",
+            "add",
+            &format!("{HUB_IP}/30"),
+            "dev",
+            HUB_IF,
+        ])?;
+        ip(&[
+            "-n",
+            a,
+            "addr",
+            "add",
+            &format!("{AGENT_IP}/30"),
+            "dev",
+            AGENT_IF,
+        ])?;
+        for (ns, dev) in [(h, HUB_IF), (a, AGENT_IF), (h, "lo"), (a, "lo")] {
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Takes the link down (true) or brings it back up (false), on the
+    /// agent's end: the hub's end loses its carrier and drops what it sends,
+    /// the agent's end has no route; neither is told anything else.
+    pub fn cut(&self, down: bool) {
+        let state = if down { "down" } else { "up" };
+        ip(&["-n", &self.agent, "link", "set", AGENT_IF, state]).expect("set link state");
+    }
+}
+
+impl Drop for NetPair {
+    fn drop(&mut self) {
+        for ns in [&self.agent, &self.hub] {
+            if !ns.is_empty()
+                && let Err(e) = ip(&["netns", "delete", ns])
+            {
+                eprintln!("could not delete network namespace {ns}: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! Real hub and agent processes, for tests that kill them with SIGKILL or
+//! run them in network namespaces of their own.
+//!
+//! Cargo builds the binaries of the package under test only, so this crate
+//! cannot name `otter` or `otter-agent`. Instead the test binary runs
+//! itself again as the process: the child calls the same entry point the
+//! binaries' `main` calls (`otter_hub::cli::run`, `otter_agent::cli::run`)
+//! with the arguments given. A test file that uses this declares the entry
+//! point once:
+//!
+//! ```ignore
+//! #[test]
+//! #[ignore = "entry point of the processes the tests start"]
+//! fn child_process() {
+//!     otter_e2e::procs::child_main();
+//! }
+//! ```
+//!
+//! Every [`Proc`] is killed and reaped when dropped, so a failing test
+//! leaves no process behind.
+
+use std::{
+    io::{BufRead, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    time::Duration,
+};
+
+/// Name of the entry-point test in each test file that starts processes.
+pub const ENTRY: &str = "child_process";
+const ROLE_ENV: &str = "OTTER_E2E_ROLE";
+const ARGS_ENV: &str = "OTTER_E2E_ARGS";
+
+/// What a child process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The `otter` command line (`otter hub …`, `otter get …`).
+    Otter,
+    /// The `otter-agent` command line.
+    Agent,
+    /// The Kubernetes API test server (see [`kube_sim_main`]).
+    KubeSim,
+    /// One HTTP GET, `<address> <path>`: prints the body of a 200 answer,
+    /// exits 1 otherwise (a probe of the agent's `/metrics` from inside
+    /// its namespace).
+    HttpGet,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Otter => "otter",
+            Role::Agent => "otter-agent",
+            Role::KubeSim => "kube-sim",
+            Role::HttpGet => "http-get",
+        }
+    }
+}
+
+/// Runs the role named in the environment and exits with its code; does
+/// nothing when the test binary was not started as a child.
+pub fn child_main() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        eprintln!("{ENTRY}: runs only as a process started by a test");
+        return;
+    };
+    let args: Vec<String> = std::env::var(ARGS_ENV)
+        .ok()
+        .and_then(|a| serde_json::from_str(&a).ok())
+        .unwrap_or_default();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let code = runtime.block_on(async move {
+        match role.as_str() {
+            "otter" => {
+                use clap::Parser;
+                let argv = std::iter::once("otter".to_owned()).chain(args);
+                match otter_hub::cli::Cli::try_parse_from(argv) {
+                    Ok(cli) => otter_hub::cli::run(cli).await,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        64
+                    }
+                }
+            }
+            "otter-agent" => {
+                use clap::Parser;
+                let argv = std::iter::once("otter-agent".to_owned()).chain(args);
+                match otter_agent::cli::Cli::try_parse_from(argv) {
+                    Ok(cli) => otter_agent::cli::run(cli).await,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        64
+                    }
+                }
+            }
+            "kube-sim" => kube_sim_main(&args).await,
+            "http-get" => {
+                let addr = args.first().and_then(|a| a.parse().ok());
+                let path = args.get(1).map_or("/", String::as_str);
+                match addr {
+                    Some(addr) => match http_get(addr, path).await {
+                        Some(body) => {
+                            // A line of its own: the harness printed a prefix.
+                            println!("\n{body}");
+                            0
+                        }
+                        None => 1,
+                    },
+                    None => 64,
+                }
+            }
+            other => {
+                eprintln!("unknown role {other}");
+                64
+            }
+        }
+    });
+    // Exit here: the harness must not go on to report on the entry test.
+    std::process::exit(code);
+}
+
+/// The test server as a process: `<listen address> <kubeconfig file>`.
+/// It serves pod `default/web`, writes a kubeconfig for its admin once it
+/// listens, and takes commands on stdin, one per line:
+/// `configmap <name>` creates a ConfigMap in `default`;
+/// `echo <port>` serves a TCP echo on pod `web`'s `<port>`.
+async fn kube_sim_main(args: &[String]) -> i32 {
+    let (Some(listen), Some(kubeconfig)) = (args.first(), args.get(1)) else {
+        eprintln!("kube-sim: <listen address> <kubeconfig file>");
+        return 64;
+    };
+    let Ok(listen) = listen.parse() else {
+        eprintln!("kube-sim: bad address {listen}");
+        return 64;
+    };
+    let config = crate::kube::sim_config()
+        .pod("default", "web", &["app"])
+        .listen(listen);
+    let sim = match kube_sim::KubeSim::start(config).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kube-sim: {e}");
+            return 1;
+        }
+    };
+    let tmp = format!("{kubeconfig}.tmp");
+    let written = std::fs::write(&tmp, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN))
+        .and_then(|()| std::fs::rename(&tmp, kubeconfig));
+    if let Err(e) = written {
+        eprintln!("kube-sim: {kubeconfig}: {e}");
+        return 1;
+    }
+    // Commands come from a blocking reader; the runtime keeps serving.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(16);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { return };
+            if tx.blocking_send(line).is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(line) = rx.recv().await {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("configmap"), Some(name)) => {
+                let cm = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name, "namespace": "default"},
+                    "data": {"k": "v"},
+                });
+                if let Err(e) = sim.create_object(cm) {
+                    eprintln!("kube-sim: configmap {name}: {e:?}");
+                }
+            }
+            (Some("echo"), Some(port)) => {
+                if let Ok(port) = port.parse() {
+                    sim.add_pod_port("default", "web", port, echo_server().await);
+                }
+            }
+            _ => eprintln!("kube-sim: unknown command {line:?}"),
+        }
+    }
+    // Stdin closed: the test is done with us.
+    0
+}
+
+/// A loopback TCP echo server; returns its address.
+pub async fn echo_server() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind echo");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = tcp.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A running child process: killed (SIGKILL) and reaped when dropped. Its
+/// stdout and stderr go to files in `dir`, for the test to read or show.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Proc {
+    /// Starts `role` with `args`; inside network namespace `netns` when
+    /// given (through `ip netns exec`, which execs in place, so the pid is
+    /// the process's own).
+    pub fn start(name: &str, role: Role, args: &[String], dir: &Path, netns: Option<&str>) -> Proc {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        cmd.args([
+            ENTRY,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE_ENV, role.as_str())
+        .env(ARGS_ENV, serde_json::to_string(args).expect("JSON"));
+        Self::spawn(name, cmd, dir)
+    }
+
+    fn spawn(name: &str, mut cmd: Command, dir: &Path) -> Proc {
+        let out = dir.join(format!("{name}.out"));
+        let err = dir.join(format!("{name}.err"));
+        let file = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .expect("log file")
+        };
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(file(&out))
+            .stderr(file(&err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stdin = child.stdin.take();
+        Proc {
+            name: name.to_owned(),
+            child: Some(child),
+            stdin,
+            out,
+            err,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGKILL, then reap: the process gets no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.stdin = None;
+    }
+
+    /// Waits (bounded) for the process to exit by itself; its exit code
+    /// (-1 when killed by a signal), or None when it ran over `limit` (then
+    /// it is killed).
+    pub fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + limit;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            if std::time::Instant::now() > deadline {
+                self.kill9();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Writes one command line to the process's stdin.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").expect("write to child");
+        stdin.flush().expect("flush");
+    }
+
+    /// What the process printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// What the process printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// The last `n` lines of stderr, to explain a failure.
+    pub fn tail(&self, n: usize) -> String {
+        let err = self.stderr();
+        let lines: Vec<&str> = err.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Resident memory of process `pid` in MiB (VmRSS), if it runs.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// A free loopback TCP port whose UDP twin is free too (the hub's tunnel
+/// port serves both), so a hub restarted on it finds it again.
+///
+/// It is taken from below the kernel's ephemeral range: agents dialling
+/// QUIC bind a fresh ephemeral UDP port per attempt, and while a hub
+/// restarts one of them could take the very port the hub is about to bind
+/// again (on separate machines, as in production, that cannot happen).
+pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let span = low.saturating_sub(10_000).max(1);
+    for _ in 0..256 {
+        let port = 10_000 + rand_below(span);
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        if tcp.is_ok() && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port with a free UDP twin below {low}");
+}
+
+/// A number in [0, n), random enough to spread tests over ports.
+fn rand_below(n: u16) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() % u64::from(n)) as u16
+}
+
+/// Waits (bounded) until `path` exists.
+pub fn wait_for_file(path: &Path, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if path.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// One plain HTTP/1.1 GET to `addr` (the agent's health listener);
+/// the body, or None when nothing answers.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        tcp.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        tcp.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .ok()
+        .flatten()
+}

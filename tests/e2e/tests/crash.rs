@@ -1,0 +1,428 @@
+//! Crashes of real processes: the hub or an agent killed with SIGKILL in
+//! the middle of calls (a unary call, a Watch, an exec, a port-forward).
+//! Callers get an error within a bounded time, never a hang; a restarted
+//! hub gets its agents back on their existing certificates with the links
+//! intact; nothing is left behind on either side (agent streams and
+//! sessions, hub calls in flight and tunnels, all counted).
+
+use std::{
+    pin::Pin,
+    time::{Duration, Instant},
+};
+
+use futures::{Future, StreamExt};
+use otter_e2e::{
+    double::WAIT,
+    fleet::{Fleet, metric, until_metrics},
+    kube::sim_config,
+    procs::echo_server,
+    with_token,
+};
+use otter_proto::{
+    resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
+    runtime::v1::{self as pb, runtime_service_client::RuntimeServiceClient},
+};
+use tonic::{Code, transport::Channel};
+
+#[test]
+#[ignore = "entry point of the processes the tests start"]
+fn child_process() {
+    otter_e2e::procs::child_main();
+}
+
+/// How long a caller may wait for its error once a process died. QUIC
+/// notices a dead peer after three keepalive intervals (1 s here).
+const ERROR_BOUND: Duration = Duration::from_secs(10);
+
+fn sessions(text: &str) -> (f64, f64) {
+    (
+        metric(text, "otter_agent_sessions{kind=\"exec\"}"),
+        metric(text, "otter_agent_sessions{kind=\"port-forward\"}"),
+    )
+}
+
+/// A unary call in flight.
+type PendingCall = Pin<Box<dyn Future<Output = Result<(), tonic::Status>> + Send>>;
+
+/// The calls a crash interrupts, all on one cluster.
+struct InFlight {
+    watch: tonic::Streaming<otter_proto::resource::v1::WatchEvent>,
+    exec: tonic::Streaming<pb::ExecuteTtyResponse>,
+    port_forward: tonic::Streaming<pb::PortForwardResponse>,
+    /// A WriteTTY stalled on a process that does not read its stdin.
+    unary: Option<PendingCall>,
+}
+
+fn exec_req(cluster: &str, command: &[&str]) -> pb::ExecuteTtyRequest {
+    pb::ExecuteTtyRequest {
+        cluster: Some(cluster.into()),
+        namespace: Some("default".into()),
+        name: Some("web".into()),
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        tty: Some(false),
+        ..Default::default()
+    }
+}
+
+/// Opens a Watch, an exec of `cat` (echoing a line), a port-forward
+/// (echoing a line) and, with `unary`, a WriteTTY that stalls.
+async fn start_calls(channel: &Channel, token: &str, cluster: &str, unary: bool) -> InFlight {
+    let mut resources = ResourceServiceClient::new(channel.clone());
+    let mut watch = resources
+        .watch(with_token(
+            WatchRequest {
+                cluster: Some(cluster.into()),
+                version: Some("v1".into()),
+                resource: Some("pods".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            token,
+        ))
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = tokio::time::timeout(WAIT, watch.next())
+        .await
+        .expect("watch event");
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+
+    let mut rt = RuntimeServiceClient::new(channel.clone())
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+    let mut exec = rt
+        .execute_tty(with_token(exec_req(cluster, &["cat"]), token))
+        .await
+        .expect("exec")
+        .into_inner();
+    let id = exec
+        .next()
+        .await
+        .expect("id")
+        .expect("id")
+        .session_id
+        .expect("id");
+    rt.write_tty(with_token(
+        pb::WriteTtyRequest {
+            session_id: Some(id),
+            stdin: Some(b"hi\n".to_vec()),
+        },
+        token,
+    ))
+    .await
+    .expect("write");
+    let echoed = tokio::time::timeout(WAIT, exec.next()).await.expect("echo");
+    assert_eq!(echoed.unwrap().unwrap().stdout.unwrap(), b"hi\n");
+
+    let mut port_forward = rt
+        .port_forward(with_token(
+            pb::PortForwardRequest {
+                cluster: Some(cluster.into()),
+                namespace: Some("default".into()),
+                name: Some("web".into()),
+                port: Some(8080),
+            },
+            token,
+        ))
+        .await
+        .expect("port-forward")
+        .into_inner();
+    let pf_id = port_forward
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .session_id
+        .unwrap();
+    rt.write_port_forward(with_token(
+        pb::WritePortForwardRequest {
+            session_id: Some(pf_id),
+            data: Some(b"ping".to_vec()),
+        },
+        token,
+    ))
+    .await
+    .expect("write port-forward");
+    let back = tokio::time::timeout(WAIT, port_forward.next())
+        .await
+        .expect("echo");
+    assert_eq!(back.unwrap().unwrap().data.unwrap(), b"ping");
+
+    let unary = if unary {
+        Some(stalled_write(rt, token, cluster).await)
+    } else {
+        None
+    };
+    InFlight {
+        watch,
+        exec,
+        port_forward,
+        unary,
+    }
+}
+
+/// A WriteTTY still in flight: 1 MiB chunks to `sleep`, which reads no
+/// stdin, until one waits for room (the session's input budget is full).
+async fn stalled_write(
+    mut rt: RuntimeServiceClient<Channel>,
+    token: &str,
+    cluster: &str,
+) -> PendingCall {
+    let mut s = rt
+        .execute_tty(with_token(exec_req(cluster, &["sleep", "600"]), token))
+        .await
+        .expect("exec sleep")
+        .into_inner();
+    let id = s.next().await.unwrap().unwrap().session_id.unwrap();
+    // Keep the session's stream open for as long as the call is.
+    tokio::spawn(async move { while s.next().await.is_some() {} });
+    for _ in 0..256 {
+        let (mut rt, req) = (
+            rt.clone(),
+            with_token(
+                pb::WriteTtyRequest {
+                    session_id: Some(id.clone()),
+                    stdin: Some(vec![b'x'; 1 << 20]),
+                },
+                token,
+            ),
+        );
+        let mut call: PendingCall = Box::pin(async move { rt.write_tty(req).await.map(|_| ()) });
+        tokio::select! {
+            r = &mut call => r.expect("write while there is room"),
+            _ = tokio::time::sleep(Duration::from_secs(2)) => return call,
+        }
+    }
+    panic!("256 MiB of stdin were taken by a process that reads none");
+}
+
+/// Waits (bounded) for the end of a stream; returns the error it ended with.
+async fn ends_with_error<T: std::fmt::Debug>(
+    what: &str,
+    s: &mut tonic::Streaming<T>,
+) -> (tonic::Status, Duration) {
+    let started = Instant::now();
+    let end = tokio::time::timeout(ERROR_BOUND, async {
+        loop {
+            match s.next().await {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Some(e),
+                None => return None,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: no error within {ERROR_BOUND:?} (a hang)"));
+    let e = end.unwrap_or_else(|| panic!("{what}: ended cleanly, not with an error"));
+    (e, started.elapsed())
+}
+
+/// The codes a caller may see when the process at the other end vanished:
+/// Unavailable from the hub (agent gone), or the client's transport error
+/// (hub gone: tonic reports a broken connection as Unavailable or Unknown
+/// with the transport's message).
+fn is_connection_loss(e: &tonic::Status) -> bool {
+    e.code() == Code::Unavailable
+        || (e.code() == Code::Unknown
+            && ["transport", "connection", "stream", "reset", "broken"]
+                .iter()
+                .any(|w| e.message().to_ascii_lowercase().contains(w)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_killed_mid_call_then_restarted_on_the_same_data() {
+    let sim = kube_sim::KubeSim::start(sim_config().pod("default", "web", &["app"]))
+        .await
+        .expect("kube-sim");
+    sim.add_pod_port("default", "web", 8080, echo_server().await);
+    let mut fleet = Fleet::start(&sim, &["quic", "h2"]).await;
+    let channel = fleet.channel().await;
+    let before = fleet.all_connected(&channel).await;
+    let token = fleet.admin_token.clone();
+
+    let mut calls = Vec::new();
+    for (i, a) in fleet.agents.iter().enumerate() {
+        calls.push(start_calls(&channel, &token, &a.cluster, i == 0).await);
+    }
+    for i in 0..fleet.agents.len() {
+        let m = fleet.agent_metrics(i).await;
+        let want = if i == 0 { (2.0, 1.0) } else { (1.0, 1.0) };
+        assert_eq!(sessions(&m), want, "agent {i} before the crash:\n{m}");
+        assert_eq!(metric(&m, "otter_agent_registrations_total"), 1.0);
+    }
+
+    // SIGKILL: no goodbye to the callers or the agents.
+    fleet.hub.as_mut().expect("hub").kill9();
+    let killed = Instant::now();
+    for (i, c) in calls.iter_mut().enumerate() {
+        for (what, (e, took)) in [
+            ("watch", ends_with_error("watch", &mut c.watch).await),
+            ("exec", ends_with_error("exec", &mut c.exec).await),
+            (
+                "port-forward",
+                ends_with_error("port-forward", &mut c.port_forward).await,
+            ),
+        ] {
+            eprintln!(
+                "edge-{i} {what}: {:?} {:?} after {took:?}",
+                e.code(),
+                e.message()
+            );
+            assert!(is_connection_loss(&e), "edge-{i} {what}: {e:?}");
+        }
+        if let Some(unary) = c.unary.take() {
+            let e = tokio::time::timeout(ERROR_BOUND, unary)
+                .await
+                .expect("the stalled WriteTTY ends, no hang")
+                .expect_err("an error, not a success");
+            eprintln!("edge-{i} unary WriteTTY: {:?} {:?}", e.code(), e.message());
+            assert!(is_connection_loss(&e), "unary: {e:?}");
+        }
+    }
+    eprintln!(
+        "every caller had its error {:?} after the kill",
+        killed.elapsed()
+    );
+
+    // The agents end what the dead hub's streams were carrying.
+    for i in 0..fleet.agents.len() {
+        let m = until_metrics(
+            "agent sessions and streams end with the hub",
+            || fleet.agent_metrics(i),
+            |m| sessions(m) == (0.0, 0.0) && metric(m, "otter_agent_tunnel_streams") == 0.0,
+        )
+        .await;
+        assert_eq!(metric(&m, "otter_agent_tunnel_up"), 0.0, "{m}");
+    }
+
+    let restarted = Instant::now();
+    fleet.start_hub();
+    let channel = fleet.channel().await;
+    let after = fleet.all_connected(&channel).await;
+    eprintln!(
+        "all agents back {:?} after the hub restarted",
+        restarted.elapsed()
+    );
+    for l in &before {
+        let now = after
+            .iter()
+            .find(|a| a.cluster == l.cluster)
+            .unwrap_or_else(|| panic!("link {:?} lost: {after:?}", l.cluster));
+        assert_eq!(now.agent_id, l.agent_id);
+        assert_eq!(
+            now.certificate_serial, l.certificate_serial,
+            "same certificate"
+        );
+        assert_eq!(now.first_seen, l.first_seen);
+    }
+    for i in 0..fleet.agents.len() {
+        let m = until_metrics(
+            "agent reconnected",
+            || fleet.agent_metrics(i),
+            |m| metric(m, "otter_agent_tunnel_up") == 1.0,
+        )
+        .await;
+        assert_eq!(metric(&m, "otter_agent_connects_total"), 2.0, "{m}");
+        assert_eq!(
+            metric(&m, "otter_agent_registrations_total"),
+            1.0,
+            "no new Register: {m}"
+        );
+        assert_eq!(sessions(&m), (0.0, 0.0), "no orphaned session: {m}");
+    }
+    let hub = fleet.hub_metrics().await;
+    for outcome in ["registered", "renewed"] {
+        let name = format!("otter_hub_registers_total{{outcome=\"{outcome}\"}}");
+        assert_eq!(
+            metric(&hub, &name),
+            0.0,
+            "no Register after the restart: {hub}"
+        );
+    }
+    // The restarted hub serves calls again.
+    let back = start_calls(&channel, &token, "edge-1", false).await;
+    drop(back);
+    drop(fleet);
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_mid_exec_and_port_forward() {
+    let sim = kube_sim::KubeSim::start(sim_config().pod("default", "web", &["app"]))
+        .await
+        .expect("kube-sim");
+    sim.add_pod_port("default", "web", 8080, echo_server().await);
+    let mut fleet = Fleet::start(&sim, &["quic", "h2"]).await;
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let token = fleet.admin_token.clone();
+    let idle = fleet.hub_metrics().await;
+    let baseline = metric(&idle, "otter_hub_calls_in_flight");
+
+    let mut calls = Vec::new();
+    for a in &fleet.agents {
+        calls.push(start_calls(&channel, &token, &a.cluster, false).await);
+    }
+    let busy = fleet.hub_metrics().await;
+    assert_eq!(
+        metric(&busy, "otter_hub_calls_in_flight"),
+        baseline + 3.0 * fleet.agents.len() as f64,
+        "{busy}"
+    );
+
+    for (i, c) in calls.iter_mut().enumerate() {
+        let transport = fleet.agents[i].transport;
+        fleet.agents[i].proc.as_mut().expect("agent").kill9();
+        for (what, (e, took)) in [
+            ("exec", ends_with_error("exec", &mut c.exec).await),
+            (
+                "port-forward",
+                ends_with_error("port-forward", &mut c.port_forward).await,
+            ),
+            ("watch", ends_with_error("watch", &mut c.watch).await),
+        ] {
+            eprintln!(
+                "agent over {transport} killed, {what}: {:?} after {took:?}",
+                e.code()
+            );
+            assert_eq!(e.code(), Code::Unavailable, "{transport} {what}: {e:?}");
+            assert!(e.message().contains(&fleet.agents[i].cluster), "{e:?}");
+        }
+    }
+    let m = until_metrics(
+        "hub back to its baseline",
+        || fleet.hub_metrics(),
+        |m| {
+            metric(m, "otter_hub_calls_in_flight") == baseline
+                && metric(m, "otter_hub_tunnels{transport=\"quic\"}") == 0.0
+                && metric(m, "otter_hub_tunnels{transport=\"h2\"}") == 0.0
+        },
+    )
+    .await;
+    eprintln!(
+        "hub after the agents died: calls in flight {}, tunnels 0",
+        metric(&m, "otter_hub_calls_in_flight")
+    );
+
+    // Restarted agents come back on the certificate they kept.
+    for i in 0..fleet.agents.len() {
+        fleet.start_agent(i);
+    }
+    fleet.all_connected(&channel).await;
+    for i in 0..fleet.agents.len() {
+        let m = until_metrics(
+            "agent reconnected",
+            || fleet.agent_metrics(i),
+            |m| metric(m, "otter_agent_tunnel_up") == 1.0,
+        )
+        .await;
+        assert_eq!(
+            metric(&m, "otter_agent_registrations_total"),
+            0.0,
+            "kept its certificate: {m}"
+        );
+        assert_eq!(sessions(&m), (0.0, 0.0), "{m}");
+    }
+    drop(fleet);
+    sim.shutdown().await;
+}
