@@ -188,7 +188,7 @@ async fn run(
                         }
                     });
                     let go_on = match hint {
-                        Some(after) => pause_at_least(after, &mut backoff, &shutdown).await,
+                        Some(after) => pause_at_least(after, &shutdown).await,
                         None => pause(&mut backoff, &shutdown).await,
                     };
                     if !go_on {
@@ -237,7 +237,7 @@ async fn run(
                 }
             });
             let go_on = match hint {
-                Some(after) => pause_at_least(after, &mut backoff, &shutdown).await,
+                Some(after) => pause_at_least(after, &shutdown).await,
                 None => pause(&mut backoff, &shutdown).await,
             };
             if !go_on {
@@ -524,15 +524,12 @@ async fn pause(backoff: &mut Backoff, shutdown: &CancellationToken) -> bool {
     }
 }
 
-/// Sleeps for the hub's hint plus a jittered backoff delay, so agents the
-/// hub turned away together do not come back together; false when shutting
-/// down.
-async fn pause_at_least(
-    after: Duration,
-    backoff: &mut Backoff,
-    shutdown: &CancellationToken,
-) -> bool {
-    let delay = after + backoff.next_delay();
+/// Sleeps for the hub's hint and up to as long again, drawn at random, so
+/// agents the hub turned away together do not come back together; false
+/// when shutting down. The exponential backoff, which is for a hub that
+/// does not answer, does not grow: this hub answered and said when.
+async fn pause_at_least(after: Duration, shutdown: &CancellationToken) -> bool {
+    let delay = (after + after.mul_f64(rand::random::<f64>())).max(Duration::from_millis(50));
     tokio::select! {
         _ = tokio::time::sleep(delay) => true,
         _ = shutdown.cancelled() => false,
