@@ -49,6 +49,10 @@ impl Default for QuicSettings {
     }
 }
 
+/// Largest UDP payload an agent accepts: an Ethernet MTU less the IP and
+/// UDP headers.
+const MAX_UDP_PAYLOAD: u16 = 1472;
+
 pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     let mut t = TransportConfig::default();
     t.max_concurrent_bidi_streams(VarInt::from_u32(s.max_streams))
@@ -228,7 +232,21 @@ pub async fn dial(
     }
     .parse()
     .expect("static address");
-    let endpoint = Endpoint::client(bind)?;
+    // quinn sizes an endpoint's receive buffers from the largest datagram it
+    // accepts (64 KiB by default) times its batch: 2 MiB for an agent that
+    // only ever talks to one hub over ordinary paths. Internet paths carry
+    // at most about 1,500 bytes, the size of the path MTU probes' ceiling.
+    let mut endpoint_config = quinn::EndpointConfig::default();
+    endpoint_config
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
+    let socket = std::net::UdpSocket::bind(bind)?;
+    let endpoint = Endpoint::new(
+        endpoint_config,
+        None,
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )?;
     let connecting = endpoint.connect_with(config, addr, server_name)?;
     let conn = tokio::time::timeout(settings.connect_timeout, connecting)
         .await
