@@ -5,8 +5,8 @@
 //! slots free (the limit is kept small, so a leaked session would soon
 //! refuse new ones).
 //!
-//! Cycles per kind: `OTTER_LEAK_CYCLES` (default 200, which keeps the suite
-//! quick on two cores; the 1,000 is `OTTER_LEAK_CYCLES=1000`). This
+//! Cycles per kind: `OTTER_LEAK_CYCLES` (default 1,000, about two and a half
+//! minutes on two cores; fewer for a quick look). This
 //! file is a test binary of its own with a single test: file descriptors
 //! and tasks are counted for the whole process.
 
@@ -48,7 +48,7 @@ fn cycles_wanted() -> usize {
     std::env::var("OTTER_LEAK_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200)
+        .unwrap_or(1000)
 }
 
 /// A TCP echo server on loopback.
