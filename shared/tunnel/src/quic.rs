@@ -241,12 +241,7 @@ pub async fn dial(
         .max_udp_payload_size(MAX_UDP_PAYLOAD)
         .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
     let socket = std::net::UdpSocket::bind(bind)?;
-    let endpoint = Endpoint::new(
-        endpoint_config,
-        None,
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )?;
+    let endpoint = Endpoint::new(endpoint_config, None, socket, Arc::new(quinn::TokioRuntime))?;
     let connecting = endpoint.connect_with(config, addr, server_name)?;
     let conn = tokio::time::timeout(settings.connect_timeout, connecting)
         .await
