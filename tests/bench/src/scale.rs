@@ -194,12 +194,19 @@ fn start_agent(
     let routes = tonic::service::Routes::new(ResourceServiceServer::new(double));
     let agent = Agent::start(config, routes)?;
     // Counts failed connect rounds (status updates that report an error
-    // while no tunnel is up); updates that coalesce count once.
+    // while no tunnel is up); updates that coalesce count once. A paced
+    // refusal is left out: the hub answered and said when to return, and
+    // the agent waits at least that long rather than backing off.
     let failures = Arc::new(AtomicU32::new(0));
     let (mut rx, f) = (agent.status_watch(), failures.clone());
     tokio::spawn(async move {
+        let mut refusals = 0;
         while rx.changed().await.is_ok() {
             let s = rx.borrow_and_update();
+            if s.refusals != refusals {
+                refusals = s.refusals;
+                continue;
+            }
             if s.connected.is_none() && s.attempts.iter().any(|(_, r)| r.is_err()) {
                 f.fetch_add(1, Ordering::Relaxed);
             }
