@@ -166,6 +166,8 @@ async fn run(
     let (probe_tx, mut probe_rx) = tokio::sync::mpsc::channel(1);
     let mut generation: u64 = 0;
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
+    // One QUIC endpoint for every dial of this agent's life.
+    let quic = Arc::new(quic::Dialer::default());
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -211,7 +213,7 @@ async fn run(
         let mut up: Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> = None;
         let mut hint = None;
         for kind in &dial_order(&config.transports, last_good) {
-            match dial_admitted(&config, &current, *kind).await {
+            match dial_admitted(&config, &current, *kind, &quic).await {
                 Ok(pair) => {
                     attempts.push((*kind, Ok(())));
                     up = Some(pair);
@@ -313,11 +315,12 @@ async fn run(
                     // Dialled off this loop, so calls keep being served meanwhile.
                     probing = true;
                     let (config, creds, tx) = (config.clone(), current.clone(), probe_tx.clone());
+                    let quic = quic.clone();
                     let better = better_than(&config.transports, kind);
                     let this = generation;
                     tasks.spawn(async move {
                         for k in better {
-                            if let Ok(pair) = dial_admitted(&config, &creds, k).await {
+                            if let Ok(pair) = dial_admitted(&config, &creds, k, &quic).await {
                                 let _ = tx.send((this, Some(pair))).await;
                                 return;
                             }
@@ -543,8 +546,9 @@ async fn dial_admitted(
     config: &AgentConfig,
     creds: &Credentials,
     kind: TransportKind,
+    quic: &quic::Dialer,
 ) -> Result<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> {
-    let mut acceptor = dial(config, creds, kind).await?;
+    let mut acceptor = dial(config, creds, kind, quic).await?;
     let limit = config.connect_timeout;
     match tokio::time::timeout(limit, acceptor.accept_dyn()).await {
         Ok(Ok(Some(first))) => Ok((acceptor, first)),
@@ -587,6 +591,7 @@ async fn dial(
     config: &AgentConfig,
     creds: &Credentials,
     kind: TransportKind,
+    quic: &quic::Dialer,
 ) -> Result<Box<dyn AcceptorDyn>> {
     let url = creds
         .tunnel_urls
@@ -638,7 +643,8 @@ async fn dial(
                 ..Default::default()
             };
             Ok(Box::new(
-                quic::dial(addr, &host, client(quic::ALPN)?, &settings).await?,
+                quic.dial(addr, &host, client(quic::ALPN)?, &settings)
+                    .await?,
             ))
         }
         TransportKind::H2 => {

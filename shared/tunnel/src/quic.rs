@@ -215,52 +215,101 @@ impl Opener for QuicOpener {
 
 // -------------------------------------------------------------- agent side
 
-/// Dials the hub over QUIC, verifying it with `tls` (which must offer [`ALPN`]).
+/// Dials the hub over QUIC from an endpoint of its own (see [`Dialer`]),
+/// verifying it with `tls` (which must offer [`ALPN`]).
 pub async fn dial(
     addr: SocketAddr,
     server_name: &str,
     tls: rustls::ClientConfig,
     settings: &QuicSettings,
 ) -> Result<QuicAcceptor> {
-    let crypto = QuicClientConfig::try_from(tls).map_err(quic_tls_error)?;
-    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-    config.transport_config(Arc::new(transport_config(settings)));
-    let bind: SocketAddr = if addr.is_ipv6() {
-        "[::]:0"
-    } else {
-        "0.0.0.0:0"
-    }
-    .parse()
-    .expect("static address");
-    // quinn sizes an endpoint's receive buffers from the largest datagram it
-    // accepts (64 KiB by default) times its batch: 2 MiB for an agent that
-    // only ever talks to one hub over ordinary paths. Internet paths carry
-    // at most about 1,500 bytes, the size of the path MTU probes' ceiling.
-    let mut endpoint_config = quinn::EndpointConfig::default();
-    endpoint_config
-        .max_udp_payload_size(MAX_UDP_PAYLOAD)
-        .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
-    let socket = std::net::UdpSocket::bind(bind)?;
-    let endpoint = Endpoint::new(endpoint_config, None, socket, Arc::new(quinn::TokioRuntime))?;
-    let connecting = endpoint.connect_with(config, addr, server_name)?;
-    let conn = tokio::time::timeout(settings.connect_timeout, connecting)
+    Dialer::default()
+        .dial(addr, server_name, tls, settings)
         .await
-        .map_err(|_| TunnelError::Timeout("QUIC handshake"))??;
-    Ok(QuicAcceptor { conn, endpoint })
+}
+
+/// An agent's QUIC endpoints (one per address family), bound on first use
+/// and kept for every later dial.
+///
+/// quinn gives each endpoint a receive buffer sized for its largest batch
+/// of coalesced datagrams, megabytes even with [`MAX_UDP_PAYLOAD`]. Binding
+/// a fresh endpoint per dial made every reconnect allocate (and, once the
+/// allocator stops handing such blocks straight from the kernel, touch)
+/// that much again; one endpoint for the agent's life pays it once.
+#[derive(Debug, Default)]
+pub struct Dialer {
+    endpoints: std::sync::Mutex<[Option<Endpoint>; 2]>,
+}
+
+impl Dialer {
+    /// Dials the hub, verifying it with `tls` (which must offer [`ALPN`]).
+    pub async fn dial(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        tls: rustls::ClientConfig,
+        settings: &QuicSettings,
+    ) -> Result<QuicAcceptor> {
+        let crypto = QuicClientConfig::try_from(tls).map_err(quic_tls_error)?;
+        let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+        config.transport_config(Arc::new(transport_config(settings)));
+        let mut endpoint = self.endpoint(addr.is_ipv6(), false)?;
+        let connecting = match endpoint.connect_with(config.clone(), addr, server_name) {
+            // The endpoint's driver ended (its socket failed): bind anew.
+            Err(quinn::ConnectError::EndpointStopping) => {
+                endpoint = self.endpoint(addr.is_ipv6(), true)?;
+                endpoint.connect_with(config, addr, server_name)?
+            }
+            other => other?,
+        };
+        let conn = tokio::time::timeout(settings.connect_timeout, connecting)
+            .await
+            .map_err(|_| TunnelError::Timeout("QUIC handshake"))??;
+        Ok(QuicAcceptor {
+            conn,
+            _endpoint: endpoint,
+        })
+    }
+
+    /// The endpoint for one address family, bound if there is none yet
+    /// (or `rebind`).
+    fn endpoint(&self, ipv6: bool, rebind: bool) -> Result<Endpoint> {
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut endpoints[usize::from(ipv6)];
+        if let Some(e) = slot.as_ref().filter(|_| !rebind) {
+            return Ok(e.clone());
+        }
+        let bind: SocketAddr = if ipv6 { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .expect("static address");
+        // quinn sizes an endpoint's receive buffers from the largest
+        // datagram it accepts (64 KiB by default) times its batch. Internet
+        // paths carry at most about 1,500 bytes, the ceiling of the path
+        // MTU probes, and an agent talks to one hub.
+        let mut endpoint_config = quinn::EndpointConfig::default();
+        endpoint_config
+            .max_udp_payload_size(MAX_UDP_PAYLOAD)
+            .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
+        let socket = std::net::UdpSocket::bind(bind)?;
+        let endpoint = Endpoint::new(endpoint_config, None, socket, Arc::new(quinn::TokioRuntime))?;
+        *slot = Some(endpoint.clone());
+        Ok(endpoint)
+    }
 }
 
 /// The agent's side of a QUIC tunnel.
 #[derive(Debug)]
 pub struct QuicAcceptor {
     conn: quinn::Connection,
-    endpoint: Endpoint,
+    /// Keeps the endpoint's driver running for this connection (it may be
+    /// shared with the agent's other tunnels, so it is not closed here).
+    _endpoint: Endpoint,
 }
 
 impl Drop for QuicAcceptor {
     fn drop(&mut self) {
         self.conn
             .close(VarInt::from_u32(0), b"agent closed the tunnel");
-        self.endpoint.close(VarInt::from_u32(0), b"");
     }
 }
 
