@@ -119,9 +119,6 @@ impl Registry {
     }
 }
 
-/// Lets a tunnel that is out of the routing table finish its calls, then
-/// closes it; after `timeout` it is closed regardless. Nothing is leaked: the
-/// connection ends either way.
 /// Sends the hub's own request (no caller) to the agent's `target` on a
 /// stream of its own; the response, or `None` when the tunnel or the agent
 /// failed. Bounded by `limit`.
@@ -152,6 +149,9 @@ pub async fn ask_agent(
     tokio::time::timeout(limit, ask).await.ok().flatten()
 }
 
+/// Lets a tunnel that is out of the routing table finish its calls, then
+/// closes it; after `timeout` it is closed regardless. Nothing is leaked: the
+/// connection ends either way.
 pub fn drain(entry: Arc<TunnelEntry>, timeout: Duration, reason: &'static str) {
     tokio::spawn(async move {
         let all = entry.calls.acquire_many(entry.max_calls);

@@ -143,14 +143,8 @@ impl Hub {
                 .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
             let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
             server.transport_config(Arc::new(quic::hub_transport_config(&quic_settings)));
-            // A stateless-reset key kept in the store: after a crash the
-            // restarted hub's resets of old connections are recognised by
-            // the agents, which reconnect at once instead of waiting for
-            // their keepalive timeout.
-            let reset_key =
-                ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &quic_reset_secret(&*store)?);
             quinn::Endpoint::new(
-                quinn::EndpointConfig::new(Arc::new(reset_key)),
+                quic_endpoint_config(&quic_reset_secret(&*store)?),
                 Some(server),
                 endpoint_udp,
                 Arc::new(quinn::TokioRuntime),
@@ -297,6 +291,31 @@ impl Hub {
     }
 }
 
+/// The hub's QUIC endpoint settings, keyed by a secret kept in the store.
+///
+/// After a crash, agents' packets for their old connections reach the
+/// restarted hub. It answers them with a stateless reset, which the agent
+/// recognises (and reconnects at once, instead of waiting out its keepalive
+/// timeout) only if the reset token comes from the same key as before; and
+/// quinn answers only packets whose connection ID it recognises as one of
+/// its own, checked with a second key. Both therefore outlive the process.
+fn quic_endpoint_config(secret: &[u8]) -> quinn::EndpointConfig {
+    let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let tag = ring::hmac::sign(&reset_key, b"otter-link quic connection ids");
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&tag.as_ref()[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    // quinn sends at most one reset per interval (20 ms by default): 50 a
+    // second would take minutes to tell thousands of agents. A reset is
+    // always smaller than the packet that drew it, so it cannot amplify.
+    config.min_reset_interval(Duration::from_micros(100));
+    config
+}
+
 /// The QUIC stateless-reset secret, made once and kept in the store.
 fn quic_reset_secret(store: &dyn Store) -> Result<Vec<u8>> {
     use crate::store::StoreExt;
@@ -338,7 +357,9 @@ async fn open_store(dir: &std::path::Path) -> Result<SledStore> {
 /// (its closing connections drain for a moment) is waited for, bounded,
 /// so a restart right after a stop finds its port again.
 async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::UdpSocket)> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Closing connections hold the socket for three probe timeouts, which
+    // a loaded machine has seen reach about 13 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut fresh_ports = 0;
     // Bounded: 16 fresh ports, or the deadline for a fixed one.
     let last_err = loop {

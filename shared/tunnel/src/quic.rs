@@ -49,6 +49,9 @@ impl Default for QuicSettings {
     }
 }
 
+/// How long a stopping hub lets its QUIC close frames leave.
+const CLOSE_FLUSH: Duration = Duration::from_millis(250);
+
 /// Largest UDP payload an agent accepts: an Ethernet MTU less the IP and
 /// UDP headers.
 const MAX_UDP_PAYLOAD: u16 = 1472;
@@ -120,9 +123,12 @@ pub async fn accept_loop_paced(
             i = endpoint.accept() => match i { Some(i) => i, None => return },
             _ = shutdown.cancelled() => {
                 endpoint.close(VarInt::from_u32(0), b"hub shutting down");
-                // The socket stays bound until closing connections drain;
-                // wait (bounded) so a restarted hub can bind the port again.
-                let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+                // Long enough for the close frames to leave. Waiting until
+                // closed connections have drained (three probe timeouts,
+                // seconds under load) would hold up a graceful restart;
+                // the process ends before that, and a hub restarted in the
+                // same process waits for the port when it binds.
+                let _ = tokio::time::timeout(CLOSE_FLUSH, endpoint.wait_idle()).await;
                 return;
             }
         };
