@@ -137,19 +137,13 @@ impl Hub {
             keepalive: config.keepalive,
             ..Default::default()
         };
-        let endpoint = {
-            // Reuse the UDP socket reserved alongside the TCP port.
-            let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(quic_tls)
-                .map_err(|e| HubError::Config(format!("QUIC TLS: {e}")))?;
-            let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-            server.transport_config(Arc::new(quic::hub_transport_config(&quic_settings)));
-            quinn::Endpoint::new(
-                quic_endpoint_config(&quic_reset_secret(&*store)?),
-                Some(server),
-                endpoint_udp,
-                Arc::new(quinn::TokioRuntime),
-            )?
-        };
+        // Reuses the UDP socket reserved alongside the TCP port.
+        let endpoint = quic::hub_endpoint_on(
+            endpoint_udp,
+            quic_tls,
+            &quic_settings,
+            &quic_reset_secret(&*store)?,
+        )?;
 
         let methods = Methods::load_with(
             otter_proto::FILE_DESCRIPTOR_SET,
@@ -289,31 +283,6 @@ impl Hub {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-}
-
-/// The hub's QUIC endpoint settings, keyed by a secret kept in the store.
-///
-/// After a crash, agents' packets for their old connections reach the
-/// restarted hub. It answers them with a stateless reset, which the agent
-/// recognises (and reconnects at once, instead of waiting out its keepalive
-/// timeout) only if the reset token comes from the same key as before; and
-/// quinn answers only packets whose connection ID it recognises as one of
-/// its own, checked with a second key. Both therefore outlive the process.
-fn quic_endpoint_config(secret: &[u8]) -> quinn::EndpointConfig {
-    let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    let tag = ring::hmac::sign(&reset_key, b"otter-link quic connection ids");
-    let mut cid_key = [0u8; 8];
-    cid_key.copy_from_slice(&tag.as_ref()[..8]);
-    let cid_key = u64::from_le_bytes(cid_key);
-    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
-    config.cid_generator(move || {
-        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
-    });
-    // quinn sends at most one reset per interval (20 ms by default): 50 a
-    // second would take minutes to tell thousands of agents. A reset is
-    // always smaller than the packet that drew it, so it cannot amplify.
-    config.min_reset_interval(Duration::from_micros(100));
-    config
 }
 
 /// The QUIC stateless-reset secret, made once and kept in the store.

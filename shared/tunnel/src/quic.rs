@@ -85,17 +85,58 @@ fn quic_tls_error(e: impl std::fmt::Display) -> TunnelError {
 
 // ---------------------------------------------------------------- hub side
 
-/// Binds the hub's QUIC endpoint. `tls` must offer [`ALPN`].
+/// Binds the hub's QUIC endpoint with a secret of its own (see
+/// [`hub_endpoint_on`]). `tls` must offer [`ALPN`].
 pub fn hub_endpoint(
     addr: SocketAddr,
     tls: rustls::ServerConfig,
     settings: &QuicSettings,
 ) -> Result<Endpoint> {
+    let mut secret = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+        .map_err(|_| TunnelError::protocol("no randomness for the QUIC reset key"))?;
+    hub_endpoint_on(std::net::UdpSocket::bind(addr)?, tls, settings, &secret)
+}
+
+/// The hub's QUIC endpoint on `socket`, keyed by `secret`. `tls` must offer
+/// [`ALPN`].
+///
+/// After a crash, agents' packets for their old connections reach the
+/// restarted hub. It answers them with a stateless reset, which an agent
+/// recognises (and reconnects at once, instead of waiting out its keepalive
+/// timeout) only if the reset token comes from the same key as before; and
+/// quinn answers only packets whose connection ID it recognises as one it
+/// issued, checked with a second key. A hub that keeps `secret` across
+/// restarts gets both.
+pub fn hub_endpoint_on(
+    socket: std::net::UdpSocket,
+    tls: rustls::ServerConfig,
+    settings: &QuicSettings,
+    secret: &[u8],
+) -> Result<Endpoint> {
     let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
-    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    config.transport_config(Arc::new(hub_transport_config(settings)));
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     // The agent is the QUIC client but opens no streams of its own.
-    Ok(Endpoint::server(config, addr)?)
+    server.transport_config(Arc::new(hub_transport_config(settings)));
+    let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let tag = ring::hmac::sign(&reset_key, b"otter-link quic connection ids");
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&tag.as_ref()[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    // quinn sends at most one reset per interval (20 ms by default): 50 a
+    // second would take minutes to tell thousands of agents. A reset is
+    // always smaller than the packet that drew it, so it cannot amplify.
+    config.min_reset_interval(Duration::from_micros(100));
+    Ok(Endpoint::new(
+        config,
+        Some(server),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )?)
 }
 
 /// Accepts QUIC connections and hands each, with its verified client

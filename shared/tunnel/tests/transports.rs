@@ -307,3 +307,127 @@ async fn ws_transport() {
     tls::install_default_provider();
     scenarios("ws").await;
 }
+
+/// A UDP relay whose upstream can be switched: what an agent sees when the
+/// hub behind a fixed address is replaced by a new process. Packets from any
+/// other than the current upstream (the old hub) are dropped.
+struct UdpRelay {
+    addr: SocketAddr,
+    upstream: Arc<std::sync::Mutex<SocketAddr>>,
+}
+
+impl UdpRelay {
+    async fn start(upstream: SocketAddr) -> UdpRelay {
+        let front = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let back = Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let addr = front.local_addr().unwrap();
+        let upstream = Arc::new(std::sync::Mutex::new(upstream));
+        let agent = Arc::new(std::sync::Mutex::new(None::<SocketAddr>));
+        let (f, b, up, who) = (front.clone(), back.clone(), upstream.clone(), agent.clone());
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = f.recv_from(&mut buf).await {
+                *who.lock().unwrap() = Some(from);
+                let to = *up.lock().unwrap();
+                let _ = b.send_to(&buf[..n], to).await;
+            }
+        });
+        let up = upstream.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = back.recv_from(&mut buf).await {
+                let to = *agent.lock().unwrap();
+                if let Some(to) = to.filter(|_| from == *up.lock().unwrap()) {
+                    let _ = front.send_to(&buf[..n], to).await;
+                }
+            }
+        });
+        UdpRelay { addr, upstream }
+    }
+
+    fn switch_to(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap() = upstream;
+    }
+}
+
+/// A hub that crashed and came back on the same address answers the
+/// agent's next packet with a stateless reset the agent accepts, so the
+/// agent reconnects at once, if (and only if) it keeps its secret. One
+/// that does not is silent, and the agent waits out its keepalive timeout.
+#[tokio::test]
+async fn quic_restarted_hub_resets_old_connections_when_it_keeps_its_secret() {
+    tls::install_default_provider();
+    let p = pki();
+    let server = || {
+        tls::server_config(
+            &p.server.0,
+            &p.server.1,
+            p.ca.cert_pem(),
+            tls::ClientAuth::Required,
+            &[quic::ALPN],
+        )
+        .unwrap()
+    };
+    let client = tls::client_config(
+        p.ca.cert_pem(),
+        Some((&p.client.0, &p.client.1)),
+        &[quic::ALPN],
+    )
+    .unwrap();
+    let settings = QuicSettings {
+        keepalive: otter_tunnel::transport::Keepalive::every(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let endpoint = |secret: &[u8]| {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        quic::hub_endpoint_on(socket, server(), &settings, secret).unwrap()
+    };
+    let kept = [7u8; 32];
+
+    for (restarted_with, want) in [(kept, "reset"), ([8u8; 32], "timed out")] {
+        let first = endpoint(&kept);
+        let (tx, mut rx) = mpsc::channel::<Accepted>(4);
+        let shutdown = CancellationToken::new();
+        tokio::spawn(quic::accept_loop(first.clone(), tx, shutdown.clone()));
+        let relay = UdpRelay::start(first.local_addr().unwrap()).await;
+        let mut acceptor = quic::dial(relay.addr, "localhost", client.clone(), &settings)
+            .await
+            .unwrap();
+        let tunnel = rx.recv().await.expect("tunnel accepted");
+        // One stream each way first: the handshake is confirmed, and the
+        // agent's packets carry short headers, which a hub may reset.
+        let round_trip = async {
+            tokio::join!(call(&*tunnel.opener, "/echo", b"hi"), async {
+                let stream = acceptor.accept().await.unwrap().expect("a stream");
+                tokio::spawn(serve_stream(
+                    stream,
+                    service(Default::default()),
+                    Limits::default(),
+                ));
+            })
+            .0
+        };
+        let resp = tokio::time::timeout(Duration::from_secs(10), round_trip)
+            .await
+            .expect("a round trip before the restart");
+        assert_eq!(resp.status(), 200);
+
+        // The old hub vanishes without a goodbye; a new one takes its place.
+        let second = endpoint(&restarted_with);
+        relay.switch_to(second.local_addr().unwrap());
+        let err = tokio::time::timeout(Duration::from_secs(30), acceptor.accept())
+            .await
+            .expect("the agent notices within its keepalive timeout")
+            .expect_err("the old tunnel ends with an error");
+        assert!(
+            err.to_string().contains(want),
+            "restarted with {}: {err}",
+            if restarted_with == kept {
+                "the same secret"
+            } else {
+                "another secret"
+            }
+        );
+        shutdown.cancel();
+    }
+}
