@@ -88,12 +88,21 @@ pub async fn hub_handshake_as(
     settings: H2Settings,
     kind: TransportKind,
 ) -> Result<H2Opener> {
+    // Each exchange ends with a race: the side that has what it needs
+    // drops the stream while the other's end may still be on the wire. h2
+    // answers a frame for a stream it has forgotten with a reset and counts
+    // it; after 1,024 over the connection's life it drops the connection as
+    // "excessive load", which killed busy tunnels after about 10,000 calls.
+    // The count guards against peers that provoke resets on purpose; a
+    // tunnel's peer is authenticated both ways, and a reset is smaller than
+    // the frame that drew it. The limit on resets the peer sends stays.
     let (send, mut conn) = client::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_send_buffer_size(settings.stream_window as usize)
         .max_header_list_size(64 * 1024)
+        .max_local_error_reset_streams(None)
         .handshake::<_, Bytes>(io)
         .await?;
     let ping = conn.ping_pong();
@@ -367,6 +376,7 @@ pub async fn agent_handshake_as(
     kind: TransportKind,
 ) -> Result<H2Acceptor> {
     let io = admitted(io).await?;
+    // No count of the resets we answer with: see `hub_handshake_as`.
     let mut conn = server::Builder::new()
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
@@ -374,6 +384,7 @@ pub async fn agent_handshake_as(
         .max_concurrent_streams(settings.max_streams)
         .max_send_buffer_size(settings.stream_window as usize)
         .max_header_list_size(64 * 1024)
+        .max_local_error_reset_streams(None)
         .handshake::<_, Bytes>(io)
         .await?;
     let dead = CancellationToken::new();

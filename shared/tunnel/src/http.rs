@@ -71,6 +71,12 @@ async fn next_frame<B>(
 where
     B: Body<Data = Bytes>,
 {
+    // A body that always has a frame ready (a bulk stream from a fast
+    // source) into a stream that always has room never returns Pending, and
+    // quinn's streams take no part in tokio's cooperative budget: without
+    // this, such a pump keeps its worker thread, and the tasks queued behind
+    // it (another tunnel's keepalive, say) wait for as long as it lasts.
+    tokio::task::coop::consume_budget().await;
     let ready = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
     match ready {
         Poll::Ready(frame) => Ok(frame),
@@ -280,7 +286,13 @@ impl Body for ResponseBody {
         if self.finished {
             return Poll::Ready(None);
         }
-        match ready!(self.reader.poll_next_unpin(cx)) {
+        // Counts against the task's budget, as tokio's own sockets do, so
+        // whoever drains a bulk response yields now and then (see
+        // `next_frame`).
+        let coop = ready!(tokio::task::coop::poll_proceed(cx));
+        let next = ready!(self.reader.poll_next_unpin(cx));
+        coop.made_progress();
+        match next {
             None => {
                 self.finish();
                 Poll::Ready(None)

@@ -480,6 +480,22 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 }
             });
             tokio::time::sleep(Duration::from_millis(500)).await;
+            // How late a 10 ms timer fires while the bulk stream runs: a
+            // task that never yields holds its worker thread, and whatever
+            // is queued behind it (another tunnel's keepalive) waits.
+            let late = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let ticker = {
+                let late = late.clone();
+                tokio::spawn(async move {
+                    let tick = Duration::from_millis(10);
+                    loop {
+                        let t = Instant::now();
+                        tokio::time::sleep(tick).await;
+                        let over = t.elapsed().saturating_sub(tick).as_micros() as u64;
+                        late.fetch_max(over, std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+            };
             let t = Instant::now();
             let b0 = bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
             let busy = Latency::of(&series(hol_calls, || hub_get(ch, token, cluster)).await?);
@@ -496,6 +512,13 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             };
             let control = Latency::of(&series(hol_calls, one).await?);
             reader.abort();
+            ticker.abort();
+            figs.add(
+                &format!("hol.{cluster}.timer-late-max"),
+                "ms",
+                None,
+                late.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0,
+            );
             figs.add(
                 &format!("hol.{cluster}.bulk-direct-p99"),
                 "µs",

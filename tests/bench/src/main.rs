@@ -39,6 +39,14 @@ fn tokio_rt() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Quiet unless asked (OTTER_LOG=info shows tunnels going up and down,
+    // and why).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cmd = args.first().map(String::as_str).unwrap_or("");
     let samples = || -> anyhow::Result<PathBuf> { arg(&args, 1, "samples file") };
