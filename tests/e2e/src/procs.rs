@@ -347,23 +347,36 @@ impl Drop for Proc {
 
 /// Resident memory of process `pid` in MiB (VmRSS), if it runs.
 pub fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
+    Some(rss_kib_of(&format!("/proc/{pid}/status"))? as f64 / 1024.0)
+}
+
+/// Resident memory of this process in KiB (VmRSS).
+pub fn own_rss_kib() -> u64 {
+    rss_kib_of("/proc/self/status").unwrap_or(0)
+}
+
+/// File descriptors this process has open.
+pub fn own_open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn rss_kib_of(status: &str) -> Option<u64> {
+    std::fs::read_to_string(status)
+        .ok()?
         .lines()
         .find(|l| l.starts_with("VmRSS:"))?
         .split_whitespace()
         .nth(1)?
         .parse()
-        .ok()?;
-    Some(kib / 1024.0)
+        .ok()
 }
 
 /// A free loopback TCP port whose UDP twin is free too (the hub's tunnel
 /// port serves both), so a hub restarted on it finds it again.
 ///
-/// It is taken from below the kernel's ephemeral range: agents dialling
-/// QUIC bind a fresh ephemeral UDP port per attempt, and while a hub
-/// restarts one of them could take the very port the hub is about to bind
+/// It is taken from below the kernel's ephemeral range: every agent binds
+/// an ephemeral UDP port for QUIC, and while a hub restarts an agent that
+/// starts meanwhile could take the very port the hub is about to bind
 /// again (on separate machines, as in production, that cannot happen).
 pub fn free_port() -> u16 {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")

@@ -8,27 +8,11 @@ use futures::StreamExt;
 use otter_e2e::{
     TestHub,
     double::{start_agent, wait_connected, wait_until},
+    procs::{own_open_fds, own_rss_kib},
     with_token,
 };
 use otter_proto::resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient};
 use otter_tunnel::TransportKind;
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 async fn cycles(transport: TransportKind, n: usize) {
     let hub = TestHub::start().await;
@@ -58,7 +42,7 @@ async fn cycles(transport: TransportKind, n: usize) {
         "warm-up watches to end",
     )
     .await;
-    let (fds0, rss0) = (open_fds(), rss_kib());
+    let (fds0, rss0) = (own_open_fds(), own_rss_kib());
 
     let started = std::time::Instant::now();
     for i in 0..n {
@@ -82,7 +66,7 @@ async fn cycles(transport: TransportKind, n: usize) {
         "the hub's calls in flight to drain",
     )
     .await;
-    let (fds1, rss1) = (open_fds(), rss_kib());
+    let (fds1, rss1) = (own_open_fds(), own_rss_kib());
     println!(
         "{transport}: {n} cycles in {:?}; fds {fds0} -> {fds1}; RSS {rss0} KiB -> {rss1} KiB",
         started.elapsed()

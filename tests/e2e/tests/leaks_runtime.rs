@@ -16,27 +16,11 @@ use futures::StreamExt;
 use otter_e2e::{
     double::wait_until,
     kube::{KubeEnv, sim_config, within},
+    procs::{own_open_fds, own_rss_kib},
     with_token,
 };
 use otter_proto::runtime::v1 as pb;
 use tonic::Code;
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 fn alive_tasks() -> usize {
     tokio::runtime::Handle::current()
@@ -213,7 +197,7 @@ async fn runtime_cycles_leak_nothing() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     settle("warm-up calls to end").await;
-    let (tasks0, fds0, rss0) = (alive_tasks(), open_fds(), rss_kib());
+    let (tasks0, fds0, rss0) = (alive_tasks(), own_open_fds(), own_rss_kib());
 
     let started = std::time::Instant::now();
     for i in 0..n {
@@ -232,7 +216,7 @@ async fn runtime_cycles_leak_nothing() {
         "live tasks to return to the baseline",
     )
     .await;
-    let (tasks1, fds1, rss1) = (alive_tasks(), open_fds(), rss_kib());
+    let (tasks1, fds1, rss1) = (alive_tasks(), own_open_fds(), own_rss_kib());
     println!(
         "{n} cycles each of PodLog(follow), Exec, PortForward in {:?}; tasks {tasks0} -> {tasks1}; fds {fds0} -> {fds1}; RSS {rss0} KiB -> {rss1} KiB",
         started.elapsed()
