@@ -2,30 +2,12 @@
 //! fuzzer ever crashed on (`tests/fuzz-regressions/<target>/`) through the
 //! same harness functions the fuzz targets call, under plain `cargo test`.
 
+#[path = "../../tests/support/fuzz_replay.rs"]
+mod fuzz_replay;
 #[path = "../fuzz/harness.rs"]
 mod harness;
 
-use std::path::Path;
-
-fn replay(target: &str, run: fn(&[u8])) -> usize {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut n = 0;
-    for dir in [
-        root.join("fuzz/seeds").join(target),
-        root.join("tests/fuzz-regressions").join(target),
-    ] {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries {
-            let path = entry.expect("directory entry").path();
-            eprintln!("{}", path.display());
-            run(&std::fs::read(&path).expect("read input"));
-            n += 1;
-        }
-    }
-    n
-}
+use fuzz_replay::replay;
 
 #[test]
 fn connect_envelope_corpus() {

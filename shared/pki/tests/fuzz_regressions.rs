@@ -4,32 +4,16 @@
 //! hostile CSRs made fresh here (names injected into the subject and SANs,
 //! other key types, a broken signature, oversized).
 
+#[path = "../../../tests/support/fuzz_replay.rs"]
+mod fuzz_replay;
 #[path = "../fuzz/harness.rs"]
 mod harness;
+
+use fuzz_replay::replay;
 
 use std::path::Path;
 
 use rcgen::{CertificateParams, DnType, KeyPair, SanType};
-
-fn replay(target: &str, run: fn(&[u8])) -> usize {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut n = 0;
-    for dir in [
-        root.join("fuzz/seeds").join(target),
-        root.join("tests/fuzz-regressions").join(target),
-    ] {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries {
-            let path = entry.expect("directory entry").path();
-            eprintln!("{}", path.display());
-            run(&std::fs::read(&path).expect("read input"));
-            n += 1;
-        }
-    }
-    n
-}
 
 #[test]
 fn csr_sign_corpus() {
