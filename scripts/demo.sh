@@ -68,7 +68,7 @@ for cluster in edge-1 edge-2; do
     if [ -n "$kubectl_133" ]; then
         echo "   kubectl apply -f <manifest URL>"
         SSL_CERT_FILE="$demo/hub/ca.crt" "$kubectl_133" --kubeconfig "$demo/$cluster.kubeconfig" apply -f "$url" | sed 's/^/   /'
-        "$kubectl_133" --kubeconfig "$demo/$cluster.kubeconfig" -n otterscale-system get secret otter-agent-join -o json >"$demo/$cluster-join/secret.json"
+        "$kubectl_133" --kubeconfig "$demo/$cluster.kubeconfig" -n otterscale-system get secret otter-agent -o json >"$demo/$cluster-join/secret.json"
     else
         echo "   (kubectl 1.33 not found: reading the manifest's Secret directly)"
         curl -fsS --cacert "$demo/hub/ca.crt" "$url" >"$demo/$cluster-join/manifest.yaml"

@@ -29,8 +29,15 @@ pub struct Cli {
     #[arg(long, env = "OTTER_HUB_CA_FILE")]
     pub hub_ca_file: PathBuf,
     /// Where to keep the agent's key and certificate across restarts.
-    #[arg(long, env = "OTTER_STATE_DIR")]
+    #[arg(long, env = "OTTER_STATE_DIR", conflicts_with = "state_secret")]
     pub state_dir: Option<PathBuf>,
+    /// Keep them in this Secret instead (the manifest's way: it outlives
+    /// the pod), which also holds the join token until the agent enrolled.
+    #[arg(long, env = "OTTER_STATE_SECRET")]
+    pub state_secret: Option<String>,
+    /// Namespace of that Secret: the agent's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub state_namespace: String,
     /// Transports to try, in order.
     #[arg(
         long,
@@ -131,7 +138,7 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
             .map_err(|e| anyhow::anyhow!("cannot read join token {}: {e}", path.display()))?;
         config.join_token = Secret(token.trim().to_owned());
     }
-    config.state_dir = cli.state_dir;
+    config.state = cli.state_dir.map(crate::identity::IdentityStore::Dir);
     config.rancher_project_id = cli.rancher_project_id;
     config.transports = cli.transports;
     config.proxy = match cli.proxy {
@@ -171,6 +178,13 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
         .await
         .map_err(anyhow::Error::msg)?;
     let access = crate::kube::KubeAccess::new(kube_config).map_err(anyhow::Error::msg)?;
+    if let Some(name) = &cli.state_secret {
+        config.state = Some(crate::identity::IdentityStore::secret(
+            access.agent().clone(),
+            &cli.state_namespace,
+            name,
+        ));
+    }
     let mut services = crate::ServicesConfig::default();
     services.runtime.sessions = crate::sessions::Limits {
         max_exec: cli.max_exec_sessions,

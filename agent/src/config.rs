@@ -1,6 +1,6 @@
 //! Settings of `otter-agent`.
 
-use std::{fmt, path::PathBuf, time::Duration};
+use std::{fmt, time::Duration};
 
 use otter_tunnel::{Keepalive, TransportKind};
 use url::Url;
@@ -34,9 +34,9 @@ pub struct AgentConfig {
     pub rancher_project_id: String,
     /// Transports in the order to try.
     pub transports: Vec<TransportKind>,
-    /// Where key and certificate are kept across restarts; none keeps them
-    /// in memory only.
-    pub state_dir: Option<PathBuf>,
+    /// Where key and certificate are kept across restarts (a directory or
+    /// a Secret); none keeps them in memory only.
+    pub state: Option<crate::identity::IdentityStore>,
     pub keepalive: Keepalive,
     /// Bound of one transport's dial before the next is tried.
     pub connect_timeout: Duration,
@@ -67,7 +67,7 @@ impl AgentConfig {
             hub_ca_pem: hub_ca_pem.to_owned(),
             rancher_project_id: String::new(),
             transports: vec![TransportKind::Quic, TransportKind::H2, TransportKind::Ws],
-            state_dir: None,
+            state: None,
             keepalive: Keepalive::default(),
             connect_timeout: Duration::from_secs(10),
             proxy: None,

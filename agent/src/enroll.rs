@@ -1,7 +1,7 @@
 //! Register with the hub: a fresh key and CSR each time, authenticated by the
 //! join token on first contact and by the current certificate on renewal.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use otter_pki::tls;
 use otter_proto::link::v1::{RegisterRequest, link_service_client::LinkServiceClient};
@@ -20,6 +20,9 @@ pub struct Credentials {
     /// verified with these from then on, see [`hub_trust`].
     pub ca_pem: String,
     pub serial: String,
+    /// The agent id the certificate names: an agent that finds kept
+    /// credentials goes on as that agent, whatever its pod is called now.
+    pub agent_id: String,
     /// Unix seconds.
     pub issued_at: i64,
     pub not_after: i64,
@@ -134,65 +137,43 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
         cert_pem,
         ca_pem: String::from_utf8(resp.ca_certificate.unwrap_or_default()).unwrap_or_default(),
         serial: peer.serial,
+        agent_id: peer.identity.agent_id,
         issued_at: now(),
         not_after: peer.not_after,
         tunnel_urls,
     };
-    if let Some(dir) = &config.state_dir {
-        save(dir, &creds)?;
+    // A failure to keep them is logged, not returned: the hub has spent
+    // the join token by now, so these credentials are the agent's only
+    // way back; it serves with them and keeps them at the next renewal.
+    if let Some(store) = &config.state
+        && let Err(e) = store.save(&creds).await
+    {
+        tracing::error!(error = %e, "could not keep the agent's identity; it is lost if the agent restarts before the next renewal");
     }
     Ok(creds)
 }
 
-/// Keeps the credentials so a restarted agent reconnects without a join token.
-fn save(dir: &Path, c: &Credentials) -> Result<()> {
-    use std::{io::Write, os::unix::fs::OpenOptionsExt};
-    std::fs::create_dir_all(dir)?;
-    let write = |name: &str, data: &str| -> std::io::Result<()> {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(data.as_bytes())?;
-        f.sync_all()?;
-        std::fs::rename(tmp, dir.join(name))
-    };
-    write("agent.key", &c.key_pem)?;
-    write("agent.crt", &c.cert_pem)?;
-    write("hub-ca.crt", &c.ca_pem)?;
-    let urls: Vec<&str> = c.tunnel_urls.iter().map(Url::as_str).collect();
-    write("tunnel-urls", &urls.join("\n"))?;
-    Ok(())
-}
-
-/// Credentials saved by an earlier run, if they are complete and unexpired.
-pub fn load(dir: &Path) -> Option<Credentials> {
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-    let (key_pem, cert_pem, ca_pem, urls) = (
-        read("agent.key")?,
-        read("agent.crt")?,
-        read("hub-ca.crt")?,
-        read("tunnel-urls")?,
-    );
-    let der = otter_pki::tls::parse_certs(&cert_pem)
-        .ok()?
-        .into_iter()
-        .next()?;
-    let peer = otter_pki::identity::PeerCertificate::from_der(der.as_ref()).ok()?;
-    if peer.not_after <= now() {
-        return None;
+impl Credentials {
+    /// Credentials kept by an earlier run, if complete and unexpired.
+    pub fn from_kept(key_pem: &str, cert_pem: &str, ca_pem: &str, urls: &str) -> Option<Self> {
+        let der = otter_pki::tls::parse_certs(cert_pem)
+            .ok()?
+            .into_iter()
+            .next()?;
+        let peer = otter_pki::identity::PeerCertificate::from_der(der.as_ref()).ok()?;
+        if peer.not_after <= now() {
+            return None;
+        }
+        Some(Credentials {
+            key_pem: key_pem.to_owned(),
+            cert_pem: cert_pem.to_owned(),
+            ca_pem: ca_pem.to_owned(),
+            serial: peer.serial,
+            agent_id: peer.identity.agent_id,
+            // Unknown after a restart: renew as if issued now, which errs early.
+            issued_at: now().min(peer.not_after - 1),
+            not_after: peer.not_after,
+            tunnel_urls: urls.lines().filter_map(|l| Url::parse(l).ok()).collect(),
+        })
     }
-    Some(Credentials {
-        key_pem,
-        cert_pem,
-        ca_pem,
-        serial: peer.serial,
-        // Unknown after a restart: renew as if issued now, which errs early.
-        issued_at: now().min(peer.not_after - 1),
-        not_after: peer.not_after,
-        tunnel_urls: urls.lines().filter_map(|l| Url::parse(l).ok()).collect(),
-    })
 }

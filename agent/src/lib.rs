@@ -31,6 +31,7 @@ pub mod discovery;
 pub mod enroll;
 pub mod gauges;
 pub mod health;
+pub mod identity;
 pub mod kube;
 pub mod kube_proxy;
 pub mod resource;
@@ -92,6 +93,9 @@ pub enum AgentError {
     Tunnel(#[from] otter_tunnel::TunnelError),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The kept identity (a Secret) could not be read or written.
+    #[error("identity store: {0}")]
+    Identity(String),
 }
 
 impl AgentError {

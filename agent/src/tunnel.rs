@@ -157,7 +157,7 @@ async fn run(
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
-    let mut creds: Option<Credentials> = config.state_dir.as_deref().and_then(enroll::load);
+    let (config, mut creds) = kept_identity(config).await;
     let renew_now = std::sync::Arc::new(tokio::sync::Notify::new());
     // The transport that worked last is tried first on a reconnect.
     let mut last_good: Option<TransportKind> = None;
@@ -481,6 +481,36 @@ async fn serve_until_closed(
         _ = tokio::time::timeout(REPLACED_TUNNEL_LIMIT, serve) => {}
         _ = shutdown.cancelled() => {}
     }
+}
+
+/// The credentials an earlier run kept, and the config to go on with: as
+/// the agent those credentials name, and with the join token kept beside
+/// them when the config has none.
+async fn kept_identity(mut config: AgentConfig) -> (AgentConfig, Option<Credentials>) {
+    let Some(store) = config.state.clone() else {
+        return (config, None);
+    };
+    let creds = match store.load().await {
+        Ok(creds) => creds,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the kept identity");
+            None
+        }
+    };
+    match &creds {
+        Some(c) if c.agent_id != config.agent_id => {
+            tracing::info!(kept = %c.agent_id, this = %config.agent_id, "going on as the agent the kept identity names");
+            config.agent_id = c.agent_id.clone();
+        }
+        Some(_) => {}
+        None if config.join_token.0.is_empty() => match store.join_token().await {
+            Ok(Some(token)) => config.join_token = crate::config::Secret(token),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "could not read the join token"),
+        },
+        None => {}
+    }
+    (config, creds)
 }
 
 /// Registers or renews; a renewal the hub refuses falls back to the join

@@ -5,6 +5,10 @@
 //!   ready for the next step.
 //! - `POST /admin/v1/ca/{stage,activate,finish}[?force=true]`: one step;
 //!   409 with the clusters that are not ready, unless forced.
+//!
+//! `/admin/v1/links/<cluster>/re-enroll`: lets the cluster take one join
+//! token authorized from now on, whose agent replaces the current one
+//! (a join token enrolls a cluster once otherwise).
 
 use std::sync::Arc;
 
@@ -131,4 +135,40 @@ pub fn ask_agents_to_renew(state: &Arc<HubState>) {
             tracing::debug!(cluster = %entry.cluster, ?answer, "asked the agent to renew");
         });
     }
+}
+
+/// Serves `POST /admin/v1/links/<cluster>/re-enroll`.
+pub async fn re_enroll(
+    state: Arc<HubState>,
+    cluster: &str,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let caller = match crate::auth::authenticate(&state, req.headers()).await {
+        Ok(c) => c,
+        Err(s) => return plain(http::StatusCode::UNAUTHORIZED, s.message()),
+    };
+    if let Err(s) = crate::auth::require_admin(&state, &caller) {
+        return plain(http::StatusCode::FORBIDDEN, s.message());
+    }
+    if req.method() != http::Method::POST {
+        return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
+    }
+    if otter_pki::validate_cluster_name(cluster).is_err() {
+        return plain(http::StatusCode::BAD_REQUEST, "not a cluster name");
+    }
+    let now = match crate::link_service::open_for_reenrollment(&*state.store, cluster) {
+        Ok(Some(now)) => now,
+        Ok(None) => {
+            return plain(
+                http::StatusCode::NOT_FOUND,
+                &format!("cluster {cluster} is not enrolled; a new manifest enrolls it"),
+            );
+        }
+        Err(e) => return plain(http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    tracing::info!(%cluster, by = %caller.user, "cluster opened for re-enrollment");
+    json(
+        http::StatusCode::OK,
+        &serde_json::json!({ "cluster": cluster, "reenroll_after": now }),
+    )
 }

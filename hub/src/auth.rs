@@ -9,6 +9,36 @@ use crate::{server::HubState, tokens};
 pub const HOW_TO_AUTHENTICATE: &str = "send `authorization: Bearer <token>` with a token from your identity provider \
     or the hub (the embedded hub writes an admin token to <data dir>/admin-token; `otter login` stores one for the CLI)";
 
+/// A caller the front door already verified from the request's headers,
+/// carried in the request's extensions (which no client can set) so the
+/// handlers behind it need not verify the token again.
+#[derive(Debug, Clone)]
+pub struct Verified(pub Caller);
+
+/// Methods anyone may call: an agent's first Register carries its join
+/// token in the message, and health checks and reflection come from
+/// probes and tools without credentials. Everything else is refused
+/// before its body is read unless the headers authenticate the caller.
+pub fn needs_token(path: &str) -> bool {
+    !(path == "/otterscale.link.v1.LinkService/Register"
+        || path.starts_with("/grpc.health.v1.Health/")
+        || path.starts_with("/grpc.reflection.v1.ServerReflection/")
+        || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/"))
+}
+
+/// The verified caller of a request: the one the front door verified (in
+/// its extensions), or the one its `authorization` header authenticates.
+pub async fn caller_of(
+    state: &HubState,
+    extensions: &http::Extensions,
+    headers: &http::HeaderMap,
+) -> Result<Caller, tonic::Status> {
+    match extensions.get::<Verified>() {
+        Some(Verified(caller)) => Ok(caller.clone()),
+        None => authenticate(state, headers).await,
+    }
+}
+
 /// The verified caller of a gRPC request.
 pub async fn authenticate_grpc(
     state: &HubState,

@@ -188,7 +188,8 @@ impl Authority {
     }
 
     fn write_bundle(&self) -> Result<()> {
-        std::fs::write(self.data_dir.join("ca.crt"), self.current().bundle_pem())?;
+        // Owner-only like everything in the data dir (`SledStore::open`).
+        crate::tokens::write_private(&self.data_dir.join("ca.crt"), &self.current().bundle_pem())?;
         Ok(())
     }
 

@@ -13,6 +13,8 @@ use crate::{HubError, Result};
 pub struct HubConfig {
     /// Where the store lives.
     pub data_dir: PathBuf,
+    /// Key (32 bytes in a file) that seals the store's secrets at rest.
+    pub store_key_file: Option<PathBuf>,
     /// API listener (gRPC, Connect, gRPC-Web, manifest URLs), TLS.
     pub api_listen: SocketAddr,
     /// Tunnel listener: TCP (TLS + HTTP/2) and UDP (QUIC) on the same port.
@@ -41,6 +43,12 @@ pub struct HubConfig {
     /// Tunnels set up at once (handshakes through admission); agents beyond
     /// it are told to come back after `admission_retry_after`.
     pub max_concurrent_admissions: usize,
+    /// Handshakes on the tunnel port before a client certificate is
+    /// verified: how many at once, each source's share, when the oldest
+    /// may be dropped for a newcomer.
+    pub tunnel_handshakes: otter_tunnel::handshakes::HandshakeLimits,
+    /// Connections of the API port, in total and per source address.
+    pub api_connections: crate::limits::ApiConnectionLimits,
     /// The hint refused agents get: they wait at least this long, plus jitter.
     pub admission_retry_after: Duration,
     /// Register calls served at once (each signs a certificate); more are
@@ -101,6 +109,7 @@ impl HubConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            store_key_file: None,
             api_listen: "127.0.0.1:8443".parse().expect("static address"),
             tunnel_listen: "127.0.0.1:8444".parse().expect("static address"),
             external_url: None,
@@ -112,6 +121,8 @@ impl HubConfig {
             drain_timeout: Duration::from_secs(30),
             max_concurrent_admissions: 128,
             admission_retry_after: Duration::from_secs(1),
+            tunnel_handshakes: Default::default(),
+            api_connections: Default::default(),
             max_concurrent_registrations: 32,
             reconnect_drain_timeout: Duration::from_secs(15 * 60),
             max_request_message: 16 * 1024 * 1024,

@@ -72,7 +72,7 @@ async fn route(
     state: Arc<HubState>,
     req: http::Request<HttpBody>,
 ) -> Result<http::Response<HttpBody>, Status> {
-    let caller = auth::authenticate(&state, req.headers()).await?;
+    let caller = auth::caller_of(&state, req.extensions(), req.headers()).await?;
     let (mut parts, body) = req.into_parts();
     let (prefix, rest) = read_first_message(body, state.config.max_request_message).await?;
     if prefix[0] != 0 {
@@ -232,7 +232,7 @@ async fn read_first_message(mut body: HttpBody, max: usize) -> Result<(Bytes, Ht
                 return Ok((buf.freeze(), body));
             }
         }
-        match body.frame().await {
+        match crate::limits::next_frame(&mut body).await? {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     buf.extend_from_slice(&data);

@@ -47,6 +47,11 @@ pub struct LinkRecord {
     /// Register (it follows them): a CA rotation waits for these.
     #[serde(default)]
     pub trusted_cas: Vec<String>,
+    /// Set by an admin's re-enrollment (unix seconds): the cluster then
+    /// takes one join token authorized at or after this, whose agent
+    /// replaces the current one. Cleared by that Register.
+    #[serde(default)]
+    pub reenroll_after: Option<i64>,
 }
 
 /// The LinkService handlers.
@@ -103,16 +108,43 @@ impl LinkSvc {
 
         // Who may register: a join token for this cluster, or (renewal) the
         // certificate of this cluster's current agent presented over mTLS.
-        match req.join_token.as_deref().filter(|t| !t.is_empty()) {
-            Some(token) => match tokens::use_join_token(&*self.state.store, token, &cluster)
-                .map_err(|e| e.into_status())?
-            {
-                Ok(()) => {}
-                Err(e @ JoinTokenError::WrongCluster(_)) => {
-                    return Err(Status::permission_denied(e.to_string()));
+        let current = self
+            .state
+            .store
+            .get::<LinkRecord>(tree::LINKS, &cluster)
+            .map_err(|e| e.into_status())?;
+        let join_token = match req.join_token.as_deref().filter(|t| !t.is_empty()) {
+            Some(token) => {
+                let checked = match tokens::check_join_token(&*self.state.store, token, &cluster)
+                    .map_err(|e| e.into_status())?
+                {
+                    Ok(checked) => checked,
+                    Err(e @ JoinTokenError::WrongCluster(_)) => {
+                        return Err(Status::permission_denied(e.to_string()));
+                    }
+                    Err(e) => return Err(Status::unauthenticated(e.to_string())),
+                };
+                // A token does not take an enrolled cluster over: only an
+                // admin's re-enrollment lets a new agent in, with a token
+                // authorized after it.
+                if let Some(link) = &current {
+                    match link.reenroll_after {
+                        Some(after) if checked.record.authorized >= after => {}
+                        Some(_) => {
+                            return Err(Status::failed_precondition(format!(
+                                "cluster {cluster} is being re-enrolled and this join token was made before that; apply a manifest made after `otter re-enroll {cluster}`"
+                            )));
+                        }
+                        None => {
+                            return Err(Status::failed_precondition(format!(
+                                "cluster {cluster} is already enrolled (agent {:?}); a join token enrolls a cluster once and its agent renews with its certificate. To replace the agent, an admin runs `otter re-enroll {cluster}` and applies a new manifest",
+                                link.agent_id
+                            )));
+                        }
+                    }
                 }
-                Err(e) => return Err(Status::unauthenticated(e.to_string())),
-            },
+                Some(checked)
+            }
             None => {
                 let peer = conn
                     .as_ref()
@@ -131,11 +163,6 @@ impl LinkSvc {
                         peer.identity.cluster
                     )));
                 }
-                let current = self
-                    .state
-                    .store
-                    .get::<LinkRecord>(tree::LINKS, &cluster)
-                    .map_err(|e| e.into_status())?;
                 if current.as_ref().map(|l| &l.agent_id) != Some(&peer.identity.agent_id)
                     || peer.identity.agent_id != agent_id
                 {
@@ -143,8 +170,9 @@ impl LinkSvc {
                         "this certificate's agent has been replaced; register with a join token",
                     ));
                 }
+                None
             }
-        }
+        };
 
         let cas = self.state.authority.current();
         let issued = cas
@@ -159,12 +187,17 @@ impl LinkSvc {
                 other => crate::HubError::from(other).into_status(),
             })?;
 
+        // Spent only now that the request is known to be good, and only
+        // once: of two Registers racing with one token, one wins.
+        let enrolling = join_token.is_some();
+        if let Some(checked) = join_token
+            && let Err(e) = tokens::spend_join_token(&*self.state.store, checked, &agent_id)
+                .map_err(|e| e.into_status())?
+        {
+            return Err(Status::unauthenticated(e.to_string()));
+        }
         let now = unix_now();
-        let previous = self
-            .state
-            .store
-            .get::<LinkRecord>(tree::LINKS, &cluster)
-            .map_err(|e| e.into_status())?;
+        let previous = current;
         let record = LinkRecord {
             cluster: cluster.clone(),
             agent_id: agent_id.clone(),
@@ -174,9 +207,17 @@ impl LinkSvc {
             cert_not_after: issued.not_after,
             first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
             last_seen: now,
-            last_transport: previous.map(|p| p.last_transport).unwrap_or_default(),
+            last_transport: previous
+                .as_ref()
+                .map(|p| p.last_transport.clone())
+                .unwrap_or_default(),
             cert_ca: cas.active.fingerprint(),
             trusted_cas: cas.fingerprints(),
+            // A renewal keeps a pending re-enrollment; the enrollment ends it.
+            reenroll_after: previous
+                .as_ref()
+                .and_then(|p| p.reenroll_after)
+                .filter(|_| !enrolling),
         };
         self.state
             .store
@@ -355,11 +396,37 @@ impl LinkService for LinkSvc {
     }
 }
 
+/// Lets an enrolled `cluster` take one join token authorized from now on
+/// (an admin's re-enrollment); the time it was opened, or `None` when the
+/// cluster has no link. Read and written back with a compare-and-swap, so
+/// a renewal landing between loses neither the mark nor itself.
+pub fn open_for_reenrollment(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+) -> crate::Result<Option<i64>> {
+    let now = unix_now();
+    loop {
+        let Some(raw) = store.get_raw(tree::LINKS, cluster)? else {
+            return Ok(None);
+        };
+        let mut link: LinkRecord = serde_json::from_slice(&raw)
+            .map_err(|e| crate::HubError::Store(format!("links/{cluster}: {e}")))?;
+        link.reenroll_after = Some(now);
+        if store.replace(tree::LINKS, cluster, &raw, &link)? {
+            return Ok(Some(now));
+        }
+    }
+}
+
 /// Mints a join token and renders the manifest the claims describe.
 fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Result<String> {
     let cas = state.authority.current();
-    let join_token =
-        tokens::mint_join_token(&*state.store, &claims.cluster, state.config.join_token_ttl)?;
+    let join_token = tokens::mint_join_token_authorized(
+        &*state.store,
+        &claims.cluster,
+        state.config.join_token_ttl,
+        claims.issued,
+    )?;
     Ok(manifest::render(&manifest::ManifestSpec {
         cluster: claims.cluster.clone(),
         admins: claims.admins.clone(),
@@ -382,6 +449,17 @@ pub fn manifest_from_url(
     let active = state.authority.current().active.fingerprint();
     let claims = manifest::verify(&state.manifest_key, token, &active)
         .map_err(|e| (http::StatusCode::UNAUTHORIZED, e.to_string()))?;
+    match manifest::count_fetch(&*state.store, token, &claims) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err((http::StatusCode::GONE, e.to_string())),
+        Err(e) => {
+            tracing::error!(error = %e, "counting a manifest fetch failed");
+            return Err((
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "the hub could not serve the manifest; see its log".to_owned(),
+            ));
+        }
+    }
     render_manifest(state, &claims).map_err(|e| {
         tracing::error!(error = %e, "rendering a manifest failed");
         (

@@ -45,6 +45,9 @@ pub struct ManifestSpec {
     pub image: String,
 }
 
+/// The agent's Secret in its namespace: the join token, then its identity.
+pub const AGENT_SECRET: &str = "otter-agent";
+
 /// The signed content of a manifest URL.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UrlClaims {
@@ -60,6 +63,59 @@ pub struct UrlClaims {
     /// CA fingerprint the URL was minted under.
     #[serde(rename = "f")]
     pub ca_fingerprint: String,
+    /// When the URL was minted (unix seconds): the join tokens it hands out
+    /// count as authorized then. URLs of older hubs read 0.
+    #[serde(rename = "i", default)]
+    pub issued: i64,
+}
+
+/// How many times one manifest URL serves its YAML: `kubectl apply -f`
+/// fetches it once, a retry or a look with curl a few more. Each fetch
+/// mints a join token, so an unauthenticated GET cannot mint without end.
+pub const MAX_URL_FETCHES: u32 = 3;
+
+/// The fetches of one manifest URL so far, kept until it expires.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestUrlRecord {
+    pub fetches: u32,
+    /// Unix seconds; the record is pruned after.
+    pub expires: i64,
+}
+
+/// Counts a fetch of the manifest URL `token` (already verified as
+/// `claims`); `Err(UrlError::Exhausted)` once it served its fetches.
+pub fn count_fetch(
+    store: &dyn crate::store::Store,
+    token: &str,
+    claims: &UrlClaims,
+) -> crate::Result<Result<(), UrlError>> {
+    use crate::store::tree;
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let key = hex::encode(&digest.as_ref()[..16]);
+    // Concurrent fetches race on the count; each retry sees a newer one.
+    loop {
+        let old = store.get_raw(tree::MANIFEST_URLS, &key)?;
+        let fetches = match &old {
+            Some(raw) => {
+                serde_json::from_slice::<ManifestUrlRecord>(raw)
+                    .map_err(|e| crate::HubError::Store(format!("manifest url {key}: {e}")))?
+                    .fetches
+            }
+            None => 0,
+        };
+        if fetches >= MAX_URL_FETCHES {
+            return Ok(Err(UrlError::Exhausted(fetches)));
+        }
+        let new = serde_json::to_vec(&ManifestUrlRecord {
+            fetches: fetches + 1,
+            expires: claims.expires,
+        })
+        .map_err(|e| crate::HubError::Store(e.to_string()))?;
+        if store.compare_and_swap_raw(tree::MANIFEST_URLS, &key, old.as_deref(), Some(&new))? {
+            store.flush()?;
+            return Ok(Ok(()));
+        }
+    }
 }
 
 /// Why a manifest URL was refused (answered 401 with this text).
@@ -77,6 +133,10 @@ pub enum UrlError {
         "this manifest link was made for another hub CA; ask for a new one with `otter agent-manifest`"
     )]
     OtherCa,
+    #[error(
+        "this manifest link has been fetched {0} times, the most one serves; ask for a new one with `otter agent-manifest`"
+    )]
+    Exhausted(u32),
 }
 
 /// The HMAC key of manifest URLs, created once and kept in the store.
@@ -137,6 +197,7 @@ pub fn claims(
         rancher_project_id: rancher_project_id.to_owned(),
         expires: unix_now() + ttl.as_secs() as i64,
         ca_fingerprint: ca_fingerprint.to_owned(),
+        issued: unix_now(),
     }
 }
 
@@ -249,10 +310,26 @@ pub fn render(spec: &ManifestSpec) -> String {
             "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
         }));
     }
+    // The agent's own Secret: the join token until it enrolled, then its
+    // identity (key, certificate, the hub's CAs), which outlives any pod.
     docs.push(json!({
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": { "name": "otter-agent-join", "namespace": ns, "labels": labels },
+        "metadata": { "name": AGENT_SECRET, "namespace": ns, "labels": labels },
         "stringData": { "join-token": spec.join_token, "hub-ca.crt": spec.ca_pem },
+    }));
+    // What the agent may do as itself: read and patch that one Secret.
+    docs.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": { "name": "otterscale:agent-identity", "namespace": ns, "labels": labels },
+        "rules": [
+            { "apiGroups": [""], "resources": ["secrets"], "resourceNames": [AGENT_SECRET], "verbs": ["get", "patch", "update"] },
+        ],
+    }));
+    docs.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": "otterscale:agent-identity", "namespace": ns, "labels": labels },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "otterscale:agent-identity" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "otter-agent", "namespace": ns }],
     }));
     let env = json!([
         { "name": "OTTER_HUB_URL", "value": spec.hub_url },
@@ -260,10 +337,10 @@ pub fn render(spec: &ManifestSpec) -> String {
         { "name": "OTTER_RANCHER_PROJECT_ID", "value": spec.rancher_project_id },
         { "name": "OTTER_HUB_CA_FINGERPRINT", "value": spec.ca_fingerprint },
         { "name": "OTTER_HUB_CA_FILE", "value": "/etc/otter/join/hub-ca.crt" },
-        { "name": "OTTER_JOIN_TOKEN_FILE", "value": "/etc/otter/join/join-token" },
-        { "name": "OTTER_STATE_DIR", "value": "/var/lib/otter-agent" },
+        { "name": "OTTER_STATE_SECRET", "value": AGENT_SECRET },
         { "name": "OTTER_HEALTH_LISTEN", "value": "0.0.0.0:8080" },
         { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+        { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
     ]);
     let probe = |path: &str, delay: u32| {
         json!({
@@ -306,14 +383,15 @@ pub fn render(spec: &ManifestSpec) -> String {
                             "capabilities": { "drop": ["ALL"] },
                             "seccompProfile": { "type": "RuntimeDefault" },
                         },
+                        // Only the hub CA the manifest pinned; the token
+                        // and the identity are read through the API.
                         "volumeMounts": [
                             { "name": "join", "mountPath": "/etc/otter/join", "readOnly": true },
-                            { "name": "state", "mountPath": "/var/lib/otter-agent" },
                         ],
                     }],
                     "volumes": [
-                        { "name": "join", "secret": { "secretName": "otter-agent-join", "defaultMode": 0o400 } },
-                        { "name": "state", "emptyDir": { "sizeLimit": "16Mi" } },
+                        { "name": "join", "secret": { "secretName": AGENT_SECRET, "defaultMode": 0o400,
+                                                      "items": [{ "key": "hub-ca.crt", "path": "hub-ca.crt" }] } },
                     ],
                 },
             },
@@ -369,7 +447,7 @@ mod tests {
             .split("\n---\n")
             .map(|d| serde_saphyr::from_str(d).expect("each document parses"))
             .collect();
-        assert_eq!(docs.len(), 10, "no document was injected");
+        assert_eq!(docs.len(), 12, "no document was injected");
         let subjects: Vec<&str> = docs
             .iter()
             .filter(|d| d["roleRef"]["name"] == "cluster-admin")

@@ -66,6 +66,12 @@ pub struct HubState {
     /// Upgraded connections of the Kubernetes API proxy, counted per user
     /// and per cluster.
     pub upgrades: Arc<crate::kube_proxy::Upgrades>,
+    /// Open connections of the API port, per source.
+    pub api_connections: Arc<crate::limits::ApiConnections>,
+    /// API connections that have not yet sent a whole request head: the
+    /// same bounds as the tunnel port's handshakes (a fair share per
+    /// source, the oldest dropped for a newcomer when full).
+    pub api_pending: Arc<otter_tunnel::handshakes::Handshakes>,
 }
 
 impl std::fmt::Debug for HubState {
@@ -102,7 +108,18 @@ impl Hub {
     pub async fn start(config: HubConfig) -> Result<Hub> {
         config.validate()?;
         tls::install_default_provider();
-        let store: Arc<dyn Store> = Arc::new(open_store(&config.data_dir).await?);
+        let open_files = crate::limits::raise_open_file_limit();
+        let sled = open_store(&config.data_dir).await?;
+        let store: Arc<dyn Store> = match &config.store_key_file {
+            Some(path) => Arc::new(crate::sealed::SealedStore::new(
+                sled,
+                &crate::sealed::read_key(path)?,
+            )?),
+            None => {
+                crate::sealed::check_unsealed(&sled)?;
+                Arc::new(sled)
+            }
+        };
         let admin_token = tokens::ensure_admin_token(&*store, &config.data_dir)?;
         let pruned = tokens::prune_join_tokens(&*store)?;
         if pruned > 0 {
@@ -161,10 +178,19 @@ impl Hub {
         };
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
-        let pacer = otter_tunnel::pace::Pacer::new(
+        let pacer = otter_tunnel::pace::Pacer::with_handshakes(
             config.max_concurrent_admissions,
             config.admission_retry_after,
+            config.tunnel_handshakes,
         );
+        // The API port may take at most half the descriptors: the rest
+        // keeps the tunnel port (and the store) working under a flood.
+        let mut api_limits = config.api_connections;
+        if let Some(n) = open_files {
+            api_limits.max_total = api_limits
+                .max_total
+                .min(usize::try_from(n / 2).unwrap_or(usize::MAX));
+        }
         let register_pacer = otter_tunnel::pace::Pacer::new(
             config.max_concurrent_registrations,
             config.admission_retry_after,
@@ -186,6 +212,18 @@ impl Hub {
             pacer: pacer.clone(),
             register_pacer,
             upgrades: Arc::default(),
+            api_connections: crate::limits::ApiConnections::new(api_limits),
+            // The oldest pending connection always makes room for a new
+            // one: a user's TLS handshake and request head take
+            // milliseconds, so under a flood of stalled connections it
+            // still gets through, where waiting for a place would leave it
+            // in the kernel's backlog behind the flood.
+            api_pending: otter_tunnel::handshakes::Handshakes::new(
+                otter_tunnel::handshakes::HandshakeLimits {
+                    evict_after: Duration::ZERO,
+                    ..Default::default()
+                },
+            ),
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
@@ -218,6 +256,7 @@ impl Hub {
             shutdown.clone(),
         ));
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
+        tasks.spawn(prune_periodically(state.clone(), shutdown.clone()));
         tracing::info!(%api_addr, %tunnel_addr, external_url = %state.external_url, "hub serving");
         Ok(Hub {
             initial_ca_pem: state.authority.current().active.cert_pem().to_owned(),
@@ -247,6 +286,13 @@ impl Hub {
             cluster,
             self.state.config.join_token_ttl,
         )
+    }
+
+    /// Lets an enrolled cluster take a new agent (see
+    /// [`crate::link_service::open_for_reenrollment`]); false when it has
+    /// no link.
+    pub fn re_enroll(&self, cluster: &str) -> Result<bool> {
+        Ok(crate::link_service::open_for_reenrollment(&*self.state.store, cluster)?.is_some())
     }
 
     /// Mints an API token for a user.
@@ -410,6 +456,29 @@ fn api_routes(
     .add_service(v1alpha))
 }
 
+/// Removes expired join tokens and manifest-URL counts every ten minutes,
+/// so fetching manifest URLs cannot grow the store without bound between
+/// restarts.
+async fn prune_periodically(state: Arc<HubState>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(600));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        match tokens::prune_join_tokens(&*state.store) {
+            Ok(0) => {}
+            Ok(pruned) => tracing::info!(
+                pruned,
+                "removed expired join tokens and manifest URL counts"
+            ),
+            Err(e) => tracing::warn!(error = %e, "pruning expired join tokens failed"),
+        }
+    }
+}
+
 /// Keeps the health status in step with the store: SERVING only while
 /// writes succeed (listeners are bound before this starts).
 async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
@@ -444,6 +513,13 @@ async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
 
 /// Accepts API connections; each handshake and connection runs in its own
 /// task. Without TLS (local development) HTTP/1.1 and h2c are served.
+///
+/// Until it has sent a whole request head a connection is anyone's: it
+/// holds a place among the pending ones ([`HubState::api_pending`]), and
+/// is closed if it has not sent that head within
+/// [`crate::limits::FIRST_REQUEST_TIMEOUT`] of being accepted (TLS
+/// handshake included). A connection over the global or its source's cap
+/// ([`HubState::api_connections`]) is closed at once.
 async fn serve_api(
     state: Arc<HubState>,
     routes: tonic::service::Routes,
@@ -464,6 +540,18 @@ async fn serve_api(
             },
             _ = shutdown.cancelled() => return,
         };
+        let pending = tokio::select! {
+            p = state.api_pending.begin(remote.ip()) => p,
+            _ = shutdown.cancelled() => return,
+        };
+        let Some(pending) = pending else {
+            tracing::debug!(%remote, "API connection refused: its source holds too many pending connections");
+            continue;
+        };
+        let Some(place) = state.api_connections.try_enter(remote.ip()) else {
+            tracing::debug!(%remote, "API connection refused: over the connection cap");
+            continue;
+        };
         let (acceptor, routes, state2, shutdown) = (
             acceptor.clone(),
             routes.clone(),
@@ -471,11 +559,18 @@ async fn serve_api(
             shutdown.clone(),
         );
         state.tasks.spawn(async move {
+            let _place = place;
+            let evicted = pending.evicted();
+            let first = FirstRequest {
+                accepted: tokio::time::Instant::now(),
+                pending: Arc::new(std::sync::Mutex::new(Some(pending))),
+            };
             let _ = tcp.set_nodelay(true);
+            let serve = async move {
             match acceptor {
                 Some(acceptor) => {
                     let tls = match tokio::time::timeout(
-                        API_HANDSHAKE_TIMEOUT,
+                        API_HANDSHAKE_TIMEOUT.min(crate::limits::FIRST_REQUEST_TIMEOUT),
                         acceptor.accept(tcp),
                     )
                     .await
@@ -493,17 +588,53 @@ async fn serve_api(
                         .and_then(|c| c.first())
                         .map(|c| c.to_vec());
                     let conn = Arc::new(ConnInfo { remote, peer_cert });
-                    serve_connection(state2, routes, conn, TokioIo::new(tls), shutdown).await;
+                    serve_connection(state2, routes, conn, TokioIo::new(tls), first, shutdown)
+                        .await;
                 }
                 None => {
                     let conn = Arc::new(ConnInfo {
                         remote,
                         peer_cert: None,
                     });
-                    serve_connection(state2, routes, conn, TokioIo::new(tcp), shutdown).await;
+                    serve_connection(state2, routes, conn, TokioIo::new(tcp), first, shutdown)
+                        .await;
                 }
             }
+            };
+            tokio::select! {
+                () = serve => {}
+                _ = evicted.cancelled() => tracing::debug!(%remote, "API connection dropped for a newer one: no request head yet"),
+            }
         });
+    }
+}
+
+/// A connection's way to its first request head: when it was accepted,
+/// and its place among the pending connections until the head arrives.
+struct FirstRequest {
+    accepted: tokio::time::Instant,
+    pending: Arc<std::sync::Mutex<Option<otter_tunnel::handshakes::Handshake>>>,
+}
+
+impl FirstRequest {
+    /// The head arrived: the pending place frees, and the deadline and
+    /// eviction no longer apply.
+    fn arrived(&self) {
+        if let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            p.verified();
+        }
+    }
+
+    fn waiting(&self) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 }
 
@@ -512,24 +643,44 @@ async fn serve_connection<I>(
     routes: tonic::service::Routes,
     conn: Arc<ConnInfo>,
     io: I,
+    first: FirstRequest,
     shutdown: CancellationToken,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let remote = conn.remote;
-    let service = hyper::service::service_fn(move |req| {
-        dispatch(state.clone(), routes.clone(), conn.clone(), req)
-    });
+    let first = Arc::new(first);
+    let service = {
+        let first = first.clone();
+        hyper::service::service_fn(move |req| {
+            first.arrived();
+            dispatch(state.clone(), routes.clone(), conn.clone(), req)
+        })
+    };
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
         .max_header_list_size(64 * 1024)
         .max_concurrent_streams(1000);
-    builder.http1().max_buf_size(64 * 1024);
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(crate::limits::HEADER_READ_TIMEOUT)
+        .max_buf_size(64 * 1024);
     let serving = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(serving);
+    // Only a connection that has not yet sent a whole request head is cut;
+    // after that the deadline never fires.
+    let silent = async {
+        tokio::time::sleep_until(first.accepted + crate::limits::FIRST_REQUEST_TIMEOUT).await;
+        if !first.waiting() {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
         r = serving.as_mut() => if let Err(e) = r { tracing::debug!(%remote, error = %e, "API connection ended") },
+        _ = silent => tracing::debug!(%remote, "API connection closed: no request head in time"),
         _ = shutdown.cancelled() => {}
     }
 }
@@ -601,6 +752,13 @@ async fn route(
     if path == "/admin/v1/ca" {
         return crate::admin::ca(state, None, req).await;
     }
+    if let Some(cluster) = path
+        .strip_prefix("/admin/v1/links/")
+        .and_then(|rest| rest.strip_suffix("/re-enroll"))
+    {
+        let cluster = cluster.to_owned();
+        return crate::admin::re_enroll(state, &cluster, req).await;
+    }
     if let Some(step) = path.strip_prefix("/admin/v1/ca/") {
         let step = step.to_owned();
         return crate::admin::ca(state, Some(&step), req).await;
@@ -639,7 +797,21 @@ async fn route(
     if let Err(status) = state.methods.check_enabled(&path) {
         return protocol_error(proto, &status);
     }
-    let max = state.config.max_request_message;
+    // Who is calling is decided from the headers, before a byte of the
+    // body is read: an anonymous client gets its answer without the hub
+    // buffering anything. Only the endpoints that need no token take a
+    // body from an anonymous client, and a small one.
+    let max = if crate::auth::needs_token(&path) {
+        match crate::auth::authenticate(&state, req.headers()).await {
+            Ok(caller) => {
+                req.extensions_mut().insert(crate::auth::Verified(caller));
+            }
+            Err(status) => return protocol_error(proto, &status),
+        }
+        state.config.max_request_message
+    } else {
+        crate::limits::MAX_PUBLIC_MESSAGE
+    };
     let inner = GrpcHandler {
         state: state.clone(),
         routes: routes.clone(),
@@ -815,7 +987,12 @@ async fn grpc_handlers(
     // ResourceExhausted (tonic itself would buffer up to its limit and then
     // say OutOfRange). Every method here is unary or starts with a small
     // message.
-    let req = match forward::limit_first_message(req, MAX_OWN_MESSAGE).await {
+    let max = if crate::auth::needs_token(req.uri().path()) {
+        MAX_OWN_MESSAGE
+    } else {
+        crate::limits::MAX_PUBLIC_MESSAGE
+    };
+    let req = match forward::limit_first_message(req, max).await {
         Ok(req) => req,
         Err(status) => return status.into_http(),
     };

@@ -21,6 +21,8 @@ pub mod tree {
     pub const JOIN_TOKENS: &str = "join_tokens";
     /// `ApiTokenRecord` by token id.
     pub const API_TOKENS: &str = "api_tokens";
+    /// `ManifestUrlRecord` (fetches so far) by a digest of the URL.
+    pub const MANIFEST_URLS: &str = "manifest_urls";
 }
 
 /// A transactional-enough key-value store: single-key writes are atomic and
@@ -29,6 +31,16 @@ pub trait Store: Send + Sync + 'static {
     fn get_raw(&self, tree: &str, key: &str) -> Result<Option<Vec<u8>>>;
     fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> Result<()>;
     fn delete(&self, tree: &str, key: &str) -> Result<()>;
+    /// Writes `new` (or deletes, with `None`) only if the key still holds
+    /// `old` (`None`: absent); whether it did. Writes that must not race
+    /// (a join token used once) go through this.
+    fn compare_and_swap_raw(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool>;
     /// Every (key, value) of a tree, in key order.
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>>;
     /// Makes every write so far durable.
@@ -54,6 +66,17 @@ pub trait StoreExt: Store {
         self.flush()
     }
 
+    /// Replaces the record `old` (as read, raw) with `new` unless another
+    /// write came between; whether it did. Durable when it returns true.
+    fn replace<T: Serialize>(&self, tree: &str, key: &str, old: &[u8], new: &T) -> Result<bool> {
+        let bytes = serde_json::to_vec(new).map_err(|e| HubError::Store(e.to_string()))?;
+        let swapped = self.compare_and_swap_raw(tree, key, Some(old), Some(&bytes))?;
+        if swapped {
+            self.flush()?;
+        }
+        Ok(swapped)
+    }
+
     fn scan<T: DeserializeOwned>(&self, tree: &str) -> Result<Vec<T>> {
         self.scan_raw(tree)?
             .into_iter()
@@ -75,8 +98,12 @@ pub struct SledStore {
 impl SledStore {
     /// Opens (or creates) the store under `dir`. sled locks the directory, so
     /// a second hub on the same data dir fails here with a clear error.
+    ///
+    /// The directory ends up 0700 and everything in it 0600 (directories
+    /// 0700) whatever the umask: sled's files hold the CA key and token
+    /// hashes, `admin-token` a bearer token.
     pub fn open(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        create_private_dir(dir).map_err(|e| {
             HubError::Store(format!("cannot create data dir {}: {e}", dir.display()))
         })?;
         let db = sled::Config::new()
@@ -84,11 +111,100 @@ impl SledStore {
             .cache_capacity(16 * 1024 * 1024)
             .open()
             .map_err(|e| HubError::Store(format!("cannot open store in {}: {e}", dir.display())))?;
+        // sled creates its files with the process umask (0644 under the
+        // usual 022), and files an older hub left behind keep their mode.
+        // Files sled makes later land in `db/`, which is 0700 by then.
+        restrict_tree(dir).map_err(|e| {
+            HubError::Store(format!(
+                "cannot make data dir {} private: {e}",
+                dir.display()
+            ))
+        })?;
         Ok(Self { db })
     }
 
     fn tree(&self, name: &str) -> Result<sled::Tree> {
         self.db.open_tree(name).map_err(sled_err)
+    }
+}
+
+/// Mode of the data directory and every directory in it.
+const DIR_MODE: u32 = 0o700;
+/// Mode of every file in the data directory.
+const FILE_MODE: u32 = 0o600;
+
+/// Creates `dir` with mode 0700 (missing parents as usual), or makes an
+/// existing one 0700.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+        other => other?,
+    }
+    restrict(dir, DIR_MODE)?;
+    Ok(())
+}
+
+/// Makes every file under `dir` 0600 and every directory 0700, recursively.
+/// Symbolic links are left alone: their targets are not the hub's.
+fn restrict_tree(dir: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // Gone meanwhile (sled removes old snapshots).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        // Another user's directory that already had mode 0700.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            tracing::warn!(path = %dir.display(), "cannot read a directory in the data dir: {e}");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let file_type = entry.file_type()?;
+        let mode = match file_type {
+            t if t.is_dir() => DIR_MODE,
+            t if t.is_file() => FILE_MODE,
+            _ => continue,
+        };
+        let path = entry.path();
+        if restrict(&path, mode)? && file_type.is_dir() {
+            restrict_tree(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Sets the mode of `path`; whether it now has it.
+///
+/// A path owned by another user cannot be changed: the root of
+/// a Kubernetes volume used as the data dir, its `lost+found`. That is
+/// left with a warning rather than keeping the hub from starting; what the
+/// hub writes is still protected by its own modes.
+fn restrict(path: &Path, mode: u32) -> std::io::Result<bool> {
+    use std::{io::ErrorKind, os::unix::fs::PermissionsExt};
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if meta.permissions().mode() & 0o7777 == mode {
+        return Ok(true);
+    }
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            tracing::warn!(
+                path = %path.display(),
+                "cannot set mode {mode:o} in the data dir (owned by another user?): {e}"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -113,6 +229,20 @@ impl Store for SledStore {
     fn delete(&self, tree: &str, key: &str) -> Result<()> {
         self.tree(tree)?.remove(key).map_err(sled_err)?;
         self.flush()
+    }
+
+    fn compare_and_swap_raw(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        Ok(self
+            .tree(tree)?
+            .compare_and_swap(key, old, new)
+            .map_err(sled_err)?
+            .is_ok())
     }
 
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
@@ -173,5 +303,53 @@ mod tests {
         let all: Vec<serde_json::Value> = s.scan(tree::LINKS).unwrap();
         assert_eq!(all, vec![serde_json::json!({"cluster": "edge-1"})]);
         assert!(s.writable());
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::symlink_metadata(path)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_new_data_dir_is_owner_only() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("a/data");
+        let _s = SledStore::open(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("db")), 0o700);
+        assert_eq!(mode(&dir.join("db/conf")), 0o600);
+        assert_eq!(mode(&dir.join("db/db")), 0o600);
+    }
+
+    #[test]
+    fn an_existing_data_dir_is_made_owner_only_but_not_what_links_point_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        set_mode(outside.path(), 0o644);
+        set_mode(dir.path(), 0o755);
+        let (file, sub) = (dir.path().join("ca.crt"), dir.path().join("old"));
+        std::fs::write(&file, "x").unwrap();
+        set_mode(&file, 0o644);
+        std::fs::create_dir(&sub).unwrap();
+        std::fs::write(sub.join("f"), "x").unwrap();
+        set_mode(&sub.join("f"), 0o666);
+        set_mode(&sub, 0o777);
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap();
+
+        let _s = SledStore::open(dir.path()).unwrap();
+        assert_eq!(mode(dir.path()), 0o700);
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(mode(&sub), 0o700);
+        assert_eq!(mode(&sub.join("f")), 0o600);
+        assert_eq!(mode(outside.path()), 0o644);
     }
 }

@@ -5,9 +5,13 @@
 //! only a SHA-256 of the secret, so a copy of the store cannot be replayed;
 //! secrets are compared in constant time.
 //!
-//! Join-token reuse policy: a join token may be used by its own cluster any
-//! number of times until it expires, so an agent pod that restarts before
-//! saving its certificate can register again. Each use is counted.
+//! Join-token policy: a join token enrolls its cluster once. The Register
+//! that uses it spends it (a compare-and-swap in the store, so two agents
+//! racing with one token cannot both win); from then on the agent renews
+//! with its certificate, never the token, and a token found later in the
+//! agent's Secret, a manifest or a log enrolls nobody. A cluster that has a
+//! link takes a join token only after an admin re-enrolled it, and only a
+//! token authorized after that (see `link_service`).
 
 use std::{path::Path, time::Duration};
 
@@ -69,6 +73,15 @@ pub struct JoinTokenRecord {
     pub uses: u64,
     #[serde(default)]
     pub last_used: Option<i64>,
+    /// When an admin authorized it: the minting, or for a token a manifest
+    /// URL handed out, when the URL was minted. A re-enrolled cluster
+    /// takes only tokens authorized after its re-enrollment. Records of
+    /// older hubs read 0: before any re-enrollment.
+    #[serde(default)]
+    pub authorized: i64,
+    /// The agent that enrolled with it.
+    #[serde(default)]
+    pub used_by: Option<String>,
 }
 
 /// Why a join token was refused.
@@ -86,10 +99,25 @@ pub enum JoinTokenError {
         "join token was issued for cluster {0:?}, not this one; use the manifest made for this cluster"
     )]
     WrongCluster(String),
+    #[error(
+        "join token was already used: it enrolls a cluster once, and the agent then renews with its certificate; to enroll this cluster again, an admin runs `otter re-enroll <cluster>` and applies a new manifest"
+    )]
+    Used,
 }
 
-/// Mints a join token for `cluster`, valid for `ttl`.
+/// Mints a join token for `cluster`, valid for `ttl`, authorized now.
 pub fn mint_join_token(store: &dyn Store, cluster: &str, ttl: Duration) -> Result<String> {
+    mint_join_token_authorized(store, cluster, ttl, unix_now())
+}
+
+/// Like [`mint_join_token`], for a token an admin authorized at
+/// `authorized` (unix seconds): a manifest URL minted then.
+pub fn mint_join_token_authorized(
+    store: &dyn Store,
+    cluster: &str,
+    ttl: Duration,
+    authorized: i64,
+) -> Result<String> {
     otter_pki::validate_cluster_name(cluster)?;
     let (token, id, secret_sha256) = new_token(JOIN_PREFIX);
     let now = unix_now();
@@ -101,46 +129,87 @@ pub fn mint_join_token(store: &dyn Store, cluster: &str, ttl: Duration) -> Resul
         expires: now + ttl.as_secs() as i64,
         uses: 0,
         last_used: None,
+        authorized,
+        used_by: None,
     };
     store.put(tree::JOIN_TOKENS, &id, &rec)?;
     Ok(token)
 }
 
-/// Checks a join token for `cluster` and counts the use.
-pub fn use_join_token(
+/// A join token that is valid for its cluster and not yet spent.
+#[derive(Debug)]
+pub struct CheckedJoinToken {
+    pub record: JoinTokenRecord,
+    /// The record as read, for the compare-and-swap that spends it.
+    raw: Vec<u8>,
+}
+
+/// Checks a join token for `cluster` without spending it.
+pub fn check_join_token(
     store: &dyn Store,
     token: &str,
     cluster: &str,
-) -> Result<Result<(), JoinTokenError>> {
+) -> Result<Result<CheckedJoinToken, JoinTokenError>> {
     let Some((id, secret)) = parse(JOIN_PREFIX, token) else {
         return Ok(Err(JoinTokenError::Malformed));
     };
-    let Some(mut rec) = store.get::<JoinTokenRecord>(tree::JOIN_TOKENS, id)? else {
+    let Some(raw) = store.get_raw(tree::JOIN_TOKENS, id)? else {
         return Ok(Err(JoinTokenError::Unknown));
     };
-    if !secret_matches(&rec.secret_sha256, secret) {
+    let record: JoinTokenRecord = serde_json::from_slice(&raw)
+        .map_err(|e| crate::HubError::Store(format!("{}/{id}: {e}", tree::JOIN_TOKENS)))?;
+    if !secret_matches(&record.secret_sha256, secret) {
         return Ok(Err(JoinTokenError::Unknown));
     }
-    let now = unix_now();
-    if now >= rec.expires {
+    if unix_now() >= record.expires {
         return Ok(Err(JoinTokenError::Expired));
     }
-    if rec.cluster != cluster {
-        return Ok(Err(JoinTokenError::WrongCluster(rec.cluster)));
+    if record.cluster != cluster {
+        return Ok(Err(JoinTokenError::WrongCluster(record.cluster)));
     }
-    rec.uses += 1;
-    rec.last_used = Some(now);
-    store.put(tree::JOIN_TOKENS, id, &rec)?;
-    Ok(Ok(()))
+    if record.uses > 0 {
+        return Ok(Err(JoinTokenError::Used));
+    }
+    Ok(Ok(CheckedJoinToken { record, raw }))
 }
 
-/// Removes join tokens that expired more than a day ago.
+/// Spends a checked join token for `agent_id`; `Used` if another Register
+/// spent it since it was checked.
+pub fn spend_join_token(
+    store: &dyn Store,
+    checked: CheckedJoinToken,
+    agent_id: &str,
+) -> Result<Result<(), JoinTokenError>> {
+    let mut record = checked.record;
+    record.uses += 1;
+    record.last_used = Some(unix_now());
+    record.used_by = Some(agent_id.to_owned());
+    let id = record.id.clone();
+    if store.replace(tree::JOIN_TOKENS, &id, &checked.raw, &record)? {
+        Ok(Ok(()))
+    } else {
+        Ok(Err(JoinTokenError::Used))
+    }
+}
+
+/// Removes join tokens that expired more than a day ago (kept that long
+/// so an agent late with one is told "expired", not "unknown"), and the
+/// fetch counts of manifest URLs that expired.
 pub fn prune_join_tokens(store: &dyn Store) -> Result<usize> {
-    let cutoff = unix_now() - 24 * 3600;
+    let now = unix_now();
+    let cutoff = now - 24 * 3600;
     let mut removed = 0;
     for rec in store.scan::<JoinTokenRecord>(tree::JOIN_TOKENS)? {
         if rec.expires < cutoff {
             store.delete(tree::JOIN_TOKENS, &rec.id)?;
+            removed += 1;
+        }
+    }
+    for (key, raw) in store.scan_raw(tree::MANIFEST_URLS)? {
+        let expired = serde_json::from_slice::<crate::manifest::ManifestUrlRecord>(&raw)
+            .map_or(true, |r| r.expires < now);
+        if expired {
+            store.delete(tree::MANIFEST_URLS, &key)?;
             removed += 1;
         }
     }
@@ -222,41 +291,70 @@ mod tests {
     use crate::store::SledStore;
 
     #[test]
-    fn join_tokens_are_checked_for_secret_expiry_and_cluster() {
+    fn join_tokens_are_checked_for_secret_expiry_and_cluster_and_spent_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
         let token = mint_join_token(&store, "edge-1", Duration::from_secs(60)).unwrap();
-        assert_eq!(use_join_token(&store, &token, "edge-1").unwrap(), Ok(()));
+        let check =
+            |t: &str, cluster: &str| check_join_token(&store, t, cluster).unwrap().map(|_| ());
         assert_eq!(
-            use_join_token(&store, &token, "edge-1").unwrap(),
-            Ok(()),
-            "reusable until expiry"
-        );
-        assert_eq!(
-            use_join_token(&store, &token, "edge-2").unwrap(),
+            check(&token, "edge-2"),
             Err(JoinTokenError::WrongCluster("edge-1".into()))
         );
         let forged = format!("{}x", &token[..token.len() - 1]);
-        assert_eq!(
-            use_join_token(&store, &forged, "edge-1").unwrap(),
-            Err(JoinTokenError::Unknown)
-        );
-        assert_eq!(
-            use_join_token(&store, "garbage", "edge-1").unwrap(),
-            Err(JoinTokenError::Malformed)
-        );
+        assert_eq!(check(&forged, "edge-1"), Err(JoinTokenError::Unknown));
+        assert_eq!(check("garbage", "edge-1"), Err(JoinTokenError::Malformed));
         let expired = mint_join_token(&store, "edge-1", Duration::ZERO).unwrap();
+        assert_eq!(check(&expired, "edge-1"), Err(JoinTokenError::Expired));
+
+        // Two Registers check the same token; only the first to spend it wins.
+        let first = check_join_token(&store, &token, "edge-1").unwrap().unwrap();
+        let second = check_join_token(&store, &token, "edge-1").unwrap().unwrap();
+        assert_eq!(spend_join_token(&store, first, "agent-a").unwrap(), Ok(()));
         assert_eq!(
-            use_join_token(&store, &expired, "edge-1").unwrap(),
-            Err(JoinTokenError::Expired)
+            spend_join_token(&store, second, "rogue").unwrap(),
+            Err(JoinTokenError::Used)
         );
-        let (_, id, _) = (0, parse(JOIN_PREFIX, &token).unwrap().0, 0);
+        assert_eq!(check(&token, "edge-1"), Err(JoinTokenError::Used));
+        let id = parse(JOIN_PREFIX, &token).unwrap().0;
         let rec: JoinTokenRecord = store.get(tree::JOIN_TOKENS, id).unwrap().unwrap();
-        assert_eq!(rec.uses, 2);
+        assert_eq!((rec.uses, rec.used_by.as_deref()), (1, Some("agent-a")));
         assert!(
             !rec.secret_sha256
                 .contains(parse(JOIN_PREFIX, &token).unwrap().1)
         );
+    }
+
+    #[test]
+    fn pruning_removes_long_expired_tokens_and_expired_url_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let live = mint_join_token(&store, "edge-1", Duration::from_secs(60)).unwrap();
+        let old = mint_join_token(&store, "edge-1", Duration::ZERO).unwrap();
+        let old_id = parse(JOIN_PREFIX, &old).unwrap().0;
+        let mut rec: JoinTokenRecord = store.get(tree::JOIN_TOKENS, old_id).unwrap().unwrap();
+        rec.expires -= 2 * 24 * 3600;
+        store.put(tree::JOIN_TOKENS, old_id, &rec).unwrap();
+        let url = |expires| crate::manifest::ManifestUrlRecord {
+            fetches: 3,
+            expires,
+        };
+        store
+            .put(tree::MANIFEST_URLS, "spent", &url(unix_now() - 1))
+            .unwrap();
+        store
+            .put(tree::MANIFEST_URLS, "open", &url(unix_now() + 60))
+            .unwrap();
+        assert_eq!(prune_join_tokens(&store).unwrap(), 2);
+        let live_id = parse(JOIN_PREFIX, &live).unwrap().0;
+        let left: Vec<String> = store
+            .scan_raw(tree::JOIN_TOKENS)
+            .unwrap()
+            .into_iter()
+            .chain(store.scan_raw(tree::MANIFEST_URLS).unwrap())
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(left, [live_id, "open"]);
     }
 
     #[test]

@@ -142,9 +142,21 @@ pub async fn ca(hub: &Hub, step: super::CaStep) -> anyhow::Result<()> {
         println!(
             "next step: {next}, waiting for {} cluster(s) to renew: {}",
             pending.len(),
-            pending.join(", ")
+            output::printable(&pending.join(", "))
         );
     }
+    Ok(())
+}
+
+/// `otter re-enroll <cluster>`.
+pub async fn re_enroll(hub: &Hub, cluster: &str) -> anyhow::Result<()> {
+    let path = format!("/admin/v1/links/{cluster}/re-enroll");
+    admin_http(hub, http::Method::POST, &path, None).await?;
+    println!(
+        "cluster {} takes a new agent: apply a manifest made from now on (otter agent-manifest --cluster {}); its current agent is replaced when the new one registers",
+        output::printable(cluster),
+        output::printable(cluster)
+    );
     Ok(())
 }
 
@@ -195,7 +207,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&items)?);
+        println!("{}", output::json(&items)?);
         return Ok(());
     }
     let wide = output == Some("wide");
@@ -359,9 +371,9 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
                 serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": objects })
             };
             if a.output.as_deref() == Some("json") {
-                println!("{}", serde_json::to_string_pretty(&doc)?);
+                println!("{}", output::json(&doc)?);
             } else {
-                print!("{}", output::yaml(&doc));
+                print!("{}", output::printable_lines(&output::yaml(&doc)));
             }
         }
         other => {
@@ -415,8 +427,8 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
                 } => {
                     eprintln!(
                         "watch interrupted ({}); resuming from resourceVersion {} (attempt {attempt})",
-                        after.message(),
-                        from.as_deref().unwrap_or("(none)")
+                        output::printable(after.message()),
+                        output::printable(from.as_deref().unwrap_or("(none)"))
                     );
                     // Resumed from a version: no initial events come again.
                     seen_initial |= from.is_some();
@@ -429,12 +441,14 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
                 continue;
             }
             if ty == watch_event::Type::Error as i32 {
+                let status = ev
+                    .resource
+                    .and_then(|r| r.object)
+                    .map(|o| struct_to_json(&o))
+                    .unwrap_or_default();
                 anyhow::bail!(
                     "watch ended: {}",
-                    ev.resource
-                        .and_then(|r| r.object)
-                        .map(|o| struct_to_json(&o))
-                        .unwrap_or_default()["message"]
+                    output::printable(&status["message"].to_string())
                 );
             }
             let o = ev
@@ -451,7 +465,7 @@ pub async fn get(hub: &Hub, a: GetArgs) -> anyhow::Result<()> {
             if ty == watch_event::Type::Deleted as i32 {
                 r.push("(deleted)".into());
             }
-            println!("{}", r.join("   "));
+            println!("{}", output::printable(&r.join("   ")));
             let _ = std::io::stdout().flush();
         }
     }
@@ -512,7 +526,11 @@ pub async fn apply(
         } else {
             format!("{}.{group}", kind.to_ascii_lowercase())
         };
-        println!("{qualified}/{name} serverside-applied");
+        // The group comes from the cluster's discovery, i.e. the agent.
+        println!(
+            "{} serverside-applied",
+            output::printable(&format!("{qualified}/{name}"))
+        );
     }
     Ok(())
 }
@@ -567,7 +585,7 @@ pub async fn delete(
         .map_err(status_error)?;
     println!(
         "{} \"{name}\" deleted",
-        rt.resource.clone().unwrap_or_default()
+        output::printable(rt.resource.as_deref().unwrap_or_default())
     );
     Ok(())
 }
@@ -604,7 +622,7 @@ pub async fn describe(
         .and_then(|r| r.object)
         .map(|o| struct_to_json(&o))
         .unwrap_or_default();
-    print!("{}", output::yaml(&obj));
+    print!("{}", output::printable_lines(&output::yaml(&obj)));
     println!("Events:");
     if resp.events.is_empty() {
         println!("  <none>");
@@ -689,7 +707,7 @@ pub async fn scale(
         .into_inner();
     println!(
         "{}/{name} scaled to {}",
-        rt.resource.clone().unwrap_or_default(),
+        output::printable(rt.resource.as_deref().unwrap_or_default()),
         resp.replicas.unwrap_or(replicas)
     );
     Ok(())
@@ -718,7 +736,7 @@ pub async fn restart(
         .map_err(status_error)?;
     println!(
         "{}/{name} restarted",
-        rt.resource.clone().unwrap_or_default()
+        output::printable(rt.resource.as_deref().unwrap_or_default())
     );
     Ok(())
 }
@@ -888,7 +906,7 @@ pub async fn port_forward(
         let (hub, cluster, pod, ns) = (hub.clone(), cluster.to_owned(), pod.to_owned(), ns.clone());
         tokio::spawn(async move {
             if let Err(e) = forward_one(&hub, &cluster, &pod, &ns, remote, tcp).await {
-                eprintln!("port-forward: {e}");
+                eprintln!("port-forward: {}", output::printable(&e.to_string()));
             }
         });
     }
@@ -1076,7 +1094,11 @@ pub async fn kubeconfig(
     }
     crate::tokens::write_private(&path, &output::yaml(&config))?;
     for cluster in &clusters {
-        println!("context otter-{cluster} written to {}", path.display());
+        println!(
+            "context otter-{} written to {}",
+            output::printable(cluster),
+            path.display()
+        );
     }
     Ok(())
 }

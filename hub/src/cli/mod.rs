@@ -69,6 +69,16 @@ pub enum Command {
         #[command(flatten)]
         hub: client::HubFlags,
     },
+    /// Let an enrolled cluster take a new agent (admins only): a join token
+    /// enrolls a cluster once, so replacing its agent (a lost identity, a
+    /// reinstalled cluster) needs this, then a new manifest applied.
+    ///
+    /// Example: otter re-enroll edge-1 && kubectl apply -f $(otter agent-manifest --cluster edge-1)
+    ReEnroll {
+        cluster: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
     /// Print a URL serving the agent manifest for a cluster (or the YAML with -o yaml).
     ///
     /// Example (in the member cluster): kubectl apply -f $(otter agent-manifest --cluster edge-1)
@@ -370,6 +380,22 @@ pub struct HubArgs {
     /// Tunnels set up at once; agents beyond it are told to retry later.
     #[arg(long, default_value_t = 128)]
     pub max_concurrent_admissions: usize,
+    /// File with a 32-byte key (raw, hex or base64) that seals the CA keys and
+    /// signing secrets in the store (`head -c 32 /dev/urandom > store.key`).
+    #[arg(long, env = "OTTER_STORE_KEY_FILE")]
+    pub store_key_file: Option<PathBuf>,
+    /// TLS and QUIC handshakes on the tunnel port before a client certificate is verified.
+    #[arg(long, default_value_t = 1024)]
+    pub max_pending_handshakes: usize,
+    /// Of those, what one source address (IPv6: /64) may hold once half are taken.
+    #[arg(long, default_value_t = 32)]
+    pub pending_handshakes_per_source: usize,
+    /// Connections to the API port, all sources together (also at most half the open-file limit).
+    #[arg(long, default_value_t = 8192)]
+    pub max_api_connections: usize,
+    /// Connections to the API port from one source address (IPv6: /64).
+    #[arg(long, default_value_t = 512)]
+    pub max_api_connections_per_source: usize,
     /// The retry-after hint refused agents get, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub admission_retry_after_ms: u64,
@@ -438,6 +464,7 @@ pub struct HubArgs {
 impl HubArgs {
     pub fn into_config(self) -> Result<HubConfig, String> {
         let mut c = HubConfig::new(self.data_dir);
+        c.store_key_file = self.store_key_file;
         c.api_listen = self.listen;
         c.tunnel_listen = self.tunnel_listen;
         c.external_url = self.external_url;
@@ -449,6 +476,15 @@ impl HubArgs {
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
         c.max_concurrent_admissions = self.max_concurrent_admissions;
         c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);
+        c.tunnel_handshakes = otter_tunnel::handshakes::HandshakeLimits {
+            max_pending: self.max_pending_handshakes,
+            per_source: self.pending_handshakes_per_source,
+            ..Default::default()
+        };
+        c.api_connections = crate::limits::ApiConnectionLimits {
+            max_total: self.max_api_connections,
+            per_source: self.max_api_connections_per_source,
+        };
         c.max_concurrent_registrations = self.max_concurrent_registrations;
         c.kube_upgrades = crate::config::KubeUpgradeLimits {
             per_user: self.kube_upgrades_per_user,
@@ -489,7 +525,7 @@ pub async fn run(cli: Cli) -> i32 {
     match client_command(cli.command).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("otter: {e:#}");
+            eprintln!("otter: {}", output::printable(&format!("{e:#}")));
             1
         }
     }
@@ -519,6 +555,9 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             commands::token_create(&hub.connect().await?, &name, &groups).await?
         }
         Command::Ca { step, hub } => commands::ca(&hub.connect().await?, step).await?,
+        Command::ReEnroll { cluster, hub } => {
+            commands::re_enroll(&hub.connect().await?, &cluster).await?
+        }
         Command::AgentManifest {
             cluster,
             extra_users,

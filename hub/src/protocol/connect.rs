@@ -546,7 +546,10 @@ where
 {
     let mut data = bytes::BytesMut::new();
     let mut trailers = None;
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = crate::limits::next_frame(&mut body)
+        .await
+        .map_err(|s| CollectError::Body(s.message().to_owned()))?
+    {
         match frame
             .map_err(|e| CollectError::Body(e.to_string()))?
             .into_data()

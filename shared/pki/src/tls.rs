@@ -9,7 +9,10 @@ use std::sync::Arc;
 use rustls::{
     ClientConfig, RootCertStore, ServerConfig,
     crypto::CryptoProvider,
-    pki_types::{CertificateDer, PrivateKeyDer},
+    pki_types::{
+        CertificateDer, PrivateKeyDer,
+        pem::{self, PemObject},
+    },
     server::WebPkiClientVerifier,
 };
 
@@ -26,18 +29,30 @@ pub fn install_default_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Every certificate in a PEM string.
+/// Every certificate in a PEM string; none is not an error here, since
+/// some callers accept an empty bundle. Sections of other kinds are skipped.
 pub fn parse_certs(pem: &str) -> Result<Vec<CertificateDer<'static>>> {
-    rustls_pemfile::certs(&mut pem.as_bytes())
+    CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| PkiError::Encoding(format!("certificate PEM: {e}")))
 }
 
-/// The first private key in a PEM string.
+/// The first private key (PKCS#8, PKCS#1 or SEC1) in a PEM string.
 pub fn parse_key(pem: &str) -> Result<PrivateKeyDer<'static>> {
-    rustls_pemfile::private_key(&mut pem.as_bytes())
-        .map_err(|e| PkiError::Encoding(format!("key PEM: {e}")))?
-        .ok_or_else(|| PkiError::Encoding("no private key in PEM".into()))
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| match e {
+        pem::Error::NoItemsFound => PkiError::Encoding("no private key in PEM".into()),
+        e => PkiError::Encoding(format!("key PEM: {e}")),
+    })
+}
+
+/// A certificate chain to present: an empty one would only fail later
+/// inside rustls with a less helpful message.
+fn chain(pem: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = parse_certs(pem)?;
+    if certs.is_empty() {
+        return Err(PkiError::Encoding("no certificate in PEM".into()));
+    }
+    Ok(certs)
 }
 
 fn roots(ca_pem: &str) -> Result<RootCertStore> {
@@ -110,7 +125,7 @@ pub fn server_config(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(parse_certs(cert_pem)?, parse_key(key_pem)?)?;
+    let mut config = builder.with_single_cert(chain(cert_pem)?, parse_key(key_pem)?)?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
 }
@@ -126,9 +141,75 @@ pub fn client_config(
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots(ca_pem)?);
     let mut config = match client {
-        Some((cert, key)) => builder.with_client_auth_cert(parse_certs(cert)?, parse_key(key)?)?,
+        Some((cert, key)) => builder.with_client_auth_cert(chain(cert)?, parse_key(key)?)?,
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CertificateAuthority;
+
+    fn message(e: PkiError) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn parses_a_certificate_and_its_key() {
+        let ca = CertificateAuthority::generate("test CA").unwrap();
+        assert_eq!(parse_certs(ca.cert_pem()).unwrap().len(), 1);
+        assert!(matches!(
+            parse_key(ca.key_pem()).unwrap(),
+            PrivateKeyDer::Pkcs8(_)
+        ));
+    }
+
+    #[test]
+    fn a_bundle_of_certificates_and_a_key_yields_every_certificate() {
+        let ca = CertificateAuthority::generate("test CA").unwrap();
+        let bundle = format!("{}{}{}", ca.cert_pem(), ca.key_pem(), ca.cert_pem());
+        assert_eq!(parse_certs(&bundle).unwrap().len(), 2);
+        assert!(parse_key(&bundle).is_ok());
+    }
+
+    #[test]
+    fn no_certificate_is_empty_but_refused_as_a_chain() {
+        let ca = CertificateAuthority::generate("test CA").unwrap();
+        assert!(parse_certs(ca.key_pem()).unwrap().is_empty());
+        assert!(parse_certs("").unwrap().is_empty());
+        let err = message(chain(ca.key_pem()).unwrap_err());
+        assert!(err.contains("no certificate in PEM"), "{err}");
+        let err = message(
+            client_config(ca.cert_pem(), Some((ca.key_pem(), ca.key_pem())), &[]).unwrap_err(),
+        );
+        assert!(err.contains("no certificate in PEM"), "{err}");
+    }
+
+    #[test]
+    fn no_private_key_says_so() {
+        let ca = CertificateAuthority::generate("test CA").unwrap();
+        for pem in [ca.cert_pem(), "", "not PEM at all"] {
+            let err = message(parse_key(pem).unwrap_err());
+            assert!(err.contains("no private key in PEM"), "{err}");
+        }
+    }
+
+    #[test]
+    fn broken_pem_is_an_error_naming_what_was_parsed() {
+        let broken = "-----BEGIN CERTIFICATE-----\n!!!not base64!!!\n-----END CERTIFICATE-----\n";
+        let err = message(parse_certs(broken).unwrap_err());
+        assert!(err.contains("certificate PEM"), "{err}");
+        let unterminated = "-----BEGIN PRIVATE KEY-----\nAAAA\n";
+        let err = message(parse_key(unterminated).unwrap_err());
+        assert!(err.contains("key PEM"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_ca_bundle_is_refused() {
+        let err = message(client_config("", None, &[]).unwrap_err());
+        assert!(err.contains("no CA certificate in PEM"), "{err}");
+    }
 }

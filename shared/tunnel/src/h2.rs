@@ -22,7 +22,7 @@ use h2::{RecvStream, SendStream, client, server};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::{Semaphore, mpsc},
+    sync::mpsc,
 };
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
@@ -37,10 +37,6 @@ pub const ALPN: &[u8] = b"otter-tunnel-h2";
 
 /// Bounds a TLS handshake; a client that stalls it is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Handshakes in progress at once on one listener; more wait their turn, so
-/// a flood of half-open connections cannot exhaust memory.
-pub const MAX_PENDING_HANDSHAKES: usize = 256;
 
 /// Flow-control and concurrency settings of the HTTP/2 connection.
 #[derive(Debug, Clone, Copy)]
@@ -228,6 +224,10 @@ pub async fn accept_loop(
 /// Like [`accept_loop`], setting up at most what `pacer` allows at once;
 /// the others get the pacer's hint after the TLS handshake (a refusal line
 /// instead of the HTTP/2 preface, or a 503 to the WebSocket upgrade).
+///
+/// Before the client certificate is verified a connection holds only a
+/// place among the pacer's pending handshakes ([`crate::handshakes`]): one
+/// refused there is closed at once, one evicted for a newcomer is dropped.
 pub async fn accept_loop_paced(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -237,7 +237,7 @@ pub async fn accept_loop_paced(
     pacer: Arc<crate::pace::Pacer>,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let handshakes = pacer.handshakes().clone();
     loop {
         let (tcp, remote) = tokio::select! {
             r = listener.accept() => match r {
@@ -251,20 +251,33 @@ pub async fn accept_loop_paced(
             },
             _ = shutdown.cancelled() => return,
         };
-        let Ok(permit) = pending.clone().acquire_owned().await else {
-            return;
+        let place = tokio::select! {
+            p = handshakes.begin(remote.ip()) => p,
+            _ = shutdown.cancelled() => return,
         };
-        let (acceptor, out, shutdown) = (acceptor.clone(), out.clone(), shutdown.clone());
-        let ticket = pacer.try_enter();
+        let Some(place) = place else {
+            tracing::debug!(%remote, "tunnel connection refused: its source holds too many handshakes");
+            continue;
+        };
+        let (acceptor, out, shutdown, pacer) = (
+            acceptor.clone(),
+            out.clone(),
+            shutdown.clone(),
+            pacer.clone(),
+        );
         tokio::spawn(async move {
-            let _permit = permit;
             let _ = tcp.set_nodelay(true);
+            let evicted = place.evicted();
             let handshake = async {
                 let mut tls = acceptor.accept(tcp).await?;
+                // The listener requires a client certificate, so a finished
+                // handshake is a verified agent: it leaves the pending set
+                // and is paced like any agent from here on.
+                place.verified();
                 let (_, conn) = tls.get_ref();
                 let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
                 let ws = conn.alpn_protocol() == Some(crate::ws::ALPN);
-                let admission = match ticket {
+                let admission = match pacer.try_enter() {
                     Ok(a) => a,
                     Err(after) if ws => {
                         crate::ws::refuse(Box::new(tls), after).await;
@@ -310,6 +323,9 @@ pub async fn accept_loop_paced(
             };
             let accepted = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
+                _ = evicted.cancelled() => {
+                    return tracing::debug!(%remote, "tunnel handshake dropped for a newer one");
+                }
                 _ = shutdown.cancelled() => return,
             };
             match accepted {

@@ -9,7 +9,9 @@
 //!   streams (quinn), HTTP/2 streams over TLS/TCP (h2), the same HTTP/2 over
 //!   a WebSocket (for HTTPS-only networks), and in-memory pipes for tests.
 //! - [`pace`] — paced admission: how many tunnels the hub sets up at once,
-//!   and the retry-after hint each transport carries to the others.
+//!   and the retry-after hint each transport carries to the others;
+//!   [`handshakes`] — the bounds on handshakes before a client certificate
+//!   is verified (deadline, fair share per source, eviction of the oldest).
 //! - [`frame`] — sans-IO framing of a stream: typed, length-prefixed chunks
 //!   with hard size limits.
 //! - [`http`] — HTTP exchanges over one stream: the hub side
@@ -23,6 +25,7 @@
 
 pub mod frame;
 pub mod h2;
+pub mod handshakes;
 pub mod http;
 pub mod mem;
 pub mod pace;

@@ -18,6 +18,10 @@
 //! The agent waits at least that long, plus jitter, before it dials again,
 //! and tries no other transport meanwhile. Refusing still costs a TLS
 //! handshake (the hint must be authenticated), but nothing more.
+//!
+//! A slot is taken only once the handshake has verified the agent's client
+//! certificate, so anonymous connections cannot hold them; the handshakes
+//! before that are bounded by [`crate::handshakes`].
 
 use std::{
     sync::{
@@ -28,6 +32,8 @@ use std::{
 };
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::handshakes::{HandshakeLimits, Handshakes};
 
 /// QUIC application error code of a paced refusal.
 pub const QUIC_REFUSED: u32 = 0x0f7e_0503;
@@ -58,6 +64,7 @@ pub struct Pacer {
     retry_after: Duration,
     peak: AtomicUsize,
     refused: AtomicU64,
+    handshakes: Arc<Handshakes>,
 }
 
 /// A tunnel being set up; its slot frees when this is dropped.
@@ -70,6 +77,16 @@ impl Pacer {
     /// At most `max` tunnels set up at once; others are told to come back
     /// after `retry_after`.
     pub fn new(max: usize, retry_after: Duration) -> Arc<Pacer> {
+        Self::with_handshakes(max, retry_after, HandshakeLimits::default())
+    }
+
+    /// Like [`Pacer::new`], with the bounds of the handshakes before
+    /// admission.
+    pub fn with_handshakes(
+        max: usize,
+        retry_after: Duration,
+        handshakes: HandshakeLimits,
+    ) -> Arc<Pacer> {
         let max = max.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(Pacer {
             permits: Arc::new(Semaphore::new(max)),
@@ -77,6 +94,7 @@ impl Pacer {
             retry_after,
             peak: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
+            handshakes: Handshakes::new(handshakes),
         })
     }
 
@@ -116,6 +134,11 @@ impl Pacer {
 
     pub fn max(&self) -> usize {
         self.max
+    }
+
+    /// The handshakes in progress before admission.
+    pub fn handshakes(&self) -> &Arc<Handshakes> {
+        &self.handshakes
     }
 }
 

@@ -8,7 +8,7 @@ use quinn::{
     Endpoint, TransportConfig, VarInt,
     crypto::rustls::{QuicClientConfig, QuicServerConfig},
 };
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -118,6 +118,13 @@ pub fn hub_endpoint_on(
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     // The agent is the QUIC client but opens no streams of its own.
     server.transport_config(Arc::new(hub_transport_config(settings)));
+    // Connection attempts not yet taken by the accept loop: quinn's
+    // defaults (65,536 of them, 100 MiB of early packets) are sized for a
+    // web server; a hub's agents retry, so a few thousand and 8 MiB do.
+    server
+        .max_incoming(4096)
+        .incoming_buffer_size(64 * 1024)
+        .incoming_buffer_size_total(8 * 1024 * 1024);
     let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
     let tag = ring::hmac::sign(&reset_key, b"otter-link quic connection ids");
     let mut cid_key = [0u8; 8];
@@ -152,13 +159,19 @@ pub async fn accept_loop(
 /// Like [`accept_loop`], setting up at most what `pacer` allows at once;
 /// the others are closed after the handshake with the pacer's hint
 /// ([`crate::pace::QUIC_REFUSED`]).
+///
+/// Before the client certificate is verified a connection attempt holds
+/// only a place among the pacer's pending handshakes
+/// ([`crate::handshakes`]). While handshakes queue up, a source that has
+/// not proved its address is sent a Retry first (stateless: it costs the
+/// hub nothing), so spoofed Initial packets cannot take places.
 pub async fn accept_loop_paced(
     endpoint: Endpoint,
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
     pacer: Arc<crate::pace::Pacer>,
 ) {
-    let pending = Arc::new(Semaphore::new(crate::h2::MAX_PENDING_HANDSHAKES));
+    let handshakes = pacer.handshakes().clone();
     loop {
         let incoming = tokio::select! {
             i = endpoint.accept() => match i { Some(i) => i, None => return },
@@ -173,17 +186,29 @@ pub async fn accept_loop_paced(
                 return;
             }
         };
-        let Ok(permit) = pending.clone().acquire_owned().await else {
-            return;
+        let remote = incoming.remote_address();
+        if handshakes.busy() && !incoming.remote_address_validated() && incoming.may_retry() {
+            let _ = incoming.retry();
+            continue;
+        }
+        let place = match handshakes.try_begin(remote.ip()) {
+            crate::handshakes::Verdict::Go(place) => place,
+            // Unlike TCP, waiting here would hold up every other packet's
+            // attempt; the agent's QUIC dial retries or falls back.
+            crate::handshakes::Verdict::Refused | crate::handshakes::Verdict::Full => {
+                incoming.refuse();
+                continue;
+            }
         };
-        let (out, shutdown) = (out.clone(), shutdown.clone());
-        let ticket = pacer.try_enter();
+        let (out, shutdown, pacer) = (out.clone(), shutdown.clone(), pacer.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let remote = incoming.remote_address();
+            let evicted = place.evicted();
             let handshake = async {
                 let conn = incoming.await?;
-                let admission = match ticket {
+                // The endpoint requires a client certificate: the agent is
+                // verified, and paced like any agent from here on.
+                place.verified();
+                let admission = match pacer.try_enter() {
                     Ok(a) => a,
                     Err(after) => {
                         // Only an established connection can carry a reason.
@@ -211,6 +236,9 @@ pub async fn accept_loop_paced(
             };
             let accepted = tokio::select! {
                 r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
+                _ = evicted.cancelled() => {
+                    return tracing::debug!(%remote, "QUIC handshake dropped for a newer one");
+                }
                 _ = shutdown.cancelled() => return,
             };
             match accepted {

@@ -236,7 +236,29 @@ pub fn start_agent_with(
     transport: TransportKind,
     tweak: impl FnOnce(&mut AgentConfig),
 ) -> TestAgent {
-    let mut config = AgentConfig::new(hub.api_url(), cluster, agent_id, hub.hub.ca_pem());
+    start_agent_at(
+        hub.api_url(),
+        hub.hub.ca_pem(),
+        cluster,
+        agent_id,
+        token,
+        transport,
+        tweak,
+    )
+}
+
+/// Like [`start_agent_with`], for a hub at `api_url` trusting `ca_pem` (a
+/// hub running as a process of its own).
+pub fn start_agent_at(
+    api_url: url::Url,
+    ca_pem: &str,
+    cluster: &str,
+    agent_id: &str,
+    token: &str,
+    transport: TransportKind,
+    tweak: impl FnOnce(&mut AgentConfig),
+) -> TestAgent {
+    let mut config = AgentConfig::new(api_url, cluster, agent_id, ca_pem);
     config.join_token = Secret(token.to_owned());
     config.transports = vec![transport];
     config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));

@@ -152,7 +152,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
         "namespace/otterscale-system created",
         "serviceaccount/otter-agent created",
         "clusterrole.rbac.authorization.k8s.io/otterscale:agent created",
-        "secret/otter-agent-join created",
+        "secret/otter-agent created",
         "deployment.apps/otter-agent created",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
@@ -178,7 +178,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
         .object("apps", "deployments", ns, "otter-agent")
         .expect("deployment");
     let secret = sim
-        .object("", "secrets", ns, "otter-agent-join")
+        .object("", "secrets", ns, "otter-agent")
         .expect("secret");
     assert!(
         sim.object("", "serviceaccounts", ns, "otter-agent")
@@ -246,5 +246,168 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
     agent.shutdown().await;
     sim.shutdown().await;
 
+    hub.hub.shutdown().await;
+}
+
+#[test]
+#[ignore = "entry point of the processes the tests start"]
+fn child_process() {
+    otter_e2e::procs::child_main();
+}
+
+/// The agent's identity lives in its Secret, not in the pod: an agent pod
+/// started again long after the join token expired (a node drained for a
+/// Talos upgrade, another pod name) reconnects with it, and no usable join
+/// token is left in the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_expired() {
+    use otter_e2e::procs::{Proc, Role};
+    const TOKEN_TTL: Duration = Duration::from_secs(4);
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| c.join_token_ttl = TOKEN_TTL).await;
+    let Some(kubectl) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    let url = LinkServiceClient::new(hub.channel().await)
+        .get_agent_manifest(with_token(
+            GetAgentManifestRequest {
+                cluster: Some("edge-1".into()),
+                ..Default::default()
+            },
+            &hub.admin_token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .url
+        .unwrap();
+    let sim = kube_sim::KubeSim::start(kube_sim::SimConfig::default_with_admin())
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
+    let hub_ca = work.path().join("hub-ca.pem");
+    std::fs::write(&hub_ca, hub.hub.ca_pem()).unwrap();
+    let (kube, ca) = (kubeconfig.clone(), hub_ca.clone());
+    let applied = std::time::Instant::now();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        run_bounded(
+            std::process::Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&kube)
+                .args(["apply", "-f", &url])
+                .env("SSL_CERT_FILE", &ca),
+            Duration::from_secs(60),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "kubectl apply failed: {out}{err}");
+    let ns = "otterscale-system";
+    let keys = || -> Vec<String> {
+        let secret = sim
+            .object("", "secrets", ns, "otter-agent")
+            .expect("secret");
+        let mut keys: Vec<String> = secret["data"]
+            .as_object()
+            .map(|d| d.keys().cloned().collect())
+            .unwrap_or_default();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(), ["hub-ca.crt", "join-token"]);
+
+    // A pod of the Deployment: what its env says, with the cluster's
+    // credentials (the test server's) for its own Secret.
+    let pod = |name: &str| {
+        Proc::start(
+            name,
+            Role::Agent,
+            &[
+                "--hub-url".into(),
+                hub.api_url().to_string(),
+                "--cluster".into(),
+                "edge-1".into(),
+                "--agent-id".into(),
+                name.into(),
+                "--hub-ca-file".into(),
+                hub_ca.display().to_string(),
+                "--state-secret".into(),
+                "otter-agent".into(),
+                "--state-namespace".into(),
+                ns.into(),
+                "--kubeconfig".into(),
+                kubeconfig.display().to_string(),
+                "--transports".into(),
+                "h2".into(),
+                "--keepalive-secs".into(),
+                "1".into(),
+            ],
+            work.path(),
+            None,
+        )
+    };
+    let channel = hub.channel().await;
+    let mut first = pod("otter-agent-5d8f7-abcde");
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    // Enrolled: the identity is in the Secret, the join token is gone.
+    assert_eq!(
+        keys(),
+        [
+            "agent.crt",
+            "agent.key",
+            "hub-ca.crt",
+            "hub-cas.crt",
+            "tunnel-urls"
+        ],
+        "{}",
+        first.tail(20)
+    );
+    first.kill9();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while hub.hub.state.registry.get("edge-1").is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the killed agent's tunnel stays"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Long after: the token has expired (and was spent anyway).
+    let expiry = applied + TOKEN_TTL + Duration::from_secs(1);
+    tokio::time::sleep_until(expiry.into()).await;
+    let second = pod("otter-agent-5d8f7-fghij");
+    let links = || async {
+        LinkServiceClient::new(channel.clone())
+            .list_links(with_token(
+                otter_proto::link::v1::ListLinksRequest {},
+                &hub.admin_token,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .links
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let link = links().await.into_iter().next().expect("link");
+        // The hub sees the same agent, back on its kept certificate.
+        if link.state == Some(otter_proto::link::v1::LinkState::Connected as i32)
+            && hub.hub.state.registry.get("edge-1").is_some()
+        {
+            assert_eq!(link.agent_id.as_deref(), Some("otter-agent-5d8f7-abcde"));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rescheduled agent did not reconnect:\n{}",
+            second.tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(second);
+    sim.shutdown().await;
     hub.hub.shutdown().await;
 }

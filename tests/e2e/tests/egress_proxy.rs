@@ -187,7 +187,10 @@ async fn proxy_credentials_are_sent_and_checked() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let hub = TestHub::start_with(dir, None, |_| {}).await;
     let token = hub.hub.mint_join_token("edge-1").unwrap();
-    let wrong = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+    // An agent of its own: its Register goes straight to the hub and spends
+    // its join token even though its tunnel cannot pass the proxy.
+    let wrong_token = hub.hub.mint_join_token("edge-0").unwrap();
+    let wrong = start_agent_with(&hub, "edge-0", "a0", &wrong_token, TransportKind::H2, |c| {
         c.proxy = Some(proxy(&format!("http://otter:nope@127.0.0.1:{}", tp.port)));
     });
     let s = wrong

@@ -102,17 +102,19 @@ async fn register_refuses_abuse_with_the_right_codes() {
     )
     .await;
 
-    // Used while valid, then replayed after expiry.
+    // Used while valid, then replayed after expiry (on a cluster of its
+    // own: edge-1 stays unenrolled for the CSR checks below).
     let short =
-        otter_hub::tokens::mint_join_token(&*hub.hub.state.store, "edge-1", Duration::from_secs(2))
+        otter_hub::tokens::mint_join_token(&*hub.hub.state.store, "edge-e", Duration::from_secs(2))
             .unwrap();
-    link.register(register("edge-1", "a1", &short, csr))
+    let (_key_e, csr_e) = otter_pki::csr::generate("edge-e", "a1").unwrap();
+    link.register(register("edge-e", "a1", &short, csr_e.as_bytes()))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
     expect_code(
         &mut link,
-        register("edge-1", "a1", &short, csr),
+        register("edge-e", "a1", &short, csr_e.as_bytes()),
         Code::Unauthenticated,
         "expired",
     )

@@ -148,6 +148,8 @@ async fn link_core(transport: TransportKind) {
 
     // Agent replaced for the same cluster: the old tunnel is closed and the
     // new agent answers.
+    // A join token enrolls a cluster once: an admin re-enrolls it first.
+    assert!(hub.hub.re_enroll("edge-3").unwrap());
     let token = hub.hub.mint_join_token("edge-3").unwrap();
     let replacement = start_agent(&hub, "edge-3", "agent-3b", &token, transport);
     replacement

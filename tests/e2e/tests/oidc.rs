@@ -1,13 +1,15 @@
 //! OpenID Connect bearer tokens end to end: an identity provider on loopback
 //! (HTTPS with its own test CA, discovery and a JWKS with an EC P-256 and an
 //! RSA key), tokens signed by `jsonwebtoken`, and calls through the hub to a
-//! test-double agent that answers with the identity it was given.
+//! test-double agent that answers with the identity it was given; and
+//! what a flood of tokens with made-up key ids costs the issuer while it is
+//! slow or down.
 
 use std::{
     convert::Infallible,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -29,7 +31,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, PKCS_ECDSA_P256_SHA256,
 };
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, task::JoinSet};
 
 const AUDIENCE: &str = "otter";
 /// A fixed RSA key pair for these tests only (see `fixtures/README.md`).
@@ -80,12 +82,20 @@ fn now() -> i64 {
         .as_secs() as i64
 }
 
-/// An identity provider on loopback: discovery and a JWKS over HTTPS.
+/// An identity provider on loopback: discovery and a JWKS over HTTPS,
+/// counting the requests for each, and able to answer slowly or not at all.
 struct TestIssuer {
     url: String,
     ca_pem: String,
     jwks: Arc<Mutex<Value>>,
     jwks_fetches: Arc<AtomicUsize>,
+    /// Every fetch of the hub starts with discovery, so this counts
+    /// attempts, the failed ones too.
+    discovery_fetches: Arc<AtomicUsize>,
+    /// How long each answer waits.
+    delay: Arc<Mutex<Duration>>,
+    /// Answers 503 to everything while set.
+    down: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -129,22 +139,35 @@ impl TestIssuer {
         );
         let jwks = Arc::new(Mutex::new(Value::Null));
         let jwks_fetches = Arc::new(AtomicUsize::new(0));
-        let (base, set, fetches) = (url.clone(), jwks.clone(), jwks_fetches.clone());
+        let discovery_fetches = Arc::new(AtomicUsize::new(0));
+        let delay = Arc::new(Mutex::new(Duration::ZERO));
+        let down = Arc::new(AtomicBool::new(false));
+        let served = (
+            url.clone(),
+            jwks.clone(),
+            jwks_fetches.clone(),
+            discovery_fetches.clone(),
+            delay.clone(),
+            down.clone(),
+        );
         let task = tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, base, set, fetches) =
-                    (acceptor.clone(), base.clone(), set.clone(), fetches.clone());
+                let (acceptor, served) = (acceptor.clone(), served.clone());
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
                     let service = hyper::service::service_fn(move |req: http::Request<_>| {
+                        let (base, set, fetches, discoveries, delay, down) = &served;
                         let body = match req.uri().path() {
-                            "/.well-known/openid-configuration" => Some(json!({
-                                "issuer": base,
-                                "jwks_uri": format!("{base}/keys"),
-                                "id_token_signing_alg_values_supported": ["RS256", "ES256"],
-                            })),
+                            "/.well-known/openid-configuration" => {
+                                discoveries.fetch_add(1, Ordering::SeqCst);
+                                Some(json!({
+                                    "issuer": base,
+                                    "jwks_uri": format!("{base}/keys"),
+                                    "id_token_signing_alg_values_supported": ["RS256", "ES256"],
+                                }))
+                            }
                             "/keys" => {
                                 fetches.fetch_add(1, Ordering::SeqCst);
                                 Some(set.lock().unwrap().clone())
@@ -152,6 +175,9 @@ impl TestIssuer {
                             _ => None,
                         };
                         let resp = match body {
+                            _ if down.load(Ordering::SeqCst) => http::Response::builder()
+                                .status(503)
+                                .body(Full::new(Bytes::new())),
                             Some(v) => http::Response::builder()
                                 .header("content-type", "application/json")
                                 .body(Full::new(Bytes::from(v.to_string()))),
@@ -159,7 +185,11 @@ impl TestIssuer {
                                 .status(404)
                                 .body(Full::new(Bytes::new())),
                         };
-                        async move { Ok::<_, Infallible>(resp.unwrap()) }
+                        let delay = *delay.lock().unwrap();
+                        async move {
+                            tokio::time::sleep(delay).await;
+                            Ok::<_, Infallible>(resp.unwrap())
+                        }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tls), service)
@@ -172,10 +202,21 @@ impl TestIssuer {
             ca_pem: ca_cert.pem(),
             jwks,
             jwks_fetches,
+            discovery_fetches,
+            delay,
+            down,
             task,
         };
         issuer.serve_keys(keys);
         issuer
+    }
+
+    /// Key set and discovery requests so far.
+    fn fetches(&self) -> (usize, usize) {
+        (
+            self.jwks_fetches.load(Ordering::SeqCst),
+            self.discovery_fetches.load(Ordering::SeqCst),
+        )
     }
 
     /// Replaces the published key set.
@@ -202,11 +243,19 @@ fn sign(key: &SigningKey, claims: &Value) -> String {
 }
 
 async fn hub_trusting(issuer: &TestIssuer) -> (TestHub, TestAgent) {
+    hub_trusting_with(issuer, |_| {}).await
+}
+
+async fn hub_trusting_with(
+    issuer: &TestIssuer,
+    tweak: impl FnOnce(&mut OidcConfig),
+) -> (TestHub, TestAgent) {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let (url, ca) = (issuer.url.clone(), issuer.ca_pem.clone());
     let hub = TestHub::start_with(dir, None, move |c| {
         let mut oidc = OidcConfig::new(url.parse().unwrap(), AUDIENCE);
         oidc.ca_pem = Some(ca);
+        tweak(&mut oidc);
         c.oidc = Some(oidc);
     })
     .await;
@@ -228,6 +277,33 @@ async fn identity_seen(hub: &TestHub, token: &str) -> Result<(String, String), t
     .expect("call bounded")?
     .into_inner();
     Ok((field(&resp, "user"), field(&resp, "groups")))
+}
+
+/// `n` concurrent Gets through the hub, each with a token of its own
+/// made-up key id: the codes they got, in no particular order.
+async fn burst_of_unknown_kids(hub: &TestHub, issuer: &TestIssuer, n: usize) -> Vec<tonic::Code> {
+    let client = ResourceServiceClient::new(hub.channel().await);
+    let signer = ec_key("unused");
+    let run = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let mut calls = JoinSet::new();
+    for i in 0..n {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(format!("made-up-{run:x}-{i}"));
+        let token = jsonwebtoken::encode(&header, &issuer.claims("mallory"), &signer.key).unwrap();
+        let mut client = client.clone();
+        calls.spawn(async move {
+            let call = client.get(with_token(double::get("edge-1", "web"), &token));
+            match tokio::time::timeout(double::WAIT, call).await {
+                Ok(Ok(_)) => panic!("a token of a made-up key id was accepted"),
+                Ok(Err(s)) => s.code(),
+                Err(_) => panic!("a call with a made-up key id hung"),
+            }
+        });
+    }
+    calls.join_all().await
 }
 
 async fn rejected(hub: &TestHub, token: &str, case: &str) -> String {
@@ -310,7 +386,10 @@ async fn oidc_tokens_es256_rs256_and_rejections() {
 async fn oidc_key_rotation_needs_no_restart() {
     let (old, new) = (ec_key("2026-old"), ec_key("2026-new"));
     let issuer = TestIssuer::start(&[&old]).await;
-    let (hub, agent) = hub_trusting(&issuer).await;
+    // A short gap between refetches for an unknown key id, so the test need
+    // not wait out the default.
+    let (hub, agent) =
+        hub_trusting_with(&issuer, |c| c.unknown_kid_refetch = Duration::from_secs(2)).await;
     let groups = "system:authenticated,oidc:devs,oidc:viewer".to_owned();
 
     let seen = identity_seen(&hub, &sign(&old, &issuer.claims("alice")))
@@ -321,8 +400,8 @@ async fn oidc_key_rotation_needs_no_restart() {
     assert_eq!(fetched, 1, "the first token fetches the key set once");
 
     // The issuer rotates: only the new key is published now. The hub
-    // refetches when it sees the new key id (at most once per 10 s), so a
-    // client retrying gets through within that.
+    // refetches when it sees the new key id (at most once per gap), so a
+    // client retrying gets through soon after.
     issuer.serve_keys(&[&new]);
     let token = sign(&new, &issuer.claims("carol"));
     let started = tokio::time::Instant::now();
@@ -349,6 +428,103 @@ async fn oidc_key_rotation_needs_no_restart() {
         "token of the retired key",
     )
     .await;
+    drop(agent);
+    hub.hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_unknown_kid_burst_on_a_slow_issuer_fetches_once() {
+    let key = ec_key("real");
+    let issuer = TestIssuer::start(&[&key]).await;
+    let (hub, agent) = hub_trusting(&issuer).await;
+    // Cold cache, and the issuer takes seconds to answer: the whole burst
+    // arrives before its first answer, so every call needs the key set.
+    *issuer.delay.lock().unwrap() = Duration::from_secs(3);
+    let codes = burst_of_unknown_kids(&hub, &issuer, 200).await;
+    let (jwks, discovery) = issuer.fetches();
+    eprintln!("slow issuer, burst of 200: {jwks} JWKS and {discovery} discovery fetches");
+    assert!(
+        jwks <= 3 && discovery <= 3,
+        "{jwks} JWKS, {discovery} discovery fetches"
+    );
+    assert!(
+        codes
+            .iter()
+            .all(|c| matches!(c, tonic::Code::Unauthenticated | tonic::Code::Unavailable)),
+        "{codes:?}"
+    );
+
+    // Keys are cached now: a second burst costs the issuer nothing (the next
+    // refetch for an unknown key id is half a minute away), and a real
+    // token still works.
+    *issuer.delay.lock().unwrap() = Duration::ZERO;
+    let codes = burst_of_unknown_kids(&hub, &issuer, 200).await;
+    assert!(
+        codes.iter().all(|c| *c == tonic::Code::Unauthenticated),
+        "{codes:?}"
+    );
+    let seen = identity_seen(&hub, &sign(&key, &issuer.claims("alice")))
+        .await
+        .unwrap();
+    assert_eq!(seen.0, "alice");
+    let (jwks_after, discovery_after) = issuer.fetches();
+    eprintln!("after a warm burst and a real token: {jwks_after} JWKS fetches");
+    assert!(
+        jwks_after <= 3 && discovery_after <= 3,
+        "{jwks_after} JWKS fetches"
+    );
+    drop(agent);
+    hub.hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_burst_while_the_issuer_is_down_is_backed_off() {
+    let key = ec_key("real");
+    let issuer = TestIssuer::start(&[&key]).await;
+    issuer.down.store(true, Ordering::SeqCst);
+    let (hub, agent) = hub_trusting(&issuer).await;
+    let codes = burst_of_unknown_kids(&hub, &issuer, 200).await;
+    let (_, attempts) = issuer.fetches();
+    eprintln!("issuer down, burst of 200: {attempts} fetch attempts");
+    // Every call ends within WAIT (20 s) of the burst; retries 1, 2, 4, 8 s
+    // apart fit at most 5 attempts in that.
+    assert!((1..=5).contains(&attempts), "{attempts} fetch attempts");
+    assert!(
+        codes.iter().all(|c| *c == tonic::Code::Unavailable),
+        "{codes:?}"
+    );
+    match identity_seen(&hub, &sign(&key, &issuer.claims("alice"))).await {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+            assert!(s.message().contains("identity provider"), "{s:?}");
+        }
+        Ok(seen) => panic!("accepted as {seen:?} with no keys"),
+    }
+
+    // The issuer comes back: a real token gets through once the current
+    // back-off ends (well under its 60 s cap here).
+    issuer.down.store(false, Ordering::SeqCst);
+    let token = sign(&key, &issuer.claims("alice"));
+    let started = tokio::time::Instant::now();
+    let seen = loop {
+        match identity_seen(&hub, &token).await {
+            Ok(seen) => break seen,
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(90),
+                    "never recovered: {s:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert_eq!(seen.0, "alice");
+    let (_, total) = issuer.fetches();
+    eprintln!("after recovery: {total} fetch attempts in all");
+    // One attempt that succeeds, and perhaps one more for the lone token
+    // above if its back-off had just ended.
+    assert!(total <= attempts + 2, "{total} attempts in all");
     drop(agent);
     hub.hub.shutdown().await;
 }

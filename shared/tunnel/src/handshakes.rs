@@ -1,0 +1,336 @@
+//! Handshakes in progress on the tunnel port, bounded before anyone is
+//! authenticated.
+//!
+//! Until its TLS (or QUIC) handshake has verified a client certificate, a
+//! connection is anyone's: it holds a descriptor and a little memory and
+//! may never send another byte. So it takes no tunnel admission slot (see
+//! [`crate::pace`]); it takes a place among the pending handshakes, and
+//! those are bounded three ways:
+//!
+//! - **a deadline** per handshake (the listeners' `HANDSHAKE_TIMEOUT`);
+//! - **a fair share per source**: once half the places are taken, a source
+//!   address (an IPv6 /64) holding more than its share is refused at once,
+//!   so one machine can never hold more than half;
+//! - **eviction of the oldest**: when every place is taken, the oldest
+//!   handshake is dropped if it has been pending longer than a genuine
+//!   agent needs ([`HandshakeLimits::evict_after`]), so many sources
+//!   stalling on purpose cannot keep an agent out for the whole deadline.
+//!   When every pending handshake is younger than that (a real reconnect
+//!   storm), new connections wait in the kernel's backlog instead.
+//!
+//! A handshake leaves the pending set as soon as the client certificate is
+//! verified; from then on the agent is paced by admission as before.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Bounds of the pending handshakes of one hub's tunnel port.
+#[derive(Debug, Clone, Copy)]
+pub struct HandshakeLimits {
+    /// Handshakes in progress at once, all sources together.
+    pub max_pending: usize,
+    /// What one source may hold once half of `max_pending` is taken.
+    pub per_source: usize,
+    /// Age past which a pending handshake may be dropped for a newcomer.
+    /// A genuine agent's handshake takes a few round trips; a loaded hub
+    /// (a reconnect storm on two cores) has been seen to take about a
+    /// second.
+    pub evict_after: Duration,
+}
+
+impl Default for HandshakeLimits {
+    fn default() -> Self {
+        Self {
+            max_pending: 1024,
+            per_source: 32,
+            evict_after: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The pending handshakes of a tunnel port (TCP and QUIC share one set).
+#[derive(Debug)]
+pub struct Handshakes {
+    limits: HandshakeLimits,
+    state: Mutex<State>,
+    freed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    /// By id, so the first is the oldest.
+    pending: BTreeMap<u64, Pending>,
+    by_source: HashMap<IpAddr, usize>,
+    refused: u64,
+    evicted: u64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    started: Instant,
+    source: IpAddr,
+    evict: CancellationToken,
+}
+
+/// What a new connection gets.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Go ahead; the place frees when this is dropped or verified.
+    Go(Handshake),
+    /// Its source holds more than its share: close it now.
+    Refused,
+    /// Every place is taken by young handshakes: try again shortly.
+    Full,
+}
+
+/// A place among the pending handshakes.
+#[derive(Debug)]
+pub struct Handshake {
+    gate: Arc<Handshakes>,
+    id: u64,
+    evict: CancellationToken,
+}
+
+impl Handshake {
+    /// Cancelled when this handshake is dropped for a newcomer: the
+    /// connection should be closed then.
+    pub fn evicted(&self) -> CancellationToken {
+        self.evict.clone()
+    }
+
+    /// The client certificate was verified: the place frees for the next
+    /// connection and this one can no longer be evicted.
+    pub fn verified(self) {}
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.gate.release(self.id);
+    }
+}
+
+/// The key a source is counted under: an IPv4 address, or an IPv6 /64
+/// (one host can use all of its /64).
+pub fn source_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut seg = v6.segments();
+                seg[4..].fill(0);
+                IpAddr::V6(seg.into())
+            }
+        },
+    }
+}
+
+impl Handshakes {
+    pub fn new(limits: HandshakeLimits) -> Arc<Handshakes> {
+        let limits = HandshakeLimits {
+            max_pending: limits.max_pending.max(2),
+            per_source: limits.per_source.max(1),
+            ..limits
+        };
+        Arc::new(Handshakes {
+            limits,
+            state: Mutex::default(),
+            freed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a handshake from `source`, decided at once.
+    pub fn try_begin(self: &Arc<Self>, source: IpAddr) -> Verdict {
+        let source = source_key(source);
+        let mut s = self.lock();
+        let held = s.by_source.get(&source).copied().unwrap_or(0);
+        if held >= self.limits.per_source && s.pending.len() >= self.limits.max_pending / 2 {
+            s.refused += 1;
+            return Verdict::Refused;
+        }
+        if s.pending.len() >= self.limits.max_pending {
+            let oldest = s.pending.first_key_value().map(|(id, p)| (*id, p.started));
+            match oldest {
+                Some((id, started)) if started.elapsed() >= self.limits.evict_after => {
+                    let gone = s.remove(id).expect("oldest is pending");
+                    gone.evict.cancel();
+                    s.evicted += 1;
+                }
+                _ => return Verdict::Full,
+            }
+        }
+        let id = s.next_id;
+        s.next_id += 1;
+        let evict = CancellationToken::new();
+        s.pending.insert(
+            id,
+            Pending {
+                started: Instant::now(),
+                source,
+                evict: evict.clone(),
+            },
+        );
+        *s.by_source.entry(source).or_default() += 1;
+        Verdict::Go(Handshake {
+            gate: self.clone(),
+            id,
+            evict,
+        })
+    }
+
+    /// Like [`Self::try_begin`], waiting while every place is taken by
+    /// young handshakes (the caller stops accepting meanwhile, so new
+    /// connections wait in the kernel's backlog). `None`: refused.
+    pub async fn begin(self: &Arc<Self>, source: IpAddr) -> Option<Handshake> {
+        loop {
+            match self.try_begin(source) {
+                Verdict::Go(h) => return Some(h),
+                Verdict::Refused => return None,
+                // A place frees, or the oldest grows old enough to evict.
+                Verdict::Full => {
+                    let _ = tokio::time::timeout(Duration::from_millis(100), self.freed.notified())
+                        .await;
+                }
+            }
+        }
+    }
+
+    fn release(&self, id: u64) {
+        if self.lock().remove(id).is_some() {
+            self.freed.notify_one();
+        }
+    }
+
+    /// Handshakes pending now.
+    pub fn pending(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// Connections refused for holding more than their source's share.
+    pub fn refused(&self) -> u64 {
+        self.lock().refused
+    }
+
+    /// Handshakes dropped to make room for a newcomer.
+    pub fn evicted(&self) -> u64 {
+        self.lock().evicted
+    }
+
+    /// Whether handshakes are queueing up: QUIC then makes unvalidated
+    /// sources prove their address (Retry) before it spends a handshake.
+    pub fn busy(&self) -> bool {
+        self.pending() >= self.limits.max_pending / 8
+    }
+
+    pub fn limits(&self) -> HandshakeLimits {
+        self.limits
+    }
+}
+
+impl State {
+    fn remove(&mut self, id: u64) -> Option<Pending> {
+        let gone = self.pending.remove(&id)?;
+        if let Some(n) = self.by_source.get_mut(&gone.source) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_source.remove(&gone.source);
+            }
+        }
+        Some(gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn go(v: Verdict) -> Handshake {
+        match v {
+            Verdict::Go(h) => h,
+            other => panic!("expected a place, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_source_over_its_share_is_refused_only_under_pressure() {
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 8,
+            per_source: 2,
+            evict_after: Duration::from_secs(60),
+        });
+        // Below half the places, one source may hold more than its share.
+        let held: Vec<_> = (0..4).map(|_| go(gate.try_begin(ip("10.0.0.1")))).collect();
+        assert!(matches!(gate.try_begin(ip("10.0.0.1")), Verdict::Refused));
+        // Others still get in, up to the total.
+        let others: Vec<_> = (0..2)
+            .map(|i| go(gate.try_begin(ip(&format!("10.0.1.{i}")))))
+            .collect();
+        // The same /64 counts as one source.
+        let _v6 = go(gate.try_begin(ip("2001:db8::1")));
+        assert!(matches!(gate.try_begin(ip("2001:db8::2")), Verdict::Go(_)));
+        assert_eq!(gate.pending(), 7);
+        assert_eq!(gate.refused(), 1);
+        drop(held);
+        drop(others);
+        assert_eq!(gate.pending(), 1);
+    }
+
+    #[test]
+    fn when_full_the_oldest_is_evicted_once_old_enough() {
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 2,
+            per_source: 8,
+            evict_after: Duration::from_millis(30),
+        });
+        let a = go(gate.try_begin(ip("10.0.0.1")));
+        let b = go(gate.try_begin(ip("10.0.0.2")));
+        assert!(matches!(gate.try_begin(ip("10.0.0.3")), Verdict::Full));
+        std::thread::sleep(Duration::from_millis(40));
+        let evicted = a.evicted();
+        let c = go(gate.try_begin(ip("10.0.0.3")));
+        assert!(evicted.is_cancelled());
+        assert!(!b.evicted().is_cancelled());
+        assert_eq!((gate.pending(), gate.evicted()), (2, 1));
+        // Dropping the evicted handshake later frees nothing twice.
+        drop(a);
+        assert_eq!(gate.pending(), 2);
+        c.verified();
+        drop(b);
+        assert_eq!(gate.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn begin_waits_for_a_place() {
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 2,
+            per_source: 8,
+            evict_after: Duration::from_secs(60),
+        });
+        let a = go(gate.try_begin(ip("10.0.0.1")));
+        let _b = go(gate.try_begin(ip("10.0.0.2")));
+        let waiter = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.begin(ip("10.0.0.3")).await.is_some() }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        drop(a);
+        assert!(waiter.await.unwrap());
+    }
+}
