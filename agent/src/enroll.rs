@@ -52,8 +52,14 @@ fn now() -> i64 {
 }
 
 /// A gRPC channel to the hub's API over our own rustls config (the hub CA
-/// only, and the agent certificate when renewing).
-async fn channel(url: &Url, tls: rustls::ClientConfig) -> Result<tonic::transport::Channel> {
+/// only, and the agent certificate when renewing), through `proxy` unless
+/// its `NO_PROXY` rules exempt the hub: Register and renewals take the same
+/// way out as the tunnel.
+async fn channel(
+    url: &Url,
+    tls: rustls::ClientConfig,
+    proxy: Option<&otter_tunnel::proxy::Proxy>,
+) -> Result<tonic::transport::Channel> {
     let host = url
         .host_str()
         .ok_or_else(|| AgentError::Config(format!("hub URL {url} has no host")))?
@@ -66,6 +72,11 @@ async fn channel(url: &Url, tls: rustls::ClientConfig) -> Result<tonic::transpor
     let server_name = rustls::pki_types::ServerName::try_from(bare_host.clone())
         .map_err(|e| AgentError::Config(format!("hub host {host}: {e}")))?;
     let connector = TlsConnector::from(Arc::new(tls));
+    let proxy = proxy.filter(|p| !p.bypass(&bare_host, port)).cloned();
+    let via = proxy
+        .as_ref()
+        .map(|p| format!(" through the proxy {}", p.display()))
+        .unwrap_or_default();
     // tonic only uses this URI for the request line; TLS is done below.
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
         .map_err(|e| AgentError::Config(e.to_string()))?
@@ -73,20 +84,47 @@ async fn channel(url: &Url, tls: rustls::ClientConfig) -> Result<tonic::transpor
         .timeout(Duration::from_secs(30));
     endpoint
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let (connector, server_name, addr) = (
+            let (connector, server_name, host, proxy) = (
                 connector.clone(),
                 server_name.clone(),
-                (bare_host.clone(), port),
+                bare_host.clone(),
+                proxy.clone(),
             );
             async move {
-                let tcp = TcpStream::connect(addr).await?;
-                let _ = tcp.set_nodelay(true);
-                let tls = connector.connect(server_name, tcp).await?;
+                let io: Box<dyn otter_tunnel::h2::Io> = match &proxy {
+                    Some(p) => p
+                        .connect(&host, port)
+                        .await
+                        .map_err(std::io::Error::other)?,
+                    None => {
+                        let tcp = TcpStream::connect((host.as_str(), port)).await?;
+                        let _ = tcp.set_nodelay(true);
+                        Box::new(tcp)
+                    }
+                };
+                let tls = connector.connect(server_name, io).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
             }
         }))
         .await
-        .map_err(|e| AgentError::Connect(format!("{url}: {e}")))
+        .map_err(|e| AgentError::Connect(format!("{url}{via}: {}", error_chain(&e))))
+}
+
+/// An error with its causes, which name what failed (a refused
+/// connection, the proxy's answer, a certificate) where tonic's own text
+/// says only "transport error".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// The CAs the hub is verified with: the bundle it last sent over a
@@ -104,7 +142,8 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
     let (key_pem, csr_pem) = otter_pki::csr::generate(&config.cluster, &config.agent_id)?;
     let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
     let tls = tls::client_config(hub_trust(config, current), client_cert, &[b"h2"])?;
-    let mut client = LinkServiceClient::new(channel(&config.hub_url, tls).await?);
+    let mut client =
+        LinkServiceClient::new(channel(&config.hub_url, tls, config.proxy.as_ref()).await?);
     let request = RegisterRequest {
         cluster: Some(config.cluster.clone()),
         csr: Some(csr_pem.into_bytes()),

@@ -45,7 +45,50 @@ pub async fn load_config(kubeconfig: Option<&Path>) -> Result<kube::Config, Stri
     // bounded by the caller's deadline instead.
     config.read_timeout = None;
     config.connect_timeout = Some(Duration::from_secs(10));
+    apply_proxy_rules(&mut config)?;
     Ok(config)
+}
+
+/// The proxy to the apiserver, decided the way the hub's is: the
+/// kubeconfig's `proxy-url`, else `HTTPS_PROXY` / `HTTP_PROXY` (which
+/// clusters inject into every pod, in-cluster too, as client-go honours
+/// them), unless `NO_PROXY` exempts the apiserver's host: in-cluster
+/// addresses stay direct. (kube checks `NO_PROXY` against the proxy's own
+/// address, so the agent decides here.) Errors never show the proxy's
+/// credentials.
+fn apply_proxy_rules(config: &mut kube::Config) -> Result<(), String> {
+    let from_env = otter_tunnel::proxy::Proxy::from_env()
+        .transpose()
+        .map_err(|e| format!("HTTPS_PROXY / HTTP_PROXY: {e}"))?;
+    let configured = match config.proxy_url.take() {
+        Some(uri) => {
+            let url = url::Url::parse(&uri.to_string())
+                .map_err(|e| format!("the kubeconfig's proxy-url: {e}"))?;
+            let no_proxy = std::env::var("NO_PROXY")
+                .or_else(|_| std::env::var("no_proxy"))
+                .unwrap_or_default();
+            Some(otter_tunnel::proxy::Proxy::new(url, &no_proxy).map_err(|e| e.to_string())?)
+        }
+        None => from_env,
+    };
+    let Some(proxy) = configured else {
+        return Ok(());
+    };
+    let host = config.cluster_url.host().unwrap_or_default();
+    let port = config.cluster_url.port_u16().unwrap_or(443);
+    if proxy.bypass(host.trim_start_matches('[').trim_end_matches(']'), port) {
+        tracing::info!(apiserver = %config.cluster_url, "apiserver reached directly (NO_PROXY)");
+        return Ok(());
+    }
+    tracing::info!(apiserver = %config.cluster_url, proxy = %proxy.display(), "apiserver reached through the proxy");
+    config.proxy_url = Some(
+        proxy
+            .url
+            .as_str()
+            .parse()
+            .map_err(|_| format!("proxy {} is not a valid URI", proxy.display()))?,
+    );
+    Ok(())
 }
 
 /// Kubernetes clients for the agent and for its callers.

@@ -49,7 +49,17 @@ pub struct AgentStatus {
     /// The proxy the tunnel goes through, without credentials.
     pub proxy: Option<String>,
     pub last_error: String,
+    /// Why the last renewal failed; empty once one succeeded.
+    pub last_renewal_error: String,
+    /// Renewals that failed (each is retried after a backoff).
+    pub renewal_failures: u32,
+    /// When the current certificate expires (unix seconds).
+    pub cert_not_after: i64,
 }
+
+/// Bound of one renewal (connect, TLS, Register). It runs beside the
+/// tunnel, so waiting this long costs no call anything.
+pub const RENEWAL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running agent.
 #[derive(Debug)]
@@ -166,6 +176,9 @@ async fn run(
     let (probe_tx, mut probe_rx) = tokio::sync::mpsc::channel(1);
     let mut generation: u64 = 0;
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
+    // Failed renewals are retried after 1 s, doubling to a minute.
+    let mut renew_backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let mut renew_retry_in = Duration::ZERO;
     // One QUIC endpoint for every dial of this agent's life.
     let quic = Arc::new(quic::Dialer::default());
     loop {
@@ -277,13 +290,18 @@ async fn run(
         generation += 1;
         let mut probe_at = next_probe(&config, kind);
         let mut probing = false;
+        // A renewal runs beside the tunnel, never in this loop: a hub API
+        // that does not answer must not stop the calls on the tunnel.
+        let (renew_tx, mut renew_rx) = tokio::sync::mpsc::channel(1);
+        let mut renewing = false;
         let why = loop {
             let renew_in = Duration::from_secs(
                 creds
                     .as_ref()
                     .map_or(0, |c| (c.renew_at(config.renew_at) - unix_now()).max(0))
                     as u64,
-            );
+            )
+            .max(renew_retry_in);
             tokio::select! {
                 next = acceptor.accept_dyn() => match next {
                     Ok(Some(stream)) => {
@@ -298,16 +316,43 @@ async fn run(
                         _ = tokio::time::sleep(renew_in) => {}
                         _ = renew_now.notified() => {}
                     }
-                } => {
-                    match obtain(&config, creds.as_ref(), &status).await {
-                        Ok(c) => creds = Some(c),
+                }, if !renewing => {
+                    renewing = true;
+                    let (config, current, status, tx) =
+                        (config.clone(), creds.clone(), status.clone(), renew_tx.clone());
+                    tasks.spawn(async move {
+                        let renewed = tokio::time::timeout(
+                            RENEWAL_TIMEOUT,
+                            obtain(&config, current.as_ref(), &status),
+                        )
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(AgentError::Connect(format!(
+                                "renewal got no answer within {} s",
+                                RENEWAL_TIMEOUT.as_secs()
+                            )))
+                        });
+                        let _ = tx.send(renewed).await;
+                    });
+                }
+                Some(renewed) = renew_rx.recv() => {
+                    renewing = false;
+                    match renewed {
+                        Ok(c) => {
+                            creds = Some(c);
+                            renew_backoff.reset();
+                            renew_retry_in = Duration::ZERO;
+                        }
                         Err(e) => {
-                            tracing::warn!(error = %e, "renewal failed; retrying in a minute");
-                            status.send_modify(|s| s.last_error = e.to_string());
-                            // Retry soon but not in a spin.
-                            if let Some(c) = creds.as_mut() {
-                                c.issued_at = unix_now() - (c.renew_at(config.renew_at) - c.issued_at) + 60;
-                            }
+                            // Again after a backoff, well before expiry; the
+                            // tunnel serves meanwhile on the current certificate.
+                            renew_retry_in = renew_backoff.next_delay().max(Duration::from_secs(1));
+                            tracing::warn!(error = %e, retry_in = ?renew_retry_in, "renewal failed");
+                            status.send_modify(|s| {
+                                s.last_error = e.to_string();
+                                s.last_renewal_error = e.to_string();
+                                s.renewal_failures += 1;
+                            });
                         }
                     }
                 }
@@ -526,6 +571,8 @@ async fn obtain(
                 status.send_modify(|s| {
                     s.renewals += 1;
                     s.cert_serial = new.serial.clone();
+                    s.cert_not_after = new.not_after;
+                    s.last_renewal_error.clear();
                 });
                 return Ok(new);
             }
@@ -544,6 +591,7 @@ async fn obtain(
     status.send_modify(|s| {
         s.registrations += 1;
         s.cert_serial = new.serial.clone();
+        s.cert_not_after = new.not_after;
     });
     Ok(new)
 }

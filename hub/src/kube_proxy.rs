@@ -199,9 +199,9 @@ type UpBody = Result<Frame<Bytes>, std::io::Error>;
 
 /// Relays an upgraded connection: the caller's bytes become DATA chunks of
 /// the tunnel stream, the agent's come back as the response body. Ends when
-/// both directions are done, when either fails, or after `idle` without a
-/// byte either way; every end drops the tunnel stream, which ends the
-/// agent's connection to its apiserver.
+/// the agent's side ends or fails (a dead tunnel included), or after `idle`
+/// without a byte either way; every end drops the tunnel stream, which ends
+/// the agent's connection to its apiserver, and closes the caller's.
 async fn relay(
     on_upgrade: hyper::upgrade::OnUpgrade,
     to_agent: mpsc::Sender<UpBody>,
@@ -266,9 +266,19 @@ async fn relay(
             tokio::time::sleep(idle - quiet).await;
         }
     };
-    tokio::select! {
-        _ = futures::future::join(up, down) => {}
-        _ = watchdog => {}
+    // The agent's side decides: once it ended (the apiserver closed, or
+    // the tunnel died) there is nothing more to relay, and the caller is
+    // told at once by the connection closing; kubectl's port-forward and
+    // exec end with an error then instead of waiting on a dead tunnel.
+    // The caller's EOF alone only ends the request body.
+    tokio::pin!(up, down, watchdog);
+    let mut caller_done = false;
+    loop {
+        tokio::select! {
+            _ = &mut up, if !caller_done => caller_done = true,
+            _ = &mut down => break,
+            _ = &mut watchdog => break,
+        }
     }
 }
 

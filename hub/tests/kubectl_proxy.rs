@@ -756,3 +756,61 @@ async fn oversized_request_headers_are_refused() {
     }
     hub.hub.shutdown().await;
 }
+
+/// A `kubectl port-forward` through the hub ends, with an error kubectl
+/// shows, soon after its tunnel dies (a path that goes silent: the relay
+/// in front of the tunnel port swallows every byte), instead of hanging on
+/// a dead stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_ends_when_its_tunnel_dies() {
+    let Some(k133) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    let relay = otter_e2e::Relay::start().await;
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let port = relay.addr.port();
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.tunnel_urls = vec![url::Url::parse(&format!("h2://localhost:{port}")).unwrap()];
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    let cfg = kube_sim::SimConfig::default_with_admin()
+        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .pod("default", "web-0", &["web"]);
+    let (sim, agent) = start_edge(&hub, cfg).await;
+    let (echo_addr, echo) = echo_server(b"").await;
+    sim.add_pod_port("default", "web-0", 8080, echo_addr);
+    let work = tempfile::tempdir().unwrap();
+    let kube_path = write_kubeconfig(&hub, work.path()).await;
+
+    let (code, took) = tokio::task::block_in_place(|| {
+        let mut cmd = std::process::Command::new(&k133);
+        cmd.arg("--kubeconfig").arg(&kube_path);
+        let (mut child, local) = port_forward(cmd);
+        round_trip(local, b"before the cut", "before the cut");
+        // A connection kept open through the forward, as a client would.
+        let _held = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
+        relay.freeze(true);
+        let cut = std::time::Instant::now();
+        let deadline = cut + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break (status.code(), cut.elapsed());
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("kubectl port-forward still running 60 s after its tunnel died");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    assert_ne!(code, Some(0), "kubectl reports the lost connection");
+    println!("kubectl port-forward exited {code:?} {took:?} after the tunnel's path went silent");
+    wait_no_upgrades(&hub, "admin").await;
+    echo.abort();
+    agent.shutdown().await;
+    sim.shutdown().await;
+    hub.hub.shutdown().await;
+}

@@ -229,6 +229,19 @@ impl Proc {
     /// given (through `ip netns exec`, which execs in place, so the pid is
     /// the process's own).
     pub fn start(name: &str, role: Role, args: &[String], dir: &Path, netns: Option<&str>) -> Proc {
+        Self::start_env(name, role, args, dir, netns, &[])
+    }
+
+    /// Like [`Proc::start`], with `env` set for the process besides what
+    /// it inherits.
+    pub fn start_env(
+        name: &str,
+        role: Role,
+        args: &[String],
+        dir: &Path,
+        netns: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Proc {
         let exe = std::env::current_exe().expect("test binary");
         let mut cmd = match netns {
             Some(ns) => {
@@ -246,7 +259,8 @@ impl Proc {
             "--test-threads=1",
         ])
         .env(ROLE_ENV, role.as_str())
-        .env(ARGS_ENV, serde_json::to_string(args).expect("JSON"));
+        .env(ARGS_ENV, serde_json::to_string(args).expect("JSON"))
+        .envs(env.iter().copied());
         Self::spawn(name, cmd, dir)
     }
 

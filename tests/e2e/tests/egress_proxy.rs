@@ -187,19 +187,18 @@ async fn proxy_credentials_are_sent_and_checked() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let hub = TestHub::start_with(dir, None, |_| {}).await;
     let token = hub.hub.mint_join_token("edge-1").unwrap();
-    // An agent of its own: its Register goes straight to the hub and spends
-    // its join token even though its tunnel cannot pass the proxy.
-    let wrong_token = hub.hub.mint_join_token("edge-0").unwrap();
-    let wrong = start_agent_with(&hub, "edge-0", "a0", &wrong_token, TransportKind::H2, |c| {
+    // Register takes the proxy too: refused there, it spends no token.
+    let wrong = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
         c.proxy = Some(proxy(&format!("http://otter:nope@127.0.0.1:{}", tp.port)));
     });
     let s = wrong
         .agent
-        .wait_for(WAIT, |s| !s.attempts.is_empty())
+        .wait_for(WAIT, |s| !s.last_error.is_empty())
         .await
         .expect("an attempt");
     assert!(s.connected.is_none());
-    let err = s.attempts[0].1.as_ref().unwrap_err();
+    assert_eq!(s.registrations, 0);
+    let err = &s.last_error;
     // tinyproxy answers 401 where the RFC says 407; both mean the same here.
     assert!(err.contains("401") || err.contains("407"), "{err}");
     assert!(
@@ -317,18 +316,185 @@ async fn tunnels_through_an_https_proxy() {
         let tls = otter_pki::tls::public_client_config(None, &[]).unwrap();
         c.proxy = Some(proxy(&url).with_tls(Arc::new(tls)));
     });
+    // Register takes the proxy too, so that is where it fails.
     let s = untrusted
         .agent
-        .wait_for(WAIT, |s| !s.attempts.is_empty())
+        .wait_for(WAIT, |s| !s.last_error.is_empty())
         .await
         .expect("an attempt");
     assert!(s.connected.is_none());
-    let err = s.attempts[0].1.as_ref().unwrap_err();
+    assert_eq!(s.registrations, 0);
+    let err = &s.last_error;
     assert!(
         err.contains("TLS to proxy") && err.contains("certificate"),
         "says what is wrong: {err}"
     );
     assert!(!err.contains("s3cret"), "no credentials in messages: {err}");
     untrusted.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// The lines of tinyproxy's log that open a tunnel to `port`.
+fn connects_to(tp: &Tinyproxy, port: u16) -> usize {
+    let log = std::fs::read_to_string(tp._dir.path().join("tinyproxy.log")).unwrap_or_default();
+    log.lines()
+        .filter(|l| l.contains("CONNECT") && l.contains(&format!(":{port} ")))
+        .count()
+}
+
+/// Register and every renewal take the proxy too, not only the tunnel: an
+/// agent whose way out is an authenticating proxy joins, renews (a 60 s
+/// certificate renewed every 6 s here) and keeps serving calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_and_renewals_go_through_the_proxy() {
+    let Some(tp) = tinyproxy(Some(("otter", "s3cret"))) else {
+        return;
+    };
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.agent_cert_lifetime = Duration::from_secs(60);
+    })
+    .await;
+    let api_port = hub.hub.api_addr.port();
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.proxy = Some(proxy(&format!("http://otter:s3cret@127.0.0.1:{}", tp.port)));
+        c.renew_at = 0.1;
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("joins through the proxy");
+    assert!(
+        connects_to(&tp, api_port) >= 1,
+        "Register went through the proxy"
+    );
+    let channel = hub.channel().await;
+    let mut resources = ResourceServiceClient::new(channel.clone());
+    let mut renewed = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while renewed < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "renewals: {:?}",
+            agent.agent.status()
+        );
+        let r = resources
+            .get(with_token(get("edge-1", "x"), &hub.admin_token))
+            .await
+            .expect("calls keep flowing across renewals");
+        assert_eq!(field(r.get_ref(), "agent"), "a1");
+        renewed = agent.agent.status().renewals;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Each renewal was a connection through the proxy to the API port.
+    assert!(
+        connects_to(&tp, api_port) > 3,
+        "renewals went through the proxy"
+    );
+    assert_eq!(agent.agent.status().registrations, 1);
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+#[test]
+#[ignore = "entry point of the processes the tests start"]
+fn child_process() {
+    otter_e2e::procs::child_main();
+}
+
+/// An agent process whose only proxy setting is `HTTPS_PROXY` in its
+/// environment (as clusters inject it into every pod), with credentials:
+/// it starts, joins and tunnels through the proxy, and its Kubernetes
+/// client reaches the apiserver through it too unless `NO_PROXY` exempts
+/// the apiserver. The password shows in none of its output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_proxy_from_the_environment_is_honoured() {
+    use otter_e2e::procs::{Proc, Role};
+    let Some(tp) = tinyproxy(Some(("otter", "s3cret"))) else {
+        return;
+    };
+    let hub = TestHub::start().await;
+    let sim = kube_sim::KubeSim::start(otter_e2e::kube::sim_config())
+        .await
+        .unwrap();
+    assert!(sim.url().starts_with("https://127.0.0.1:"), "{}", sim.url());
+    let sim_port = sim.addr().port();
+    let work = tempfile::tempdir().unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
+    let ca = work.path().join("hub-ca.crt");
+    std::fs::write(&ca, hub.hub.ca_pem()).unwrap();
+    let https_proxy = format!("http://otter:s3cret@127.0.0.1:{}", tp.port);
+    let channel = hub.channel().await;
+    let mut agents = Vec::new();
+    for (i, no_proxy) in ["", "127.0.0.1"].into_iter().enumerate() {
+        let cluster = format!("edge-{i}");
+        let token_file = work.path().join(format!("token-{i}"));
+        std::fs::write(&token_file, hub.hub.mint_join_token(&cluster).unwrap()).unwrap();
+        let sim_connects = connects_to(&tp, sim_port);
+        let agent = Proc::start_env(
+            &format!("agent-{i}"),
+            Role::Agent,
+            &[
+                "--hub-url".into(),
+                hub.api_url().to_string(),
+                "--cluster".into(),
+                cluster.clone(),
+                "--agent-id".into(),
+                "a".into(),
+                "--hub-ca-file".into(),
+                ca.display().to_string(),
+                "--join-token-file".into(),
+                token_file.display().to_string(),
+                "--kubeconfig".into(),
+                kubeconfig.display().to_string(),
+                "--transports".into(),
+                "quic,h2".into(),
+            ],
+            work.path(),
+            None,
+            &[
+                ("HTTPS_PROXY", https_proxy.as_str()),
+                ("NO_PROXY", no_proxy),
+                ("RUST_LOG", "info"),
+            ],
+        );
+        wait_connected(&channel, &hub.admin_token, i + 1).await;
+        // A call the agent serves from the cluster.
+        let r = ResourceServiceClient::new(channel.clone())
+            .get(with_token(
+                otter_proto::resource::v1::GetRequest {
+                    cluster: Some(cluster.clone()),
+                    version: Some("v1".into()),
+                    resource: Some("namespaces".into()),
+                    name: Some("default".into()),
+                    ..Default::default()
+                },
+                &hub.admin_token,
+            ))
+            .await;
+        assert!(r.is_ok(), "{r:?}\n{}", agent.tail(30));
+        assert!(
+            connects_to(&tp, hub.hub.api_addr.port()) > i,
+            "Register through the proxy"
+        );
+        assert!(
+            connects_to(&tp, hub.hub.tunnel_addr.port()) > i,
+            "the tunnel through the proxy"
+        );
+        let through = connects_to(&tp, sim_port) > sim_connects;
+        assert_eq!(
+            through,
+            no_proxy.is_empty(),
+            "the apiserver through the proxy unless NO_PROXY exempts it"
+        );
+        let output = format!("{}{}", agent.stdout(), agent.stderr());
+        assert!(!output.contains("s3cret"), "the password leaked:\n{output}");
+        agents.push(agent);
+    }
+    drop(agents);
+    sim.shutdown().await;
     hub.hub.shutdown().await;
 }

@@ -7,7 +7,8 @@ use futures::StreamExt;
 use otter_e2e::{
     Relay, TestHub,
     double::{
-        WAIT, bulk_watch, field, get, start_agent, start_agent_with, wait_connected, wait_until,
+        WAIT, bulk_watch, field, get, start_agent, start_agent_at, start_agent_with,
+        wait_connected, wait_until,
     },
     with_token,
 };
@@ -184,6 +185,82 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
         .await
         .unwrap();
     assert_eq!(field(r.get_ref(), "cluster"), "edge-1");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// A renewal runs beside the tunnel: while the hub's API port does not
+/// answer (a relay in front of it swallows every byte) the renewal hangs
+/// and fails, calls on the tunnel keep being served without a stall, the
+/// failure is reported, and the renewal succeeds once the API answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_renewal_does_not_stall_calls() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.agent_cert_lifetime = Duration::from_secs(60)
+    })
+    .await;
+    // Register and renewals go through the relay; the tunnel does not.
+    let api = Relay::start().await;
+    api.set_target(hub.hub.api_addr);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_at(
+        format!("https://localhost:{}", api.addr.port())
+            .parse()
+            .unwrap(),
+        hub.hub.ca_pem(),
+        "edge-1",
+        "a1",
+        &token,
+        TransportKind::Quic,
+        |c| c.renew_at = 0.1,
+    );
+    let first = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    api.freeze(true);
+
+    // Calls until a renewal has hung and failed (due 6 s after the
+    // certificate was issued, then 10 s for the connection to give up).
+    let mut resources = ResourceServiceClient::new(hub.channel().await);
+    let mut slowest = Duration::ZERO;
+    let mut calls = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while agent.agent.status().renewal_failures == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no renewal failed");
+        let started = tokio::time::Instant::now();
+        let r = resources
+            .get(with_token(get("edge-1", "x"), &hub.admin_token))
+            .await
+            .expect("calls are served while the renewal hangs");
+        assert_eq!(field(r.get_ref(), "agent"), "a1");
+        slowest = slowest.max(started.elapsed());
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = agent.agent.status();
+    assert!(!status.last_renewal_error.is_empty());
+    assert_eq!(status.connects, first.connects, "the tunnel stayed up");
+    // The hang lasted seconds; no call waited for it.
+    assert!(
+        slowest < Duration::from_secs(3),
+        "a call waited {slowest:?} during the hanging renewal"
+    );
+    println!(
+        "{calls} calls while a renewal hung and failed ({}), the slowest {slowest:?}",
+        status.last_renewal_error
+    );
+
+    api.freeze(false);
+    let renewed = agent
+        .agent
+        .wait_for(Duration::from_secs(90), |s| s.renewals >= 1)
+        .await
+        .expect("renews once the API answers");
+    assert!(renewed.last_renewal_error.is_empty());
+    assert_eq!(renewed.connects, first.connects);
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
