@@ -181,17 +181,33 @@ async fn run(
     let mut renew_retry_in = Duration::ZERO;
     // One QUIC endpoint for every dial of this agent's life.
     let quic = Arc::new(quic::Dialer::default());
+    // Dial rounds that failed in a row, and when the tunnel URLs were last
+    // asked for again (see `URL_REFRESH_ROUNDS`).
+    let mut failed_rounds = 0u32;
+    let mut urls_refreshed: Option<tokio::time::Instant> = None;
     loop {
         if shutdown.is_cancelled() {
             return;
         }
+        // The hub may have moved its tunnel port: after a few failed rounds
+        // a renewal (Register) brings its current URLs, at most once a
+        // minute, instead of waiting for the certificate to be due.
+        let refresh_urls = failed_rounds >= URL_REFRESH_ROUNDS
+            && urls_refreshed.is_none_or(|t| t.elapsed() >= URL_REFRESH_EVERY);
         // Credentials: register on first contact, renew when due.
         let due = creds
             .as_ref()
             .is_none_or(|c| unix_now() >= c.renew_at(config.renew_at));
-        if due {
+        if due || refresh_urls {
+            if refresh_urls {
+                urls_refreshed = Some(tokio::time::Instant::now());
+                tracing::info!(failed_rounds, "asking the hub for its tunnel URLs again");
+            }
             match obtain(&config, creds.as_ref(), &status).await {
-                Ok(c) => creds = Some(c),
+                Ok(c) => {
+                    creds = Some(c);
+                    failed_rounds = 0;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "register failed");
                     let hint = e.retry_after();
@@ -243,6 +259,9 @@ async fn run(
             }
         }
         let Some((mut acceptor, first)) = up else {
+            if hint.is_none() {
+                failed_rounds += 1;
+            }
             status.send_modify(|s| {
                 s.last_error = format!("no transport worked: {attempts:?}");
                 s.attempts = attempts;
@@ -262,6 +281,7 @@ async fn run(
         };
         let mut kind = acceptor.kind_dyn();
         last_good = Some(kind);
+        failed_rounds = 0;
         // What the hub asks for to show how this agent got through.
         let mut diag = diagnosis(&config, &attempts);
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
@@ -671,12 +691,8 @@ async fn dial(
     kind: TransportKind,
     quic: &quic::Dialer,
 ) -> Result<Box<dyn AcceptorDyn>> {
-    let url = creds
-        .tunnel_urls
-        .iter()
-        .find(|u| u.scheme().parse::<TransportKind>().ok() == Some(kind))
-        .ok_or_else(|| AgentError::Config(format!("the hub offers no {kind} tunnel URL")))?;
-    let (host, addr) = resolve(url).await?;
+    let url = tunnel_url(&creds.tunnel_urls, kind, &config.hub_url)?;
+    let (host, addr) = resolve(&url).await?;
     let client = |alpn: &[u8]| {
         tls::client_config(
             enroll::hub_trust(config, Some(creds)),
@@ -745,6 +761,40 @@ async fn dial(
     }
 }
 
+/// Failed dial rounds in a row after which the agent asks the hub for its
+/// tunnel URLs again (a renewal), and how often it does at most.
+const URL_REFRESH_ROUNDS: u32 = 3;
+const URL_REFRESH_EVERY: Duration = Duration::from_secs(60);
+
+/// The hub's default tunnel port, when nothing says where to dial.
+const DEFAULT_TUNNEL_PORT: u16 = 8444;
+
+/// Where to dial `kind`: the URL the hub listed for it; else, as the hub
+/// serves every transport on its one tunnel port, the host and port of
+/// another URL it listed; else the API URL's host on the default tunnel
+/// port. So an agent limited to a transport the hub no longer lists but
+/// still accepts is not stranded.
+fn tunnel_url(listed: &[Url], kind: TransportKind, hub_url: &Url) -> Result<Url> {
+    if let Some(u) = listed
+        .iter()
+        .find(|u| u.scheme().parse::<TransportKind>().ok() == Some(kind))
+    {
+        return Ok(u.clone());
+    }
+    let (host, port) = listed
+        .iter()
+        .find_map(|u| Some((u.host_str()?.to_owned(), u.port()?)))
+        .or_else(|| Some((hub_url.host_str()?.to_owned(), DEFAULT_TUNNEL_PORT)))
+        .ok_or_else(|| AgentError::Config(format!("hub URL {hub_url} has no host")))?;
+    let scheme = match kind {
+        TransportKind::Quic => "quic",
+        TransportKind::H2 => "h2",
+        _ => "wss",
+    };
+    Url::parse(&format!("{scheme}://{host}:{port}"))
+        .map_err(|e| AgentError::Config(format!("{scheme} tunnel URL for {host}: {e}")))
+}
+
 async fn resolve(url: &Url) -> Result<(String, SocketAddr)> {
     let host = url
         .host_str()
@@ -786,6 +836,23 @@ fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Respo
 mod tests {
     use super::*;
     use TransportKind::{H2, Quic, Ws};
+
+    #[test]
+    fn a_transport_the_hub_does_not_list_is_dialled_on_its_tunnel_port() {
+        let api: Url = "https://hub.example:8443".parse().unwrap();
+        let listed: Vec<Url> = ["quic://t.example:9444", "h2://t.example:9444"]
+            .iter()
+            .map(|u| u.parse().unwrap())
+            .collect();
+        let url = |k| tunnel_url(&listed, k, &api).unwrap().to_string();
+        assert_eq!(url(Quic), "quic://t.example:9444");
+        assert_eq!(url(Ws), "wss://t.example:9444/");
+        // Nothing listed: the API host on the default tunnel port.
+        assert_eq!(
+            tunnel_url(&[], H2, &api).unwrap().to_string(),
+            "h2://hub.example:8444"
+        );
+    }
 
     #[test]
     fn the_last_good_transport_goes_first_and_better_ones_are_known() {

@@ -436,3 +436,72 @@ async fn switches_to_a_better_transport_without_dropping_calls() {
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// A hub that comes back with its tunnel port moved: its agents ask for
+/// its tunnel URLs again after a few failed rounds (a renewal) and are back
+/// within their backoff, not when their certificate is next due (16 h with
+/// the default lifetime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_find_a_moved_tunnel_port() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_in(dir.clone(), None).await;
+    let api = hub.hub.api_addr;
+    let old_tunnel = hub.hub.tunnel_addr;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::H2);
+    let first = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    hub.hub.shutdown().await;
+
+    // Same data and API port, another tunnel port.
+    let hub = TestHub::start_in(dir, Some((api, "127.0.0.1:0".parse().unwrap()))).await;
+    assert_ne!(hub.hub.tunnel_addr, old_tunnel);
+    let moved = tokio::time::Instant::now();
+    let back = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connects > first.connects && s.connected.is_some()
+        })
+        .await
+        .expect("back on the moved port");
+    assert!(
+        back.renewals >= 1,
+        "learned the URLs by a renewal: {back:?}"
+    );
+    assert_eq!(back.registrations, 1, "with its certificate, no join token");
+    println!(
+        "back {:.2} s after the hub came up on another tunnel port",
+        moved.elapsed().as_secs_f64()
+    );
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// An agent limited to WebSocket, on a hub that lists only QUIC and
+/// HTTP/2 URLs but serves WebSocket on the same port, still connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_not_stranded_on_a_transport_the_hub_does_not_list() {
+    let port = otter_e2e::procs::free_port();
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.tunnel_listen = format!("127.0.0.1:{port}").parse().unwrap();
+        c.tunnel_urls = ["quic", "h2"]
+            .iter()
+            .map(|s| url::Url::parse(&format!("{s}://localhost:{port}")).unwrap())
+            .collect();
+    })
+    .await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::Ws);
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects over WebSocket");
+    assert_eq!(s.connected, Some(TransportKind::Ws));
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
