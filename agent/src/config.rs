@@ -19,6 +19,25 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The agent's clock: the system's, shifted by `offset_secs` (zero but in
+/// tests, which use it to show what a wrong clock does). Renewals are
+/// scheduled in the hub's time (see `enroll::Credentials`), so a wrong
+/// clock moves nothing but this reading.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Clock {
+    pub offset_secs: i64,
+}
+
+impl Clock {
+    /// Unix seconds by this clock.
+    pub fn now(&self) -> i64 {
+        let system = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        system + self.offset_secs
+    }
+}
+
 /// Everything the agent needs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -47,6 +66,8 @@ pub struct AgentConfig {
     pub backoff_cap: Duration,
     /// Renew when this fraction of the certificate's life has passed.
     pub renew_at: f64,
+    /// What the agent reads the time from.
+    pub clock: Clock,
     /// Live counts of streams and sessions; share it with the services
     /// ([`crate::runtime::RuntimeConfig::gauges`]) so one place shows both.
     pub gauges: std::sync::Arc<crate::gauges::Gauges>,
@@ -74,6 +95,7 @@ impl AgentConfig {
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(30),
             renew_at: 2.0 / 3.0,
+            clock: Clock::default(),
             gauges: Default::default(),
             transport_retry: Duration::from_secs(120),
         }

@@ -23,9 +23,17 @@ pub struct Credentials {
     /// The agent id the certificate names: an agent that finds kept
     /// credentials goes on as that agent, whatever its pod is called now.
     pub agent_id: String,
-    /// Unix seconds.
+    /// When the hub issued the certificate, by the hub's clock (Unix
+    /// seconds), read from the certificate itself.
     pub issued_at: i64,
+    /// End of validity, by the hub's clock.
     pub not_after: i64,
+    /// How far the hub's clock is ahead of this agent's (seconds; negative
+    /// when behind), as seen when the certificate arrived; zero for
+    /// credentials kept by an earlier run until the next Register.
+    pub skew: i64,
+    /// When this agent received them, by its own clock.
+    pub received: i64,
     pub tunnel_urls: Vec<Url>,
 }
 
@@ -38,17 +46,27 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-impl Credentials {
-    /// When to renew: `fraction` of the way through the certificate's life.
-    pub fn renew_at(&self, fraction: f64) -> i64 {
-        self.issued_at + ((self.not_after - self.issued_at) as f64 * fraction) as i64
-    }
-}
+/// Renewals are never closer together than this (or a tenth of the
+/// certificate's life, when shorter), whatever the clocks say.
+pub const MIN_RENEW_INTERVAL: i64 = 30;
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+impl Credentials {
+    /// When to renew, by this agent's clock: `fraction` of the way through
+    /// the certificate's life as the hub counts it, so an agent whose clock
+    /// is off renews on time rather than at once and again (a clock 90 s
+    /// ahead with 60 s certificates made thousands of renewals a minute);
+    /// and never sooner than the floor after the last one.
+    pub fn renew_at(&self, fraction: f64) -> i64 {
+        let life = self.not_after - self.issued_at;
+        let due = self.issued_at + (life as f64 * fraction) as i64 - self.skew;
+        due.max(self.received + MIN_RENEW_INTERVAL.min(life / 10).max(1))
+    }
+
+    /// The hub's issue time of a certificate: its start of validity plus
+    /// the backdating the hub applies.
+    fn hub_issue_time(peer: &otter_pki::identity::PeerCertificate) -> i64 {
+        peer.not_before + otter_pki::ca::CLOCK_SKEW.as_secs() as i64
+    }
 }
 
 /// A gRPC channel to the hub's API over our own rustls config (the hub CA
@@ -102,12 +120,52 @@ async fn channel(
                         Box::new(tcp)
                     }
                 };
-                let tls = connector.connect(server_name, io).await?;
+                let tls = connector
+                    .connect(server_name, io)
+                    .await
+                    .map_err(name_clock_skew)?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
             }
         }))
         .await
         .map_err(|e| AgentError::Connect(format!("{url}{via}: {}", error_chain(&e))))
+}
+
+/// A TLS failure because the hub's certificate is not valid yet or no
+/// longer valid by this agent's clock says so in plain words: the clock is
+/// the likely culprit, and "transport error" does not name it.
+fn name_clock_skew(e: std::io::Error) -> std::io::Error {
+    use rustls::CertificateError::{ExpiredContext, NotValidYetContext};
+    let Some(rustls::Error::InvalidCertificate(cert)) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return e;
+    };
+    let text = match cert {
+        NotValidYetContext { time, not_before } => format!(
+            "this agent's clock is at least {} behind the hub's: the hub's certificate is valid from {} (Unix) and this clock reads {}; set the time (NTP)",
+            human_secs(not_before.as_secs().saturating_sub(time.as_secs())),
+            not_before.as_secs(),
+            time.as_secs()
+        ),
+        ExpiredContext { time, not_after } => format!(
+            "the hub's certificate expired {} ago by this agent's clock ({} Unix); if the hub's clock is right, this agent's is ahead: set the time (NTP)",
+            human_secs(time.as_secs().saturating_sub(not_after.as_secs())),
+            time.as_secs()
+        ),
+        _ => return e,
+    };
+    std::io::Error::new(e.kind(), text)
+}
+
+/// Seconds as a person says them: `45s`, `10m`, `3h`.
+fn human_secs(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s => format!("{}h", s / 3600),
+    }
 }
 
 /// An error with its causes, which name what failed (a refused
@@ -175,9 +233,11 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
         key_pem,
         cert_pem,
         ca_pem: String::from_utf8(resp.ca_certificate.unwrap_or_default()).unwrap_or_default(),
+        issued_at: Credentials::hub_issue_time(&peer),
+        skew: Credentials::hub_issue_time(&peer) - config.clock.now(),
+        received: config.clock.now(),
         serial: peer.serial,
         agent_id: peer.identity.agent_id,
-        issued_at: now(),
         not_after: peer.not_after,
         tunnel_urls,
     };
@@ -193,26 +253,101 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
 }
 
 impl Credentials {
-    /// Credentials kept by an earlier run, if complete and unexpired.
-    pub fn from_kept(key_pem: &str, cert_pem: &str, ca_pem: &str, urls: &str) -> Option<Self> {
+    /// Credentials kept by an earlier run, if complete and unexpired (by
+    /// this clock, `now`).
+    pub fn from_kept(
+        key_pem: &str,
+        cert_pem: &str,
+        ca_pem: &str,
+        urls: &str,
+        now: i64,
+    ) -> Option<Self> {
         let der = otter_pki::tls::parse_certs(cert_pem)
             .ok()?
             .into_iter()
             .next()?;
         let peer = otter_pki::identity::PeerCertificate::from_der(der.as_ref()).ok()?;
-        if peer.not_after <= now() {
+        if peer.not_after <= now {
             return None;
         }
         Some(Credentials {
             key_pem: key_pem.to_owned(),
             cert_pem: cert_pem.to_owned(),
             ca_pem: ca_pem.to_owned(),
+            issued_at: Credentials::hub_issue_time(&peer),
+            // Unknown until the next Register: a clock far off renews early
+            // once, and learns it then.
+            skew: 0,
+            received: now,
             serial: peer.serial,
             agent_id: peer.identity.agent_id,
-            // Unknown after a restart: renew as if issued now, which errs early.
-            issued_at: now().min(peer.not_after - 1),
             not_after: peer.not_after,
             tunnel_urls: urls.lines().filter_map(|l| Url::parse(l).ok()).collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(issued_at: i64, life: i64, skew: i64, received: i64) -> Credentials {
+        Credentials {
+            key_pem: String::new(),
+            cert_pem: String::new(),
+            ca_pem: String::new(),
+            serial: String::new(),
+            agent_id: "a".into(),
+            issued_at,
+            not_after: issued_at + life,
+            skew,
+            received,
+            tunnel_urls: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn renewals_follow_the_hubs_clock_and_keep_a_floor() {
+        let hub = 1_000_000;
+        // The agent's clock 90 s ahead, 60 s certificates: due two thirds
+        // through by the hub's clock, i.e. 40 s after issue, whatever the
+        // agent's clock reads (it used to be "now", and again at once).
+        let ahead = creds(hub, 60, -90, hub + 90);
+        assert_eq!(ahead.renew_at(2.0 / 3.0), hub + 40 + 90);
+        // 10 minutes behind: the same moment, 600 s lower on its clock.
+        let behind = creds(hub, 60, 600, hub - 600);
+        assert_eq!(behind.renew_at(2.0 / 3.0), hub + 40 - 600);
+        // Kept credentials (skew unknown) with a clock far ahead renew
+        // early once, but never sooner than the floor after arriving.
+        let kept = creds(hub, 60, 0, hub + 3600);
+        assert_eq!(kept.renew_at(2.0 / 3.0), hub + 3600 + 6);
+        let day = creds(hub, 86_400, 0, hub);
+        assert_eq!(day.renew_at(0.1), hub + 8_640);
+        assert_eq!(
+            creds(hub, 86_400, 0, hub).renew_at(0.0),
+            hub + MIN_RENEW_INTERVAL
+        );
+    }
+
+    #[test]
+    fn a_hub_certificate_from_the_future_names_the_clock() {
+        use rustls::pki_types::UnixTime;
+        let tls = |cert| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::InvalidCertificate(cert),
+            )
+        };
+        let e = name_clock_skew(tls(rustls::CertificateError::NotValidYetContext {
+            time: UnixTime::since_unix_epoch(Duration::from_secs(1_000_000)),
+            not_before: UnixTime::since_unix_epoch(Duration::from_secs(1_000_000 + 600)),
+        }));
+        assert!(
+            e.to_string()
+                .contains("this agent's clock is at least 10m behind the hub's"),
+            "{e}"
+        );
+        let other = name_clock_skew(tls(rustls::CertificateError::UnknownIssuer));
+        assert!(other.to_string().contains("UnknownIssuer"), "{other}");
     }
 }

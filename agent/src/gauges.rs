@@ -110,8 +110,24 @@ impl Gauges {
                 ("{kind=\"port-forward\"}", self.sessions(Kind::PortForward)),
             ],
         );
+        metric(
+            "certificate_not_after_seconds",
+            "gauge",
+            "When the agent's certificate expires (Unix seconds, the hub's clock); a renewal failing for long shows as this coming near",
+            &[("", status.cert_not_after)],
+        );
         let counters = [
             ("connects", "Tunnels established", status.connects),
+            (
+                "renewal_failures",
+                "Renewals that failed (each retried after a backoff)",
+                status.renewal_failures,
+            ),
+            (
+                "redials",
+                "Tunnels moved to a renewed certificate, make before break",
+                status.redials,
+            ),
             (
                 "registrations",
                 "Registrations with a join token",
@@ -167,5 +183,23 @@ mod tests {
         drop((s, e));
         assert_eq!(g.streams(), 0);
         assert_eq!(g.sessions(Kind::Exec), 0);
+    }
+
+    #[test]
+    fn renewal_health_is_exposed() {
+        let g = Arc::new(Gauges::default());
+        let status = AgentStatus {
+            renewal_failures: 2,
+            redials: 1,
+            cert_not_after: 1_800_000_000,
+            ..Default::default()
+        };
+        let text = g.render(&status);
+        assert_eq!(
+            sample(&text, "otter_agent_certificate_not_after_seconds"),
+            Some(1.8e9)
+        );
+        assert_eq!(sample(&text, "otter_agent_renewal_failures_total"), Some(2.0));
+        assert_eq!(sample(&text, "otter_agent_redials_total"), Some(1.0));
     }
 }

@@ -96,8 +96,9 @@ impl IdentityStore {
         }
     }
 
-    /// The credentials kept by an earlier run, if complete and unexpired.
-    pub async fn load(&self) -> Result<Option<Credentials>> {
+    /// The credentials kept by an earlier run, if complete and unexpired
+    /// at `now`.
+    pub async fn load(&self, now: i64) -> Result<Option<Credentials>> {
         let kept = self.read().await?;
         let get = |k: &str| {
             kept.iter()
@@ -106,7 +107,7 @@ impl IdentityStore {
         };
         Ok(match (get(KEY), get(CERT), get(self.ca_key()), get(URLS)) {
             (Some(key), Some(cert), Some(ca), Some(urls)) => {
-                Credentials::from_kept(key, cert, ca, urls)
+                Credentials::from_kept(key, cert, ca, urls, now)
             }
             _ => None,
         })

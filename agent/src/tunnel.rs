@@ -55,6 +55,8 @@ pub struct AgentStatus {
     pub renewal_failures: u32,
     /// When the current certificate expires (unix seconds).
     pub cert_not_after: i64,
+    /// Tunnels moved to a renewed certificate, make before break.
+    pub redials: u32,
 }
 
 /// Bound of one renewal (connect, TLS, Register). It runs beside the
@@ -178,12 +180,14 @@ async fn run(
     let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
     // Failed renewals are retried after 1 s, doubling to a minute.
     let mut renew_backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-    let mut renew_retry_in = Duration::ZERO;
+    // After a failed renewal, when to try again (sooner than it is due).
+    let mut renew_retry_at: Option<tokio::time::Instant> = None;
     // One QUIC endpoint for every dial of this agent's life.
     let quic = Arc::new(quic::Dialer::default());
     // Dial rounds that failed in a row, and when the tunnel URLs were last
     // asked for again (see `URL_REFRESH_ROUNDS`).
     let mut failed_rounds = 0u32;
+    let mut failing_since: Option<tokio::time::Instant> = None;
     let mut urls_refreshed: Option<tokio::time::Instant> = None;
     loop {
         if shutdown.is_cancelled() {
@@ -192,12 +196,16 @@ async fn run(
         // The hub may have moved its tunnel port: after a few failed rounds
         // a renewal (Register) brings its current URLs, at most once a
         // minute, instead of waiting for the certificate to be due.
+        // Only while the API answers: a hub that is down (a restart) has
+        // moved nothing, and its agents keep the certificates they have.
         let refresh_urls = failed_rounds >= URL_REFRESH_ROUNDS
-            && urls_refreshed.is_none_or(|t| t.elapsed() >= URL_REFRESH_EVERY);
+            && failing_since.is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
+            && urls_refreshed.is_none_or(|t| t.elapsed() >= URL_REFRESH_EVERY)
+            && api_reachable(&config).await;
         // Credentials: register on first contact, renew when due.
         let due = creds
             .as_ref()
-            .is_none_or(|c| unix_now() >= c.renew_at(config.renew_at));
+            .is_none_or(|c| config.clock.now() >= c.renew_at(config.renew_at));
         if due || refresh_urls {
             if refresh_urls {
                 urls_refreshed = Some(tokio::time::Instant::now());
@@ -207,6 +215,7 @@ async fn run(
                 Ok(c) => {
                     creds = Some(c);
                     failed_rounds = 0;
+                    failing_since = None;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "register failed");
@@ -261,6 +270,7 @@ async fn run(
         let Some((mut acceptor, first)) = up else {
             if hint.is_none() {
                 failed_rounds += 1;
+                failing_since.get_or_insert_with(tokio::time::Instant::now);
             }
             status.send_modify(|s| {
                 s.last_error = format!("no transport worked: {attempts:?}");
@@ -282,6 +292,7 @@ async fn run(
         let mut kind = acceptor.kind_dyn();
         last_good = Some(kind);
         failed_rounds = 0;
+        failing_since = None;
         // What the hub asks for to show how this agent got through.
         let mut diag = diagnosis(&config, &attempts);
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
@@ -314,22 +325,38 @@ async fn run(
         // that does not answer must not stop the calls on the tunnel.
         let (renew_tx, mut renew_rx) = tokio::sync::mpsc::channel(1);
         let mut renewing = false;
+        // The tunnel ended while a new one was being set up: why, and until
+        // when the new one is waited for.
+        let mut closing: Option<(String, tokio::time::Instant)> = None;
         let why = loop {
-            let renew_in = Duration::from_secs(
-                creds
-                    .as_ref()
-                    .map_or(0, |c| (c.renew_at(config.renew_at) - unix_now()).max(0))
-                    as u64,
-            )
-            .max(renew_retry_in);
+            let renew_in = match renew_retry_at {
+                Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
+                None => Duration::from_secs(creds.as_ref().map_or(0, |c| {
+                    (c.renew_at(config.renew_at) - config.clock.now()).max(0)
+                }) as u64),
+            };
             tokio::select! {
-                next = acceptor.accept_dyn() => match next {
-                    Ok(Some(stream)) => {
-                        serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag), &config.gauges);
+                next = acceptor.accept_dyn(), if closing.is_none() => {
+                    let why = match next {
+                        Ok(Some(stream)) => {
+                            serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag), &config.gauges);
+                            continue;
+                        }
+                        Ok(None) => "hub closed the tunnel".to_owned(),
+                        Err(e) => e.to_string(),
+                    };
+                    // The hub closes a replaced tunnel once it admitted the
+                    // new one (a better transport, a renewed certificate),
+                    // which can be before the new one reaches this loop:
+                    // wait for it (bounded) rather than reconnect.
+                    if !probing {
+                        break why;
                     }
-                    Ok(None) => break "hub closed the tunnel".to_owned(),
-                    Err(e) => break e.to_string(),
-                },
+                    closing = Some((why, tokio::time::Instant::now() + config.connect_timeout));
+                }
+                _ = sleep_until_some(closing.as_ref().map(|(_, at)| *at)) => {
+                    break closing.take().map(|(why, _)| why).unwrap_or_default();
+                }
                 // When due, or at once when the hub asks (a CA rotation step).
                 _ = async {
                     tokio::select! {
@@ -359,15 +386,35 @@ async fn run(
                     renewing = false;
                     match renewed {
                         Ok(c) => {
-                            creds = Some(c);
+                            creds = Some(c.clone());
                             renew_backoff.reset();
-                            renew_retry_in = Duration::ZERO;
+                            renew_retry_at = None;
+                            // The hub honours this tunnel only until the
+                            // certificate it was opened with expires: move
+                            // to a tunnel on the new one, make before break,
+                            // as for a better transport.
+                            if !probing {
+                                probing = true;
+                                let (config, tx, quic) = (config.clone(), probe_tx.clone(), quic.clone());
+                                let order = dial_order(&config.transports, Some(kind));
+                                let this = generation;
+                                tasks.spawn(async move {
+                                    for k in order {
+                                        if let Ok(pair) = dial_admitted(&config, &c, k, &quic).await {
+                                            let _ = tx.send((this, Some(pair))).await;
+                                            return;
+                                        }
+                                    }
+                                    let _ = tx.send((this, None)).await;
+                                });
+                            }
                         }
                         Err(e) => {
                             // Again after a backoff, well before expiry; the
                             // tunnel serves meanwhile on the current certificate.
-                            renew_retry_in = renew_backoff.next_delay().max(Duration::from_secs(1));
-                            tracing::warn!(error = %e, retry_in = ?renew_retry_in, "renewal failed");
+                            let retry_in = renew_backoff.next_delay().max(Duration::from_secs(1));
+                            renew_retry_at = Some(tokio::time::Instant::now() + retry_in);
+                            tracing::warn!(error = %e, ?retry_in, "renewal failed");
                             status.send_modify(|s| {
                                 s.last_error = e.to_string();
                                 s.last_renewal_error = e.to_string();
@@ -379,7 +426,8 @@ async fn run(
                 _ = sleep_until_some(probe_at), if !probing => {
                     // Dialled off this loop, so calls keep being served meanwhile.
                     probing = true;
-                    let (config, creds, tx) = (config.clone(), current.clone(), probe_tx.clone());
+                    let newest = creds.clone().unwrap_or_else(|| current.clone());
+                    let (config, creds, tx) = (config.clone(), newest, probe_tx.clone());
                     let quic = quic.clone();
                     let better = better_than(&config.transports, kind);
                     let this = generation;
@@ -399,15 +447,20 @@ async fn run(
                     }
                     probing = false;
                     let Some((better, first)) = found else {
+                        if let Some((why, _)) = closing.take() {
+                            break why;
+                        }
                         probe_at = next_probe(&config, kind);
                         continue;
                     };
+                    closing = None;
                     // Make before break: the hub routes new calls to the
                     // newest tunnel of this agent and drains the old one,
                     // which goes on serving its calls until the hub closes it.
                     let old = std::mem::replace(&mut acceptor, better);
                     let new_kind = acceptor.kind_dyn();
-                    tracing::info!(from = %kind, to = %new_kind, "switched to a better transport");
+                    let moved = new_kind != kind;
+                    tracing::info!(from = %kind, to = %new_kind, "moved to a new tunnel");
                     tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag), config.gauges.clone(), shutdown.clone()));
                     kind = new_kind;
                     last_good = Some(kind);
@@ -416,8 +469,15 @@ async fn run(
                     probe_at = next_probe(&config, kind);
                     status.send_modify(|s| {
                         s.connected = Some(kind);
-                        s.switches += 1;
-                        s.connects += 1;
+                        // A better transport counts as a connect and a
+                        // switch; a new tunnel on a renewed certificate as a
+                        // redial.
+                        if moved {
+                            s.switches += 1;
+                            s.connects += 1;
+                        } else {
+                            s.redials += 1;
+                        }
                     });
                 }
                 _ = shutdown.cancelled() => return,
@@ -555,7 +615,7 @@ async fn kept_identity(mut config: AgentConfig) -> (AgentConfig, Option<Credenti
     let Some(store) = config.state.clone() else {
         return (config, None);
     };
-    let creds = match store.load().await {
+    let creds = match store.load(config.clock.now()).await {
         Ok(creds) => creds,
         Err(e) => {
             tracing::warn!(error = %e, "could not read the kept identity");
@@ -761,10 +821,37 @@ async fn dial(
     }
 }
 
-/// Failed dial rounds in a row after which the agent asks the hub for its
-/// tunnel URLs again (a renewal), and how often it does at most.
+/// Failed dial rounds in a row, over at least this long, after which the
+/// agent asks the hub for its tunnel URLs again (a renewal) if the hub's
+/// API answers; and how often it does at most.
 const URL_REFRESH_ROUNDS: u32 = 3;
+const URL_REFRESH_AFTER: Duration = Duration::from_secs(10);
 const URL_REFRESH_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether the hub's API port takes a TCP connection (through the proxy
+/// when one applies), bounded by a few seconds.
+async fn api_reachable(config: &AgentConfig) -> bool {
+    let Some(host) = config.hub_url.host_str() else {
+        return false;
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = config.hub_url.port_or_known_default().unwrap_or(443);
+    let proxy = config.proxy.as_ref().filter(|p| !p.bypass(&host, port));
+    let connect = async {
+        match proxy {
+            Some(p) => p.connect(&host, port).await.is_ok(),
+            None => tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .is_ok(),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), connect)
+        .await
+        .unwrap_or(false)
+}
 
 /// The hub's default tunnel port, when nothing says where to dial.
 const DEFAULT_TUNNEL_PORT: u16 = 8444;
@@ -810,12 +897,6 @@ async fn resolve(url: &Url) -> Result<(String, SocketAddr)> {
         .next()
         .ok_or_else(|| AgentError::Connect(format!("{host} does not resolve")))?;
     Ok((host, addr))
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// gRPC says a message over the receiver's limit is RESOURCE_EXHAUSTED;

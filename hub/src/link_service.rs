@@ -54,6 +54,36 @@ pub struct LinkRecord {
     pub reenroll_after: Option<i64>,
 }
 
+/// Renewals of one cluster are at least this far apart.
+pub const MIN_RENEWAL_GAP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// When each cluster last renewed, to keep renewals [`MIN_RENEWAL_GAP`]
+/// apart.
+#[derive(Debug, Default)]
+pub struct RenewalGaps {
+    last: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+impl RenewalGaps {
+    /// Records a renewal of `cluster` now, or says how long until one may.
+    pub fn try_renew(&self, cluster: &str) -> Result<(), std::time::Duration> {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if let Some(at) = last.get(cluster) {
+            let since = now.duration_since(*at);
+            if since < MIN_RENEWAL_GAP {
+                return Err(MIN_RENEWAL_GAP - since);
+            }
+        }
+        // Entries past the gap say nothing: dropped once there are many.
+        if last.len() >= 10_000 {
+            last.retain(|_, at| now.duration_since(*at) < MIN_RENEWAL_GAP);
+        }
+        last.insert(cluster.to_owned(), now);
+        Ok(())
+    }
+}
+
 /// The LinkService handlers.
 #[derive(Debug, Clone)]
 pub struct LinkSvc {
@@ -169,6 +199,20 @@ impl LinkSvc {
                     return Err(Status::permission_denied(
                         "this certificate's agent has been replaced; register with a join token",
                     ));
+                }
+                // However wrong an agent's clock, its renewals cannot
+                // keep the hub signing.
+                if let Err(after) = self.state.renewals.try_renew(&cluster) {
+                    let mut s = Status::unavailable(format!(
+                        "cluster {cluster} renewed less than {} s ago; retry after {} ms",
+                        MIN_RENEWAL_GAP.as_secs(),
+                        after.as_millis()
+                    ));
+                    if let Ok(v) = after.as_millis().to_string().parse() {
+                        s.metadata_mut()
+                            .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
+                    }
+                    return Err(s);
                 }
                 None
             }

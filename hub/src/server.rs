@@ -68,6 +68,8 @@ pub struct HubState {
     pub upgrades: Arc<crate::kube_proxy::Upgrades>,
     /// Open connections of the API port, per source.
     pub api_connections: Arc<crate::limits::ApiConnections>,
+    /// When each cluster last renewed its certificate.
+    pub renewals: crate::link_service::RenewalGaps,
     /// API connections that have not yet sent a whole request head: the
     /// same bounds as the tunnel port's handshakes (a fair share per
     /// source, the oldest dropped for a newcomer when full).
@@ -213,6 +215,7 @@ impl Hub {
             register_pacer,
             upgrades: Arc::default(),
             api_connections: crate::limits::ApiConnections::new(api_limits),
+            renewals: Default::default(),
             // The oldest pending connection always makes room for a new
             // one: a user's TLS handshake and request head take
             // milliseconds, so under a flood of stalled connections it

@@ -99,8 +99,18 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         drop(admission);
     });
     let state = state.clone();
+    // A tunnel lives no longer than the certificate it was opened with: an
+    // agent that renewed opens a new tunnel with the new one before then.
+    let expires_in =
+        std::time::Duration::from_secs(u64::try_from(peer.not_after - unix_now()).unwrap_or(0));
     state.tasks.clone().spawn(async move {
-        let reason = entry.opener.closed().await;
+        let reason = tokio::select! {
+            reason = entry.opener.closed() => reason,
+            _ = tokio::time::sleep(expires_in) => {
+                entry.opener.close("the agent's certificate expired");
+                entry.opener.closed().await
+            }
+        };
         gauge.dec();
         if state.registry.remove_if(&entry.cluster, entry.id) {
             touch(&state, &entry.cluster, "");

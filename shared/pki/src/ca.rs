@@ -16,8 +16,9 @@ use crate::{AgentIdentity, PkiError, Result};
 pub const MAX_CSR_PEM_LEN: usize = 16 * 1024;
 
 /// Certificates are dated this far back so a peer whose clock runs a little
-/// behind still accepts them.
-const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
+/// behind still accepts them: an agent certificate's `not_before` plus this
+/// is the hub's time when it was issued.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5 * 60);
 
 /// How long the CA itself is valid.
 const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);

@@ -100,6 +100,9 @@ pub struct PeerCertificate {
     pub identity: AgentIdentity,
     /// Serial number, lower-case hex.
     pub serial: String,
+    /// Start of validity, Unix seconds: the issuer's time at signing less
+    /// [`crate::ca::CLOCK_SKEW`].
+    pub not_before: i64,
     /// End of validity, Unix seconds.
     pub not_after: i64,
 }
@@ -128,6 +131,7 @@ impl PeerCertificate {
         Ok(Self {
             identity,
             serial: hex::encode(cert.raw_serial()),
+            not_before: cert.validity().not_before.timestamp(),
             not_after: cert.validity().not_after.timestamp(),
         })
     }

@@ -331,3 +331,45 @@ async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
     rogue.abort();
     hub.hub.shutdown().await;
 }
+
+/// A tunnel lives no longer than the certificate it was opened with: the
+/// hub closes it when that certificate expires, though the connection was
+/// admitted while it was valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_tunnel_is_closed_when_its_certificate_expires() {
+    let hub = TestHub::start().await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::H2);
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    agent.agent.shutdown().await;
+    let cas = hub.hub.state.authority.current();
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        // The same agent's identity on a certificate valid for 3 seconds.
+        let (cert, key) = cert_from(&cas.active, "edge-1", "a1", Duration::from_secs(3));
+        let started = tokio::time::Instant::now();
+        let mut tunnel = dial(&hub, transport, &cert, &key).await.expect("admitted");
+        let ended = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                match tunnel.accept().await {
+                    Ok(Some(_)) => continue,
+                    other => return other.map(|_| ()),
+                }
+            }
+        })
+        .await;
+        assert!(
+            ended.is_ok(),
+            "{transport}: the tunnel outlived its certificate"
+        );
+        println!(
+            "{transport}: closed {:.1} s after a 3 s certificate's tunnel was admitted: {:?}",
+            started.elapsed().as_secs_f64(),
+            ended.unwrap()
+        );
+    }
+    hub.hub.shutdown().await;
+}

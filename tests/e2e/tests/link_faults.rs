@@ -171,6 +171,14 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
     );
     assert_eq!(renewed.registrations, 1, "renewal needs no join token");
     assert_ne!(renewed.cert_serial, first.cert_serial);
+    // The hub honours a tunnel only while its certificate is valid: the
+    // agent moves to a tunnel on the new one, make before break.
+    let moved = agent
+        .agent
+        .wait_for(WAIT, |s| s.redials >= 1)
+        .await
+        .expect("a tunnel on the renewed certificate");
+    assert_eq!(moved.connects, first.connects, "without a reconnect");
     let link = links
         .list_links(with_token(ListLinksRequest {}, &hub.admin_token))
         .await
@@ -438,9 +446,9 @@ async fn switches_to_a_better_transport_without_dropping_calls() {
 }
 
 /// A hub that comes back with its tunnel port moved: its agents ask for
-/// its tunnel URLs again after a few failed rounds (a renewal) and are back
-/// within their backoff, not when their certificate is next due (16 h with
-/// the default lifetime).
+/// its tunnel URLs again (a renewal) once their dials have failed for 10 s
+/// while the API answers, and are back then, not when their certificate is
+/// next due (16 h with the default lifetime).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_find_a_moved_tunnel_port() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
@@ -503,5 +511,73 @@ async fn an_agent_is_not_stranded_on_a_transport_the_hub_does_not_list() {
         .expect("connects over WebSocket");
     assert_eq!(s.connected, Some(TransportKind::Ws));
     agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// Renewals follow the hub's clock: an agent whose clock runs 90 s ahead,
+/// with one-minute certificates, renews when its share of the life (here
+/// 30 %) has passed by the hub's clock, not at once and again (it made
+/// thousands a minute). And the hub keeps one cluster's renewals two seconds apart
+/// however they come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_follow_the_hubs_clock_and_are_paced_per_cluster() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.agent_cert_lifetime = Duration::from_secs(60)
+    })
+    .await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.clock.offset_secs = 90;
+        c.renew_at = 0.3;
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let s = agent.agent.status();
+    assert_eq!(s.renewals, 0, "no renewal before it is due: {s:?}");
+    assert!(s.connected.is_some());
+    // Due 18 s after issue by the hub's clock.
+    let renewed = agent
+        .agent
+        .wait_for(Duration::from_secs(60), |s| s.renewals >= 1)
+        .await
+        .expect("renews when due");
+    assert_eq!(renewed.renewals, 1);
+    agent.agent.shutdown().await;
+
+    // The same agent's certificate, renewing twice in a row.
+    let cas = hub.hub.state.authority.current();
+    let (key, csr) = otter_pki::csr::generate("edge-1", "a1").unwrap();
+    let id = otter_pki::AgentIdentity::new("edge-1", "a1").unwrap();
+    let cert = cas
+        .active
+        .sign_agent_csr(&csr, &id, Duration::from_secs(60))
+        .unwrap()
+        .pem;
+    let channel =
+        otter_e2e::client_channel(hub.hub.api_addr, hub.hub.ca_pem(), Some((&cert, &key))).await;
+    let renew = || {
+        let mut link = LinkServiceClient::new(channel.clone());
+        let csr = otter_pki::csr::generate("edge-1", "a1").unwrap().1;
+        async move {
+            link.register(otter_proto::link::v1::RegisterRequest {
+                cluster: Some("edge-1".into()),
+                csr: Some(csr.into_bytes()),
+                agent_id: Some("a1".into()),
+                agent_version: Some("test/1".into()),
+                ..Default::default()
+            })
+            .await
+        }
+    };
+    tokio::time::sleep(otter_hub::link_service::MIN_RENEWAL_GAP).await;
+    renew().await.expect("a renewal");
+    let e = renew().await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.metadata().get("retry-after-ms").is_some(), "{e:?}");
     hub.hub.shutdown().await;
 }
