@@ -395,18 +395,8 @@ async fn run(
                             // as for a better transport.
                             if !probing {
                                 probing = true;
-                                let (config, tx, quic) = (config.clone(), probe_tx.clone(), quic.clone());
                                 let order = dial_order(&config.transports, Some(kind));
-                                let this = generation;
-                                tasks.spawn(async move {
-                                    for k in order {
-                                        if let Ok(pair) = dial_admitted(&config, &c, k, &quic).await {
-                                            let _ = tx.send((this, Some(pair))).await;
-                                            return;
-                                        }
-                                    }
-                                    let _ = tx.send((this, None)).await;
-                                });
+                                tasks.spawn(dial_new_tunnel(config.clone(), c, order, quic.clone(), probe_tx.clone(), generation));
                             }
                         }
                         Err(e) => {
@@ -427,19 +417,8 @@ async fn run(
                     // Dialled off this loop, so calls keep being served meanwhile.
                     probing = true;
                     let newest = creds.clone().unwrap_or_else(|| current.clone());
-                    let (config, creds, tx) = (config.clone(), newest, probe_tx.clone());
-                    let quic = quic.clone();
                     let better = better_than(&config.transports, kind);
-                    let this = generation;
-                    tasks.spawn(async move {
-                        for k in better {
-                            if let Ok(pair) = dial_admitted(&config, &creds, k, &quic).await {
-                                let _ = tx.send((this, Some(pair))).await;
-                                return;
-                            }
-                        }
-                        let _ = tx.send((this, None)).await;
-                    });
+                    tasks.spawn(dial_new_tunnel(config.clone(), newest, better, quic.clone(), probe_tx.clone(), generation));
                 }
                 Some((of, found)) = probe_rx.recv() => {
                     if of != generation {
@@ -695,6 +674,34 @@ async fn pause_at_least(after: Duration, shutdown: &CancellationToken) -> bool {
         _ = tokio::time::sleep(delay) => true,
         _ = shutdown.cancelled() => false,
     }
+}
+
+/// What [`dial_new_tunnel`] reports: the tunnel it was started for, and
+/// the new tunnel with its first stream, if one was admitted.
+type NewTunnel = (
+    u64,
+    Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)>,
+);
+
+/// A tunnel set up beside the one in use (a better transport, a renewed
+/// certificate): the first of `order` the hub admits, reported to the
+/// serving loop tagged with the tunnel it was started for (`None` when
+/// none worked).
+async fn dial_new_tunnel(
+    config: AgentConfig,
+    creds: Credentials,
+    order: Vec<TransportKind>,
+    quic: Arc<quic::Dialer>,
+    to: tokio::sync::mpsc::Sender<NewTunnel>,
+    generation: u64,
+) {
+    for kind in order {
+        if let Ok(pair) = dial_admitted(&config, &creds, kind, &quic).await {
+            let _ = to.send((generation, Some(pair))).await;
+            return;
+        }
+    }
+    let _ = to.send((generation, None)).await;
 }
 
 /// Dials over `kind` and waits (bounded) for the hub to admit the tunnel:

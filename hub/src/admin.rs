@@ -32,6 +32,19 @@ fn json(status: http::StatusCode, value: &serde_json::Value) -> http::Response<H
     resp
 }
 
+/// The caller, if an admin; else the 401 or 403 to answer.
+pub(crate) async fn admin(
+    state: &HubState,
+    req: &http::Request<Incoming>,
+) -> Result<otter_tunnel::Caller, http::Response<HttpBody>> {
+    let caller = crate::auth::authenticate(state, req.headers())
+        .await
+        .map_err(|s| plain(http::StatusCode::UNAUTHORIZED, s.message()))?;
+    crate::auth::require_admin(state, &caller)
+        .map_err(|s| plain(http::StatusCode::FORBIDDEN, s.message()))?;
+    Ok(caller)
+}
+
 /// The rotation's state as the API shows it.
 pub fn status(state: &HubState) -> crate::Result<serde_json::Value> {
     let cas = state.authority.current();
@@ -58,13 +71,10 @@ pub async fn ca(
     step: Option<&str>,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let caller = match crate::auth::authenticate(&state, req.headers()).await {
+    let caller = match admin(&state, &req).await {
         Ok(c) => c,
-        Err(s) => return plain(http::StatusCode::UNAUTHORIZED, s.message()),
+        Err(resp) => return resp,
     };
-    if let Err(s) = crate::auth::require_admin(&state, &caller) {
-        return plain(http::StatusCode::FORBIDDEN, s.message());
-    }
     let force = req
         .uri()
         .query()
@@ -143,13 +153,10 @@ pub async fn re_enroll(
     cluster: &str,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let caller = match crate::auth::authenticate(&state, req.headers()).await {
+    let caller = match admin(&state, &req).await {
         Ok(c) => c,
-        Err(s) => return plain(http::StatusCode::UNAUTHORIZED, s.message()),
+        Err(resp) => return resp,
     };
-    if let Err(s) = crate::auth::require_admin(&state, &caller) {
-        return plain(http::StatusCode::FORBIDDEN, s.message());
-    }
     if req.method() != http::Method::POST {
         return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
     }

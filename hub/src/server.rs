@@ -851,13 +851,10 @@ async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::R
     if req.method() != http::Method::POST {
         return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
     }
-    let caller = match crate::auth::authenticate(state, req.headers()).await {
+    let caller = match crate::admin::admin(state, &req).await {
         Ok(c) => c,
-        Err(s) => return plain(http::StatusCode::UNAUTHORIZED, s.message()),
+        Err(resp) => return resp,
     };
-    if let Err(s) = crate::auth::require_admin(state, &caller) {
-        return plain(http::StatusCode::FORBIDDEN, s.message());
-    }
     let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
         .collect()
         .await

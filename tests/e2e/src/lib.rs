@@ -85,6 +85,26 @@ impl TestHub {
         self.dir.path().to_owned()
     }
 
+    /// A manifest URL for `cluster`, minted by the admin.
+    pub async fn manifest_url(&self, cluster: &str) -> String {
+        use otter_proto::link::v1::{
+            GetAgentManifestRequest, link_service_client::LinkServiceClient,
+        };
+        LinkServiceClient::new(self.channel().await)
+            .get_agent_manifest(with_token(
+                GetAgentManifestRequest {
+                    cluster: Some(cluster.into()),
+                    ..Default::default()
+                },
+                &self.admin_token,
+            ))
+            .await
+            .expect("GetAgentManifest")
+            .into_inner()
+            .url
+            .expect("a manifest URL")
+    }
+
     pub async fn channel(&self) -> tonic::transport::Channel {
         client_channel(self.hub.api_addr, self.hub.ca_pem(), None).await
     }

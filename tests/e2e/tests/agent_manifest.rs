@@ -269,19 +269,7 @@ async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_exp
         tool_missing("kubectl 1.33");
         return;
     };
-    let url = LinkServiceClient::new(hub.channel().await)
-        .get_agent_manifest(with_token(
-            GetAgentManifestRequest {
-                cluster: Some("edge-1".into()),
-                ..Default::default()
-            },
-            &hub.admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .url
-        .unwrap();
+    let url = hub.manifest_url("edge-1").await;
     let sim = kube_sim::KubeSim::start(kube_sim::SimConfig::default_with_admin())
         .await
         .unwrap();

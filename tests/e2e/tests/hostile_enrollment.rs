@@ -14,7 +14,7 @@ use otter_e2e::{
     http_call, with_token,
 };
 use otter_proto::{
-    link::v1::{GetAgentManifestRequest, RegisterRequest, link_service_client::LinkServiceClient},
+    link::v1::{RegisterRequest, link_service_client::LinkServiceClient},
     resource::v1::resource_service_client::ResourceServiceClient,
 };
 use otter_tunnel::TransportKind;
@@ -120,19 +120,7 @@ async fn a_join_token_enrolls_its_cluster_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_urls_serve_a_bounded_number_of_fetches() {
     let hub = TestHub::start().await;
-    let url = LinkServiceClient::new(hub.channel().await)
-        .get_agent_manifest(with_token(
-            GetAgentManifestRequest {
-                cluster: Some("edge-1".into()),
-                ..Default::default()
-            },
-            &hub.admin_token,
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .url
-        .unwrap();
+    let url = hub.manifest_url("edge-1").await;
     let path = url
         .split_once(&format!(":{}", hub.hub.api_addr.port()))
         .unwrap()
