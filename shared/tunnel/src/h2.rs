@@ -556,7 +556,10 @@ impl Acceptor for H2Acceptor {
 
 // ------------------------------------------------------------------ shared
 
-/// Pings every interval; returns why the connection is dead.
+/// Pings every interval; returns why the connection is dead: nothing heard
+/// from the peer for [`Keepalive::timeout`] since its last answer, the
+/// same rule QUIC's idle timeout applies, so a silent path is dropped after
+/// the same time on every transport.
 async fn keepalive(
     ping: Option<h2::PingPong>,
     ka: Keepalive,
@@ -568,19 +571,25 @@ async fn keepalive(
     let mut tick = tokio::time::interval(ka.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    // Worst case: the peer dies right after answering; the next ping goes
-    // out one interval later and is given the rest of the timeout.
-    let wait = ka
-        .timeout
-        .saturating_sub(ka.interval)
-        .max(Duration::from_millis(10));
+    let mut last_answer = tokio::time::Instant::now();
     loop {
         tick.tick().await;
         let start = Instant::now();
-        match tokio::time::timeout(wait, ping.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed()),
+        // One ping at a time (h2 allows no more); an answer late past the
+        // next tick is still awaited, up to the deadline.
+        match tokio::time::timeout_at(last_answer + ka.timeout, ping.ping(h2::Ping::opaque())).await
+        {
+            Ok(Ok(_)) => {
+                last_answer = tokio::time::Instant::now();
+                *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed());
+            }
             Ok(Err(e)) => return format!("keepalive ping failed: {e}"),
-            Err(_) => return format!("no keepalive answer within {wait:?}"),
+            Err(_) => {
+                return format!(
+                    "nothing heard from the peer for {:?} (keepalive every {:?})",
+                    ka.timeout, ka.interval
+                );
+            }
         }
     }
 }

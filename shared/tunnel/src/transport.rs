@@ -86,13 +86,18 @@ pub trait Acceptor: Send + 'static {
     fn kind(&self) -> TransportKind;
 }
 
-/// Liveness settings, the same on both ends.
+/// Liveness settings, the same on both ends and on every transport: a
+/// keepalive goes out every `interval`, and a tunnel that has heard nothing
+/// from its peer for `timeout` (three intervals, so one or two lost pings
+/// are not fatal) is dead. HTTP/2 and WebSocket tunnels apply it as the
+/// deadline of their pings, counted from the last answer; QUIC as its idle
+/// timeout, which its own keepalive restarts, so it may count from up to
+/// one interval later.
 #[derive(Debug, Clone, Copy)]
 pub struct Keepalive {
     /// A ping goes out this often (both ways).
     pub interval: Duration,
-    /// A connection with no answer for this long is dead. Three intervals by
-    /// default, so one lost ping is not fatal.
+    /// A tunnel that heard nothing from its peer for this long is dead.
     pub timeout: Duration,
 }
 
