@@ -556,10 +556,11 @@ impl Acceptor for H2Acceptor {
 
 // ------------------------------------------------------------------ shared
 
-/// Pings every interval; returns why the connection is dead: nothing heard
-/// from the peer for [`Keepalive::timeout`] since its last answer, the
-/// same rule QUIC's idle timeout applies, so a silent path is dropped after
-/// the same time on every transport.
+/// Pings every interval; returns why the connection is dead: a ping
+/// unanswered for [`Keepalive::timeout`]. That is QUIC's rule too (its idle
+/// timer restarts with the first keepalive sent after the peer was last
+/// heard), so a silent path is dropped after the same time on every
+/// transport: three intervals after the first unanswered keepalive.
 async fn keepalive(
     ping: Option<h2::PingPong>,
     ka: Keepalive,
@@ -571,22 +572,17 @@ async fn keepalive(
     let mut tick = tokio::time::interval(ka.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    let mut last_answer = tokio::time::Instant::now();
     loop {
         tick.tick().await;
         let start = Instant::now();
-        // One ping at a time (h2 allows no more); an answer late past the
-        // next tick is still awaited, up to the deadline.
-        match tokio::time::timeout_at(last_answer + ka.timeout, ping.ping(h2::Ping::opaque())).await
-        {
-            Ok(Ok(_)) => {
-                last_answer = tokio::time::Instant::now();
-                *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed());
-            }
+        // One ping at a time (h2 allows no more): an answer is awaited up
+        // to the timeout, past the next tick if need be.
+        match tokio::time::timeout(ka.timeout, ping.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed()),
             Ok(Err(e)) => return format!("keepalive ping failed: {e}"),
             Err(_) => {
                 return format!(
-                    "nothing heard from the peer for {:?} (keepalive every {:?})",
+                    "no answer to a keepalive within {:?} (one every {:?})",
                     ka.timeout, ka.interval
                 );
             }

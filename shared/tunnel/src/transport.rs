@@ -87,17 +87,16 @@ pub trait Acceptor: Send + 'static {
 }
 
 /// Liveness settings, the same on both ends and on every transport: a
-/// keepalive goes out every `interval`, and a tunnel that has heard nothing
-/// from its peer for `timeout` (three intervals, so one or two lost pings
-/// are not fatal) is dead. HTTP/2 and WebSocket tunnels apply it as the
-/// deadline of their pings, counted from the last answer; QUIC as its idle
-/// timeout, which its own keepalive restarts, so it may count from up to
-/// one interval later.
+/// keepalive goes out every `interval`, and a tunnel whose keepalive goes
+/// unanswered for `timeout` (three intervals, so one or two lost pings are
+/// not fatal) is dead. HTTP/2 and WebSocket tunnels apply it to each ping;
+/// QUIC as its idle timeout, which restarts with the first keepalive sent
+/// after the peer was last heard: the same moment.
 #[derive(Debug, Clone, Copy)]
 pub struct Keepalive {
     /// A ping goes out this often (both ways).
     pub interval: Duration,
-    /// A tunnel that heard nothing from its peer for this long is dead.
+    /// A keepalive unanswered this long means the tunnel is dead.
     pub timeout: Duration,
 }
 

@@ -99,9 +99,10 @@ async fn dead_path_is_noticed(transport: TransportKind) {
         .expect("agent notices the dead tunnel");
     wait_connected(&channel, &hub.admin_token, 0).await;
     let noticed = frozen_at.elapsed();
-    // The promise: nothing heard for three keepalives (1 s here) is dead,
-    // on every transport; QUIC counts from its last keepalive sent, up to
-    // one interval later. 2 s of slack for two shared cores.
+    // The promise: a keepalive (every 1 s here) unanswered for three
+    // intervals is a dead tunnel, on every transport; the first unanswered
+    // one leaves up to one interval after the path went silent. 2 s of
+    // slack for two shared cores.
     println!("{transport}: a silent path noticed after {noticed:?}");
     assert!(
         noticed < Duration::from_secs(3 + 1 + 2),
