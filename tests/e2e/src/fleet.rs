@@ -239,9 +239,19 @@ impl Fleet {
     }
 }
 
-/// A sample of a text exposition; 0 when absent (an empty family).
+/// A sample of a text exposition. Panics, naming the series and showing
+/// the scraped text, when the series is absent: absent is not zero (a
+/// metric renamed or never registered must fail, not read as 0). Use
+/// [`metric_if_present`] where absence is a legitimate answer.
 pub fn metric(text: &str, name: &str) -> f64 {
-    otter_agent::gauges::sample(text, name).unwrap_or(0.0)
+    metric_if_present(text, name)
+        .unwrap_or_else(|| panic!("no series {name} in the scraped metrics:\n{text}"))
+}
+
+/// A sample of a text exposition, `None` when the series is absent (e.g. a
+/// labelled counter of a fresh hub before its first increment).
+pub fn metric_if_present(text: &str, name: &str) -> Option<f64> {
+    otter_agent::gauges::sample(text, name)
 }
 
 /// Waits (bounded) until `check` holds for the text `fetch` returns.

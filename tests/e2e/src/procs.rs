@@ -364,19 +364,37 @@ pub fn rss_mib(pid: u32) -> Option<f64> {
     Some(rss_kib_of(&format!("/proc/{pid}/status"))? as f64 / 1024.0)
 }
 
-/// Resident memory of this process in KiB (VmRSS).
+/// Resident memory of this process in KiB (VmRSS). Panics when
+/// `/proc/self/status` cannot be read or has no VmRSS: a leak check must
+/// not read an unmeasurable process as using nothing.
 pub fn own_rss_kib() -> u64 {
-    rss_kib_of("/proc/self/status").unwrap_or(0)
+    let path = "/proc/self/status";
+    let status = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!("cannot measure this process's memory: reading {path} failed: {e}")
+    });
+    vm_rss_kib(&status).unwrap_or_else(|| {
+        panic!("cannot measure this process's memory: no VmRSS line in {path}:\n{status}")
+    })
 }
 
-/// File descriptors this process has open.
+/// File descriptors this process has open. Panics when `/proc/self/fd`
+/// cannot be listed: a leak check must not read that as none open.
 pub fn own_open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+    let path = "/proc/self/fd";
+    std::fs::read_dir(path)
+        .unwrap_or_else(|e| {
+            panic!("cannot count this process's open files: listing {path} failed: {e}")
+        })
+        .count()
 }
 
 fn rss_kib_of(status: &str) -> Option<u64> {
-    std::fs::read_to_string(status)
-        .ok()?
+    vm_rss_kib(&std::fs::read_to_string(status).ok()?)
+}
+
+/// The VmRSS (KiB) of the text of a `/proc/<pid>/status`.
+fn vm_rss_kib(status: &str) -> Option<u64> {
+    status
         .lines()
         .find(|l| l.starts_with("VmRSS:"))?
         .split_whitespace()

@@ -6,8 +6,9 @@
 //! returns and the Watch resumes from the last resourceVersion it printed:
 //! every object shows exactly once, none lost, none repeated.
 //!
-//! Needs the privilege to create network namespaces; without it the test
-//! says so and passes (a capability of the machine, not a missing tool).
+//! Needs the privilege to create network namespaces (root) and `ip` from
+//! iproute2; without them the test says so in one line and passes, unless
+//! `OTTER_REQUIRE_TOOLS=1` (set by `make test`), which makes it fail.
 
 use std::{
     path::Path,
@@ -108,6 +109,13 @@ fn watch_resumes_across_a_cut(transport: &str) {
     let pair = match NetPair::create() {
         Ok(p) => p,
         Err(e) => {
+            if otter_e2e::tools::tools_required() {
+                panic!(
+                    "cannot create the network namespaces and OTTER_REQUIRE_TOOLS=1: {e}\n\
+                     (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN, and `ip` from iproute2: \
+                     `scripts/setup.sh apt` installs it)"
+                );
+            }
             eprintln!(
                 "skipped: this machine does not let the test create network namespaces ({e})"
             );

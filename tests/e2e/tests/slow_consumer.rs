@@ -66,12 +66,23 @@ fn source() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     (addr, written)
 }
 
+/// RSS (MiB) of the hub and the two agents. Panics when one is not running
+/// or its `/proc/<pid>/status` cannot be read: a missing process must fail
+/// the test, not read as zero growth.
 fn rss(fleet: &Fleet) -> [f64; 3] {
-    let pid = |p: &Option<otter_e2e::procs::Proc>| p.as_ref().map_or(0, |p| p.pid());
+    let of = |what: &str, p: &Option<otter_e2e::procs::Proc>| {
+        let pid = p
+            .as_ref()
+            .unwrap_or_else(|| panic!("cannot measure {what}: it is not running"))
+            .pid();
+        rss_mib(pid).unwrap_or_else(|| {
+            panic!("cannot measure {what}: no VmRSS in /proc/{pid}/status (has it exited?)")
+        })
+    };
     [
-        rss_mib(pid(&fleet.hub)).unwrap_or(0.0),
-        rss_mib(pid(&fleet.agents[0].proc)).unwrap_or(0.0),
-        rss_mib(pid(&fleet.agents[1].proc)).unwrap_or(0.0),
+        of("the hub", &fleet.hub),
+        of("agent 0", &fleet.agents[0].proc),
+        of("agent 1", &fleet.agents[1].proc),
     ]
 }
 
