@@ -199,7 +199,10 @@ mod tests {
             sample(&text, "otter_agent_certificate_not_after_seconds"),
             Some(1.8e9)
         );
-        assert_eq!(sample(&text, "otter_agent_renewal_failures_total"), Some(2.0));
+        assert_eq!(
+            sample(&text, "otter_agent_renewal_failures_total"),
+            Some(2.0)
+        );
         assert_eq!(sample(&text, "otter_agent_redials_total"), Some(1.0));
     }
 }
