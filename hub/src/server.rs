@@ -787,18 +787,21 @@ async fn route(
         };
     }
     let Some(method) = state.methods.get(&path).cloned() else {
-        return plain(
-            http::StatusCode::NOT_FOUND,
-            &format!("no such endpoint: {path}"),
+        return unread_body(
+            plain(
+                http::StatusCode::NOT_FOUND,
+                &format!("no such endpoint: {path}"),
+            ),
+            &req,
         );
     };
     let proto = match protocol::detect(req.method(), req.headers()) {
         Ok(proto) => proto,
-        Err(why) => return protocol::unsupported_response(&why),
+        Err(why) => return unread_body(protocol::unsupported_response(&why), &req),
     };
     req.extensions_mut().insert(conn);
     if let Err(status) = state.methods.check_enabled(&path) {
-        return protocol_error(proto, &status);
+        return unread_body(protocol_error(proto, &status), &req);
     }
     // Who is calling is decided from the headers, before a byte of the
     // body is read: an anonymous client gets its answer without the hub
@@ -809,7 +812,7 @@ async fn route(
             Ok(caller) => {
                 req.extensions_mut().insert(crate::auth::Verified(caller));
             }
-            Err(status) => return protocol_error(proto, &status),
+            Err(status) => return unread_body(protocol_error(proto, &status), &req),
         }
         state.config.max_request_message
     } else {
@@ -897,6 +900,30 @@ async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::R
         }
         Err(e) => plain(http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+/// An answer given before the request's body was read: over HTTP/1.1 the
+/// connection cannot carry another request after it (the unread body is
+/// in the way, and hyper closes it), so the answer says `Connection:
+/// close` and the client opens a new one instead of writing into a closed
+/// socket (connect-node reported EPIPE).
+fn unread_body<B>(
+    mut resp: http::Response<HttpBody>,
+    req: &http::Request<B>,
+) -> http::Response<HttpBody> {
+    let headers = req.headers();
+    let has_body = headers.contains_key(http::header::TRANSFER_ENCODING)
+        || headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0");
+    if has_body && req.version() <= http::Version::HTTP_11 {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// An error before any handler ran, in the shape the protocol expects.

@@ -135,6 +135,26 @@ async function exercise(makeTransport) {
 
   const anonymous = createClient(linkv1.LinkService, makeTransport([]));
   out.noToken = await codeOf(() => anonymous.listLinks({}, callOptions));
+
+  // On one transport (one keep-alive pool), calls the hub refuses from their
+  // headers, before reading the body, alternate with calls it serves: each
+  // gets its own answer, none a broken connection.
+  let withToken = true;
+  const sometimes = (next) => async (req) => {
+    if (withToken) req.header.set("Authorization", `Bearer ${token}`);
+    return next(req);
+  };
+  const mixed = createClient(linkv1.LinkService, makeTransport([sometimes]));
+  const answers = [];
+  for (let i = 0; i < 10; i++) {
+    withToken = false;
+    const refused = await codeOf(() => mixed.listLinks({}, callOptions));
+    answers.push(refused.code ?? refused);
+    withToken = true;
+    const served = await codeOf(() => mixed.listLinks({}, callOptions));
+    answers.push(served.code ?? served);
+  }
+  out.earlyReplies = answers;
   return out;
 }
 

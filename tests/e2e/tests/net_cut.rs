@@ -251,6 +251,13 @@ fn watch_resumes_across_a_cut(transport: &str) {
         scene.agent_metric("otter_agent_tunnel_up") == Some(0.0)
     });
     let noticed = cut_at.elapsed();
+    // The promise: a keepalive unanswered for three intervals ends the
+    // tunnel, and the first unanswered one leaves within an interval of
+    // the cut; 2 s of slack for two shared cores and the metric's polling.
+    assert!(
+        noticed <= Duration::from_secs(4 * KEEPALIVE_SECS + 2),
+        "{transport}: the agent called the tunnel dead only {noticed:?} after the cut"
+    );
     let rest = CUT.saturating_sub(cut_at.elapsed());
     std::thread::sleep(rest);
     assert!(

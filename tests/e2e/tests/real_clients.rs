@@ -136,6 +136,16 @@ async fn typescript_connect_node_over_connect_grpc_and_grpc_web() {
             "{protocol}: {r}"
         );
         assert_eq!(r["noToken"]["code"], "Unauthenticated", "{protocol}: {r}");
+        // Refused before the body was read, then served, ten times over on
+        // one keep-alive pool: no call sees a broken connection.
+        let expected: Vec<&str> = ["Unauthenticated", "OK"].repeat(10);
+        let answers: Vec<&str> = r["earlyReplies"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{protocol}: no earlyReplies: {r}"))
+            .iter()
+            .map(|a| a.as_str().unwrap_or("unexpected"))
+            .collect();
+        assert_eq!(answers, expected, "{protocol}: {r}");
     }
     watches_closed(&agent).await;
 
