@@ -33,6 +33,11 @@ pub async fn hub_child(dir: PathBuf, api: u16, tunnel: u16, clusters: usize) -> 
     config.api_listen = SocketAddr::from(([127, 0, 0, 1], api));
     config.tunnel_listen = SocketAddr::from(([127, 0, 0, 1], tunnel));
     config.drain_timeout = Duration::from_secs(2);
+    // Every simulated agent dials from 127.0.0.1: the per-source shares,
+    // meant for one attacker among many agents, would make the whole fleet
+    // one source. The totals still bound the hub.
+    config.tunnel_handshakes.per_source = config.tunnel_handshakes.max_pending;
+    config.api_connections.per_source = config.api_connections.max_total;
     let hub = otter_hub::Hub::start(config).await?;
     std::fs::write(dir.join("bench-ca.pem"), hub.ca_pem())?;
     let tokens = dir.join("bench-tokens");
