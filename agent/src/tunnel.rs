@@ -294,13 +294,14 @@ async fn run(
         failed_rounds = 0;
         failing_since = None;
         // What the hub asks for to show how this agent got through.
-        let mut diag = diagnosis(&config, &attempts);
+        let route = proxy_route(&config, &current, kind);
+        let mut diag = diagnosis(&attempts, route.as_deref());
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
         status.send_modify(|s| {
             s.connected = Some(kind);
             s.connects += 1;
             s.attempts = attempts;
-            s.proxy = config.proxy.as_ref().map(|p| p.display());
+            s.proxy = route;
         });
         backoff.reset();
         let own = |diag: &bytes::Bytes| otter_tunnel::http::AgentSelf {
@@ -443,7 +444,8 @@ async fn run(
                     tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag), config.gauges.clone(), shutdown.clone()));
                     kind = new_kind;
                     last_good = Some(kind);
-                    diag = diagnosis(&config, &[(kind, Ok(()))]);
+                    let newest = creds.as_ref().unwrap_or(&current);
+                    diag = diagnosis(&[(kind, Ok(()))], proxy_route(&config, newest, kind).as_deref());
                     serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag), &config.gauges);
                     probe_at = next_probe(&config, kind);
                     status.send_modify(|s| {
@@ -477,8 +479,8 @@ async fn run(
 
 /// The report the hub asks for (`diag`): transports tried and the proxy.
 fn diagnosis(
-    config: &AgentConfig,
     attempts: &[(TransportKind, Result<(), String>)],
+    route: Option<&str>,
 ) -> bytes::Bytes {
     bytes::Bytes::from(
         serde_json::json!({
@@ -487,10 +489,24 @@ fn diagnosis(
                 "ok": r.is_ok(),
                 "error": r.as_ref().err().cloned().unwrap_or_default(),
             })).collect::<Vec<_>>(),
-            "proxy": config.proxy.as_ref().map(|p| p.display()),
+            "proxy": route,
         })
         .to_string(),
     )
+}
+
+/// The proxy a tunnel over `kind` actually goes through (without its
+/// credentials): none when no proxy is set or `NO_PROXY` exempts the hub's
+/// tunnel host, so `otter links -o wide` shows the route taken.
+fn proxy_route(config: &AgentConfig, creds: &Credentials, kind: TransportKind) -> Option<String> {
+    let proxy = config.proxy.as_ref()?;
+    let url = tunnel_url(&creds.tunnel_urls, kind, &config.hub_url).ok()?;
+    let host = url
+        .host_str()?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = url.port_or_known_default()?;
+    (!proxy.bypass(host, port) && kind != TransportKind::Quic).then(|| proxy.display())
 }
 
 /// The configured order, with the transport that worked last moved first:

@@ -429,11 +429,14 @@ async fn https_proxy_from_the_environment_is_honoured() {
     let https_proxy = format!("http://otter:s3cret@127.0.0.1:{}", tp.port);
     let channel = hub.channel().await;
     let mut agents = Vec::new();
-    for (i, no_proxy) in ["", "127.0.0.1"].into_iter().enumerate() {
+    // NO_PROXY empty; naming the apiserver; naming the hub.
+    for (i, no_proxy) in ["", "127.0.0.1", "localhost"].into_iter().enumerate() {
         let cluster = format!("edge-{i}");
         let token_file = work.path().join(format!("token-{i}"));
         std::fs::write(&token_file, hub.hub.mint_join_token(&cluster).unwrap()).unwrap();
         let sim_connects = connects_to(&tp, sim_port);
+        let (api, tunnel) = (hub.hub.api_addr.port(), hub.hub.tunnel_addr.port());
+        let hub_before = (connects_to(&tp, api), connects_to(&tp, tunnel));
         let agent = Proc::start_env(
             &format!("agent-{i}"),
             Role::Agent,
@@ -476,19 +479,48 @@ async fn https_proxy_from_the_environment_is_honoured() {
             ))
             .await;
         assert!(r.is_ok(), "{r:?}\n{}", agent.tail(30));
-        assert!(
-            connects_to(&tp, hub.hub.api_addr.port()) > i,
-            "Register through the proxy"
-        );
-        assert!(
-            connects_to(&tp, hub.hub.tunnel_addr.port()) > i,
-            "the tunnel through the proxy"
-        );
+        let hub_direct = no_proxy == "localhost";
+        let hub_connects = (connects_to(&tp, api), connects_to(&tp, tunnel));
+        if hub_direct {
+            assert_eq!(hub_connects, hub_before, "NO_PROXY exempts the hub");
+        } else {
+            assert!(
+                hub_connects.0 > hub_before.0 && hub_connects.1 > hub_before.1,
+                "Register and the tunnel through the proxy: {hub_before:?} -> {hub_connects:?}"
+            );
+        }
         let through = connects_to(&tp, sim_port) > sim_connects;
         assert_eq!(
             through,
-            no_proxy.is_empty(),
+            no_proxy != "127.0.0.1",
             "the apiserver through the proxy unless NO_PROXY exempts it"
+        );
+        // What `otter links -o wide` shows: the route the tunnel took.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let route = loop {
+            let link =
+                otter_proto::link::v1::link_service_client::LinkServiceClient::new(channel.clone())
+                    .list_links(with_token(
+                        otter_proto::link::v1::ListLinksRequest {},
+                        &hub.admin_token,
+                    ))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .links
+                    .into_iter()
+                    .find(|l| l.cluster.as_deref() == Some(cluster.as_str()))
+                    .expect("link");
+            if let Some(d) = link.diagnosis.filter(|d| !d.attempts.is_empty()) {
+                break d.proxy;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no diagnosis");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            route,
+            (!hub_direct).then(|| format!("http://127.0.0.1:{}/", tp.port)),
+            "the proxy shown is the one the tunnel took"
         );
         let output = format!("{}{}", agent.stdout(), agent.stderr());
         assert!(!output.contains("s3cret"), "the password leaked:\n{output}");
