@@ -324,6 +324,32 @@ pub async fn wait_until(mut check: impl AsyncFnMut() -> bool, what: &str) {
     }
 }
 
+/// The hub's links as `token` lists them.
+pub async fn list_links(
+    channel: &tonic::transport::Channel,
+    token: &str,
+) -> Vec<otter_proto::link::v1::Link> {
+    LinkServiceClient::new(channel.clone())
+        .list_links(with_token(ListLinksRequest {}, token))
+        .await
+        .expect("ListLinks")
+        .into_inner()
+        .links
+}
+
+/// The link of `cluster`, as `token` lists it.
+pub async fn link_of(
+    channel: &tonic::transport::Channel,
+    token: &str,
+    cluster: &str,
+) -> otter_proto::link::v1::Link {
+    list_links(channel, token)
+        .await
+        .into_iter()
+        .find(|l| l.cluster.as_deref() == Some(cluster))
+        .unwrap_or_else(|| panic!("no link for {cluster}"))
+}
+
 /// Waits until the hub has `n` links connected (the agent sees its side of
 /// the handshake a moment before the hub has admitted the tunnel).
 pub async fn wait_connected(channel: &tonic::transport::Channel, token: &str, n: usize) {

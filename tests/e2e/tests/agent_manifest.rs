@@ -367,20 +367,9 @@ async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_exp
     let expiry = applied + TOKEN_TTL + Duration::from_secs(1);
     tokio::time::sleep_until(expiry.into()).await;
     let second = pod("otter-agent-5d8f7-fghij");
-    let links = || async {
-        LinkServiceClient::new(channel.clone())
-            .list_links(with_token(
-                otter_proto::link::v1::ListLinksRequest {},
-                &hub.admin_token,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .links
-    };
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let link = links().await.into_iter().next().expect("link");
+        let link = otter_e2e::double::link_of(&channel, &hub.admin_token, "edge-1").await;
         // The hub sees the same agent, back on its kept certificate.
         if link.state == Some(otter_proto::link::v1::LinkState::Connected as i32)
             && hub.hub.state.registry.get("edge-1").is_some()

@@ -120,20 +120,9 @@ async fn tunnels_through_a_connect_proxy() {
     assert_eq!(field(r.get_ref(), "name"), "via-proxy");
 
     // The agent's own account of how it got through shows in ListLinks.
-    let mut links =
-        otter_proto::link::v1::link_service_client::LinkServiceClient::new(channel.clone());
     let mut diag = None;
     for _ in 0..100 {
-        let l = links
-            .list_links(with_token(
-                otter_proto::link::v1::ListLinksRequest {},
-                &hub.admin_token,
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .links
-            .remove(0);
+        let l = otter_e2e::double::link_of(&channel, &hub.admin_token, "edge-1").await;
         // The round-trip time comes with the first keepalive answer.
         if l.diagnosis
             .as_ref()
@@ -498,19 +487,7 @@ async fn https_proxy_from_the_environment_is_honoured() {
         // What `otter links -o wide` shows: the route the tunnel took.
         let deadline = tokio::time::Instant::now() + WAIT;
         let route = loop {
-            let link =
-                otter_proto::link::v1::link_service_client::LinkServiceClient::new(channel.clone())
-                    .list_links(with_token(
-                        otter_proto::link::v1::ListLinksRequest {},
-                        &hub.admin_token,
-                    ))
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .links
-                    .into_iter()
-                    .find(|l| l.cluster.as_deref() == Some(cluster.as_str()))
-                    .expect("link");
+            let link = otter_e2e::double::link_of(&channel, &hub.admin_token, &cluster).await;
             if let Some(d) = link.diagnosis.filter(|d| !d.attempts.is_empty()) {
                 break d.proxy;
             }
