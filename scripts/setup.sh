@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 want=${1:-all}
 
-APT_PACKAGES=(tinyproxy stunnel4 iproute2 python3-venv)
+APT_PACKAGES=(tinyproxy stunnel4 iproute2 python3-venv curl docker-registry)
 
 log() { printf 'setup: %s\n' "$*"; }
 

@@ -89,7 +89,15 @@ pub struct Cli {
 pub async fn run(cli: Cli) -> i32 {
     let health = match cli.health_listen {
         Some(addr) => match crate::health::bind(addr).await {
-            Ok(l) => Some(l),
+            Ok(l) => {
+                // With port 0 the kernel picks; say which, so a probe (or
+                // a test) can find it.
+                match l.local_addr() {
+                    Ok(bound) => tracing::info!(addr = %bound, "health probes listening"),
+                    Err(e) => tracing::warn!(error = %e, "health listener has no address"),
+                }
+                Some(l)
+            }
             Err(e) => {
                 eprintln!("otter-agent: cannot listen on {addr} for health probes: {e}");
                 return 64;

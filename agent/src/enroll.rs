@@ -5,6 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use otter_pki::tls;
 use otter_proto::link::v1::{RegisterRequest, link_service_client::LinkServiceClient};
+use otter_tunnel::error_chain;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use url::Url;
@@ -166,23 +167,6 @@ fn human_secs(secs: u64) -> String {
         s if s < 2 * 3600 => format!("{}m", s / 60),
         s => format!("{}h", s / 3600),
     }
-}
-
-/// An error with its causes, which name what failed (a refused
-/// connection, the proxy's answer, a certificate) where tonic's own text
-/// says only "transport error".
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// The CAs the hub is verified with: the bundle it last sent over a

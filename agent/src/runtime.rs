@@ -747,6 +747,17 @@ impl RuntimeService for Runtime {
         Ok(Response::new(()))
     }
 
+    /// The hub serves ShowChart itself (the request names no cluster), so
+    /// no call reaches an agent; one that does is told where it belongs.
+    async fn show_chart(
+        &self,
+        _request: Request<pb::ShowChartRequest>,
+    ) -> Result<Response<pb::ShowChartResponse>, Status> {
+        Err(Status::failed_precondition(
+            "ShowChart is served by the hub, not by an agent",
+        ))
+    }
+
     async fn sub_resource_action(
         &self,
         request: Request<pb::SubResourceActionRequest>,

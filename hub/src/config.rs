@@ -62,6 +62,13 @@ pub struct HubConfig {
     pub disabled_features: Vec<String>,
     /// Serve the API without TLS (HTTP/1.1 and h2c), for local development.
     pub api_plaintext: bool,
+    /// Where ShowChart may fetch charts from, and the CA it trusts.
+    pub charts: crate::chart::ChartPolicy,
+    /// Plaintext port for Prometheus scrapes (`/metrics`, no token).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Plaintext port for probes (`/healthz`, `/livez`, `/readyz`, gRPC
+    /// health over h2c).
+    pub health_listen: Option<SocketAddr>,
     /// Callers in this group may administer the hub (mint manifests, tokens).
     pub admin_group: String,
     /// OpenID Connect issuer for user tokens, if any.
@@ -129,6 +136,9 @@ impl HubConfig {
             cors_origins: Vec::new(),
             disabled_features: Vec::new(),
             api_plaintext: false,
+            charts: Default::default(),
+            metrics_listen: None,
+            health_listen: None,
             admin_group: crate::tokens::ADMIN_GROUP.to_owned(),
             oidc: None,
             manifest_ttl: Duration::from_secs(3600),

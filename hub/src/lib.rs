@@ -14,12 +14,17 @@
 //! - [`forward`] — the front door for Resource/Runtime calls: authenticate,
 //!   route by cluster, one tunnel stream per call.
 //! - [`kube_proxy`] — kubectl through the hub: `/clusters/<name>/…`.
+//! - [`chart`] — ShowChart: a Helm chart's values and README, fetched by
+//!   the hub under an address policy.
 //! - [`server`] — listeners and the request dispatch; [`Hub::start`].
+//! - [`ops`] — probes, Prometheus text and gRPC health for kubelets and
+//!   scrapers.
 //! - [`cli`] — the `otter` command line (`main.rs` only calls it).
 
 pub mod admin;
 pub mod auth;
 pub mod authority;
+pub mod chart;
 pub mod cli;
 pub mod config;
 pub mod cors;
@@ -32,6 +37,7 @@ pub mod manifest;
 pub mod methods;
 pub mod metrics;
 pub mod oidc;
+pub mod ops;
 pub mod protocol;
 pub mod rancher;
 pub mod registry;

@@ -191,6 +191,36 @@ where
         })
 }
 
+/// How long the hub keeps reading a body it answered without needing (see
+/// [`drain`]).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads and drops a request body the hub answered before reading it (a
+/// refusal from the headers), at most [`MAX_PUBLIC_MESSAGE`] bytes within
+/// [`DRAIN_TIMEOUT`]: then the HTTP/1.1 connection carries the client's
+/// next request instead of closing under a client still writing. Beyond
+/// either bound the body is dropped, and with it the connection.
+pub async fn drain<B>(mut body: B)
+where
+    B: http_body::Body + Unpin,
+    B::Data: bytes::Buf,
+{
+    use bytes::Buf;
+    use http_body_util::BodyExt;
+    let mut left = MAX_PUBLIC_MESSAGE;
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                match left.checked_sub(data.remaining()) {
+                    Some(l) => left = l,
+                    None => return,
+                }
+            }
+        }
+    })
+    .await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

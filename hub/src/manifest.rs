@@ -526,6 +526,12 @@ mod tests {
 mod hub_manifest_tests {
     use serde_json::Value;
 
+    fn args_have(container: &Value, arg: &str) -> bool {
+        container["args"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|v| v == arg))
+    }
+
     /// The hub's own manifest parses and passes the restricted profile too.
     #[test]
     fn hub_manifest_is_restricted_and_complete() {
@@ -561,5 +567,10 @@ mod hub_manifest_tests {
         let mut argv = vec!["otter".to_owned()];
         argv.extend(args);
         <crate::cli::Cli as clap::Parser>::try_parse_from(argv).expect("the manifest's args parse");
+        // The probes use the ops port's endpoints.
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(c["startupProbe"]["grpc"]["port"], 9090);
+        assert!(args_have(c, "--health-listen=0.0.0.0:9090"));
     }
 }

@@ -111,6 +111,24 @@ impl Methods {
         self.by_path.get(path)
     }
 
+    /// Whether every method of `service` (`package.Service`) belongs to a
+    /// switched-off feature: such a service reports NOT_SERVING in health
+    /// and is not listed by reflection.
+    pub fn service_disabled(&self, service: &str) -> bool {
+        let prefix = format!("/{service}/");
+        let mut methods = self
+            .by_path
+            .values()
+            .filter(|m| m.path.starts_with(&prefix))
+            .peekable();
+        methods.peek().is_some()
+            && methods.all(|m| {
+                m.feature
+                    .as_ref()
+                    .is_some_and(|f| self.disabled.contains(f))
+            })
+    }
+
     /// Unimplemented "feature NAME is disabled" when the method's feature is
     /// switched off; methods without the option are always served.
     pub fn check_enabled(&self, path: &str) -> std::result::Result<(), tonic::Status> {
@@ -134,6 +152,9 @@ mod tests {
             &["runtime-enabled".into()],
         )
         .unwrap();
+        assert!(m.service_disabled("otterscale.runtime.v1.RuntimeService"));
+        assert!(!m.service_disabled("otterscale.resource.v1.ResourceService"));
+        assert!(!m.service_disabled("no.such.Service"));
         let watch = m
             .get("/otterscale.resource.v1.ResourceService/Watch")
             .unwrap();

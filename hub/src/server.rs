@@ -70,6 +70,11 @@ pub struct HubState {
     pub api_connections: Arc<crate::limits::ApiConnections>,
     /// When each cluster last renewed its certificate.
     pub renewals: crate::link_service::RenewalGaps,
+    /// Fetches charts for ShowChart.
+    pub charts: Arc<crate::chart::Charts>,
+    /// Set once every listener is serving, cleared when shutdown starts:
+    /// `/readyz` answers 503 outside that window.
+    pub serving: std::sync::atomic::AtomicBool,
     /// API connections that have not yet sent a whole request head: the
     /// same bounds as the tunnel port's handshakes (a fair share per
     /// source, the oldest dropped for a newcomer when full).
@@ -100,6 +105,8 @@ pub struct Hub {
     pub tunnel_addr: SocketAddr,
     /// The admin token, when this start created it (first start only).
     pub admin_token: Option<String>,
+    /// The ops ports bound (`--metrics-listen`, `--health-listen`).
+    pub ops_addrs: Vec<(SocketAddr, crate::ops::Roles)>,
     initial_ca_pem: String,
     shutdown: CancellationToken,
 }
@@ -178,6 +185,7 @@ impl Hub {
             Some(path) => Some(crate::rancher::Rancher::from_kubeconfig(path).await?),
             None => None,
         };
+        let charts = Arc::new(crate::chart::Charts::new(config.charts.clone())?);
         let (health, health_service) = tonic_health::server::health_reporter();
         let tasks = TaskTracker::new();
         let pacer = otter_tunnel::pace::Pacer::with_handshakes(
@@ -216,6 +224,8 @@ impl Hub {
             upgrades: Arc::default(),
             api_connections: crate::limits::ApiConnections::new(api_limits),
             renewals: Default::default(),
+            charts,
+            serving: Default::default(),
             // The oldest pending connection always makes room for a new
             // one: a user's TLS handshake and request head take
             // milliseconds, so under a flood of stalled connections it
@@ -249,6 +259,9 @@ impl Hub {
             shutdown.clone(),
             pacer,
         ));
+        let ops_listeners =
+            crate::ops::bind(state.config.metrics_listen, state.config.health_listen).await?;
+        let health_routes = tonic::service::Routes::new(health_service.clone());
         let routes = api_routes(&state, health_service)?;
         let api_tls = (!state.config.api_plaintext).then(|| Arc::new(api_tls));
         tasks.spawn(serve_api(
@@ -258,8 +271,24 @@ impl Hub {
             api_tls,
             shutdown.clone(),
         ));
+        let mut ops_addrs = Vec::new();
+        for (listener, roles) in ops_listeners {
+            let addr = listener.local_addr()?;
+            tracing::info!(%addr, metrics = roles.metrics, health = roles.health, "ops port listening");
+            ops_addrs.push((addr, roles));
+            tasks.spawn(crate::ops::serve(
+                state.clone(),
+                listener,
+                roles,
+                health_routes.clone(),
+                shutdown.clone(),
+            ));
+        }
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
         tasks.spawn(prune_periodically(state.clone(), shutdown.clone()));
+        state
+            .serving
+            .store(true, std::sync::atomic::Ordering::Release);
         tracing::info!(%api_addr, %tunnel_addr, external_url = %state.external_url, "hub serving");
         Ok(Hub {
             initial_ca_pem: state.authority.current().active.cert_pem().to_owned(),
@@ -267,6 +296,7 @@ impl Hub {
             api_addr,
             tunnel_addr,
             admin_token,
+            ops_addrs,
             shutdown,
         })
     }
@@ -306,6 +336,9 @@ impl Hub {
     /// Stops every listener, closes every tunnel, and waits (bounded) for all
     /// tasks, so the store is released when this returns.
     pub async fn shutdown(self) {
+        self.state
+            .serving
+            .store(false, std::sync::atomic::Ordering::Release);
         self.shutdown.cancel();
         for t in self.state.registry.all() {
             t.opener.close("hub shutting down");
@@ -445,6 +478,16 @@ fn api_routes(
         v1 = v1.register_encoded_file_descriptor_set(set);
         v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
     }
+    // Reflection lists what this hub serves: a switched-off feature's
+    // service is left out (its types stay resolvable by name).
+    let listed = SERVICES
+        .into_iter()
+        .chain(["grpc.health.v1.Health"])
+        .filter(|s| !state.methods.service_disabled(s));
+    for service in listed {
+        v1 = v1.with_service_name(service);
+        v1alpha = v1alpha.with_service_name(service);
+    }
     let v1 = v1
         .build_v1()
         .map_err(|e| HubError::Config(format!("reflection: {e}")))?;
@@ -482,6 +525,13 @@ async fn prune_periodically(state: Arc<HubState>, shutdown: CancellationToken) {
     }
 }
 
+/// The OtterScale services, as health and reflection name them.
+const SERVICES: [&str; 3] = [
+    "otterscale.link.v1.LinkService",
+    "otterscale.resource.v1.ResourceService",
+    "otterscale.runtime.v1.RuntimeService",
+];
+
 /// Keeps the health status in step with the store: SERVING only while
 /// writes succeed (listeners are bound before this starts).
 async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
@@ -489,18 +539,22 @@ async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
     loop {
         let ok = state.store.writable();
         if last != Some(ok) {
-            let status = if ok {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
+            let status = |serving: bool| {
+                if serving {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                }
             };
-            for service in [
-                "",
-                "otterscale.link.v1.LinkService",
-                "otterscale.resource.v1.ResourceService",
-                "otterscale.runtime.v1.RuntimeService",
-            ] {
-                state.health.set_service_status(service, status).await;
+            state.health.set_service_status("", status(ok)).await;
+            // A service whose feature is switched off says so, the way a
+            // load balancer or a dashboard expects to find out.
+            for service in SERVICES {
+                let serving = ok && !state.methods.service_disabled(service);
+                state
+                    .health
+                    .set_service_status(service, status(serving))
+                    .await;
             }
             if !ok {
                 tracing::error!("store is not writable; health is NOT_SERVING");
@@ -725,17 +779,14 @@ async fn route(
     mut req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
     let path = req.uri().path().to_owned();
+    if req.method() == http::Method::GET
+        && let Some(resp) = crate::ops::probe(&state, &path)
+    {
+        return resp;
+    }
     if path == "/metrics" && req.method() == http::Method::GET {
         return match crate::auth::authenticate(&state, req.headers()).await {
-            Ok(_) => {
-                state.metrics.pacers(&state.pacer, &state.register_pacer);
-                let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
-                resp.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                );
-                resp
-            }
+            Ok(_) => crate::ops::metrics(&state),
             Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
         };
     }
@@ -792,17 +843,14 @@ async fn route(
                 http::StatusCode::NOT_FOUND,
                 &format!("no such endpoint: {path}"),
             ),
-            &req,
+            req,
         );
     };
     let proto = match protocol::detect(req.method(), req.headers()) {
         Ok(proto) => proto,
-        Err(why) => return unread_body(protocol::unsupported_response(&why), &req),
+        Err(why) => return unread_body(protocol::unsupported_response(&why), req),
     };
     req.extensions_mut().insert(conn);
-    if let Err(status) = state.methods.check_enabled(&path) {
-        return unread_body(protocol_error(proto, &status), &req);
-    }
     // Who is calling is decided from the headers, before a byte of the
     // body is read: an anonymous client gets its answer without the hub
     // buffering anything. Only the endpoints that need no token take a
@@ -812,25 +860,43 @@ async fn route(
             Ok(caller) => {
                 req.extensions_mut().insert(crate::auth::Verified(caller));
             }
-            Err(status) => return unread_body(protocol_error(proto, &status), &req),
+            Err(status) => return unread_body(protocol_error(proto, &status), req),
         }
         state.config.max_request_message
     } else {
         crate::limits::MAX_PUBLIC_MESSAGE
     };
+    // After authentication: which features this hub serves is for its
+    // users to learn, not for anyone with a socket.
+    if let Err(status) = state.methods.check_enabled(&path) {
+        return unread_body(protocol_error(proto, &status), req);
+    }
     let inner = GrpcHandler {
         state: state.clone(),
         routes: routes.clone(),
     };
     match proto {
-        Protocol::Grpc => {
+        Protocol::Grpc { json } => {
             let req = req.map(|b| {
                 b.map_err(|e| -> protocol::BoxError { Box::new(e) })
                     .boxed_unsync()
             });
-            grpc_call(state, routes, req).await
+            if !json {
+                return grpc_call(state, routes, req).await;
+            }
+            let req = protocol::transcode::json_request(req, method.input.clone(), max);
+            let resp = grpc_call(state, routes, req).await;
+            let mut resp = protocol::transcode::json_response(resp, method.output.clone());
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc+json"),
+            );
+            resp
         }
-        Protocol::GrpcWeb { text } => protocol::grpc_web::call(inner, text, req).await,
+        Protocol::GrpcWeb { text, json } => {
+            let json = json.then_some((&method, max));
+            protocol::grpc_web::call(inner, text, json, req).await
+        }
         Protocol::ConnectUnary { json } => {
             protocol::connect::unary(inner, method, json, req, max).await
         }
@@ -902,46 +968,61 @@ async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::R
     }
 }
 
-/// An answer given before the request's body was read: over HTTP/1.1 the
-/// connection cannot carry another request after it (the unread body is
-/// in the way, and hyper closes it), so the answer says `Connection:
-/// close` and the client opens a new one instead of writing into a closed
-/// socket (connect-node reported EPIPE).
-fn unread_body<B>(
+/// An answer given before the request's body was read. Over HTTP/1.1 the
+/// unread body stands between this answer and the connection's next
+/// request: a body that is not declared larger than a public message is
+/// read and dropped after the answer (bounded in bytes and time), so the
+/// connection stays open and a client still writing it does not see its
+/// write fail (connect-node reported EPIPE when the hub closed under it).
+/// A body declared larger means the connection cannot be used again, so
+/// the answer says `Connection: close`.
+/// HTTP/2 streams are independent: nothing to do.
+fn unread_body(
     mut resp: http::Response<HttpBody>,
-    req: &http::Request<B>,
+    req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let headers = req.headers();
-    let has_body = headers.contains_key(http::header::TRANSFER_ENCODING)
-        || headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim() != "0");
-    if has_body && req.version() <= http::Version::HTTP_11 {
-        resp.headers_mut().insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("close"),
-        );
+    let (parts, body) = req.into_parts();
+    if parts.version > http::Version::HTTP_11 {
+        return resp;
     }
+    let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    // Node's HTTP client sends even a two-byte body chunked: a chunked
+    // body is drained too, and the connection dropped only if it turns
+    // out larger.
+    match declared {
+        None | Some(0) if !chunked => return resp,
+        Some(n) if n > crate::limits::MAX_PUBLIC_MESSAGE as u64 => {}
+        _ => {
+            tokio::spawn(crate::limits::drain(body));
+            return resp;
+        }
+    }
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
     resp
 }
 
 /// An error before any handler ran, in the shape the protocol expects.
 fn protocol_error(proto: Protocol, status: &tonic::Status) -> http::Response<HttpBody> {
     match proto {
-        Protocol::Grpc | Protocol::GrpcWeb { .. } => {
+        Protocol::Grpc { .. } | Protocol::GrpcWeb { .. } => {
             let mut resp: http::Response<HttpBody> = status.clone().into_http();
-            if let Protocol::GrpcWeb { text } = proto {
-                let ct = if text {
-                    "application/grpc-web-text+proto"
-                } else {
-                    "application/grpc-web+proto"
-                };
-                resp.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static(ct),
-                );
-            }
+            let ct = match proto {
+                Protocol::GrpcWeb { text, json } => protocol::grpc_web::content_type(text, json),
+                Protocol::Grpc { json: true } => "application/grpc+json",
+                _ => "application/grpc",
+            };
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(ct),
+            );
             resp
         }
         Protocol::ConnectUnary { .. } | Protocol::ConnectGet => {
@@ -1006,6 +1087,10 @@ async fn grpc_handlers(
     routes: tonic::service::Routes,
     req: http::Request<HttpBody>,
 ) -> http::Response<HttpBody> {
+    // ShowChart names no cluster: the hub fetches the chart itself.
+    if req.uri().path() == crate::chart::SHOW_CHART {
+        return crate::chart::serve(state.charts.clone(), req).await;
+    }
     if forward::is_forwarded(req.uri().path()) {
         return forward::handle(state, req).await;
     }

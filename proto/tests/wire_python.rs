@@ -205,6 +205,26 @@ fn cases() -> Vec<Case> {
             json!({"cluster": "edge-1", "command": ["sh", "-c", "echo hi"], "tty": false,
                    "rows": 24, "cols": 80}),
         ),
+        case(
+            "show-chart",
+            "otterscale.runtime.v1.ShowChartRequest",
+            runtime::v1::ShowChartRequest {
+                repo_url: s("oci://registry.example/charts"),
+                chart_name: s("demo"),
+                version: s(""),
+            },
+            json!({"repo_url": "oci://registry.example/charts", "chart_name": "demo",
+                   "version": ""}),
+        ),
+        case(
+            "show-chart-answer",
+            "otterscale.runtime.v1.ShowChartResponse",
+            runtime::v1::ShowChartResponse {
+                values: Some(b"replicas: 1\n".to_vec()),
+                readme: Some(Vec::new()),
+            },
+            json!({"values": "cmVwbGljYXM6IDEK", "readme": ""}),
+        ),
         case("empty", "google.protobuf.Empty", (), json!({})),
     ]
 }

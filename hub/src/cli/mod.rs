@@ -428,6 +428,25 @@ pub struct HubArgs {
     /// Serve the API without TLS (HTTP/1.1 and h2c), for local development only.
     #[arg(long)]
     pub api_plaintext: bool,
+    /// Let ShowChart fetch from any address, private ones included
+    /// (loopback, RFC 1918, link-local): for a hub inside a trusted network.
+    #[arg(long)]
+    pub chart_allow_private: bool,
+    /// Let ShowChart fetch from this range although it is not public (an
+    /// internal chart mirror); repeatable.
+    #[arg(long = "chart-allow-cidr", value_delimiter = ',')]
+    pub chart_allow_cidrs: Vec<ipnet::IpNet>,
+    /// Extra CA (PEM file) ShowChart trusts, besides the public roots.
+    #[arg(long)]
+    pub chart_ca_file: Option<PathBuf>,
+    /// Serve Prometheus text at /metrics on this address, plaintext and
+    /// without a token (keep it inside the cluster's network).
+    #[arg(long, env = "OTTER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Serve /healthz, /livez, /readyz and gRPC health (h2c, for kubelet
+    /// `grpc:` probes) on this address, plaintext; may equal --metrics-listen.
+    #[arg(long, env = "OTTER_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
     /// Callers in this group administer the hub.
     #[arg(long, env = "OTTER_ADMIN_GROUP", default_value = crate::tokens::ADMIN_GROUP)]
     pub admin_group: String,
@@ -494,6 +513,19 @@ impl HubArgs {
         c.cors_origins = self.cors_origins;
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;
+        c.charts = crate::chart::ChartPolicy {
+            allow_private: self.chart_allow_private,
+            allow: self.chart_allow_cidrs,
+            ca_pem: match &self.chart_ca_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+                ),
+                None => None,
+            },
+        };
+        c.metrics_listen = self.metrics_listen;
+        c.health_listen = self.health_listen;
         c.admin_group = self.admin_group;
         c.rancher_kubeconfig = self.rancher_kubeconfig;
         if let Some(image) = self.agent_image {

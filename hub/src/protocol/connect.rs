@@ -12,10 +12,10 @@ use hyper::body::Incoming;
 use tonic::{Code, Status};
 
 use super::{
-    Inner, accepts_gzip, data_frame, err_frame, error_json,
+    BoxError, Inner, accepts_gzip, data_frame, error_json,
     frames::{self, FLAG_COMPRESSED, FLAG_END_STREAM, Parser},
-    grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json,
-    status_frame, status_of,
+    grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json, status_of,
+    transcode::{self, RequestCodec},
 };
 use crate::{forward::HttpBody, methods::MethodInfo};
 
@@ -312,73 +312,16 @@ pub async fn streaming(
     let response_gzip = accepts_gzip(parts.headers.get("connect-accept-encoding"));
 
     // Request: Connect envelopes → gRPC frames, one message at a time.
-    let input = method.input.clone();
-    let requests = futures::stream::unfold(
-        (body, Parser::new(max_message), false),
-        move |(mut body, mut parser, done)| {
-            let input = input.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    match parser.next_envelope() {
-                        Err(e) => {
-                            let status = Status::resource_exhausted(format!(
-                                "request message of {} bytes is over the limit of {}",
-                                e.len, e.max
-                            ));
-                            return Some((status_frame(status), (body, parser, true)));
-                        }
-                        Ok(Some(env)) if env.flags & FLAG_END_STREAM != 0 => continue,
-                        Ok(Some(env)) => {
-                            let converted = (|| -> Result<Bytes, Status> {
-                                let payload = if env.flags & FLAG_COMPRESSED != 0 {
-                                    if !request_gzip {
-                                        return Err(Status::invalid_argument(
-                                            "compressed message without connect-content-encoding",
-                                        ));
-                                    }
-                                    gunzip(&env.payload, max_message)?
-                                } else {
-                                    env.payload
-                                };
-                                let proto = if json {
-                                    json_to_proto(&input, &payload)?
-                                } else {
-                                    payload.to_vec()
-                                };
-                                Ok(frames::encode(0, &proto))
-                            })();
-                            return Some(match converted {
-                                Ok(frame) => (data_frame(frame), (body, parser, false)),
-                                Err(s) => (status_frame(s), (body, parser, true)),
-                            });
-                        }
-                        Ok(None) => {}
-                    }
-                    match body.frame().await {
-                        Some(Ok(frame)) => {
-                            if let Ok(data) = frame.into_data() {
-                                parser.push(&data);
-                            }
-                        }
-                        Some(Err(e)) => return Some((err_frame(e), (body, parser, true))),
-                        None if parser.remaining() > 0 => {
-                            return Some((
-                                status_frame(Status::invalid_argument(
-                                    "request ended inside a message",
-                                )),
-                                (body, parser, true),
-                            ));
-                        }
-                        None => return None,
-                    }
-                }
-            }
-        },
-    );
-    let mut grpc = http::Request::new(StreamBody::new(requests).boxed_unsync());
+    let codec = RequestCodec {
+        json,
+        gzip: request_gzip,
+        encoding_header: "connect-content-encoding",
+        end_stream_envelope: true,
+        max: max_message,
+    };
+    let body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
+    let requests = transcode::requests(body, method.input.clone(), codec);
+    let mut grpc = http::Request::new(requests);
     *grpc.method_mut() = http::Method::POST;
     *grpc.uri_mut() = match http::Uri::try_from(method.path.as_str()) {
         Ok(u) => u,

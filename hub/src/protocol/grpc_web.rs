@@ -9,15 +9,19 @@ use hyper::body::Incoming;
 
 use super::{
     BoxError, Inner, data_frame, err_frame, frames, pass_headers, status_frame, status_of,
+    transcode,
 };
-use crate::forward::HttpBody;
+use crate::{forward::HttpBody, methods::MethodInfo};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// Serves one gRPC-Web call through the gRPC handlers.
+/// Serves one gRPC-Web call through the gRPC handlers. `json` carries the
+/// method and the request size limit when the messages are JSON
+/// (`application/grpc-web+json`).
 pub async fn call(
     inner: Inner,
     text: bool,
+    json: Option<(&MethodInfo, usize)>,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
     let (parts, body) = req.into_parts();
@@ -60,16 +64,21 @@ pub async fn call(
     } else {
         body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync()
     };
-    let mut grpc = http::Request::new(body);
+    let mut grpc = http::Request::from_parts(parts, body);
     *grpc.method_mut() = http::Method::POST;
-    *grpc.uri_mut() = parts.uri;
-    *grpc.headers_mut() = pass_headers(&parts.headers);
-    if let Some(t) = parts.headers.get("grpc-timeout") {
-        grpc.headers_mut().insert("grpc-timeout", t.clone());
-    }
-    *grpc.extensions_mut() = parts.extensions;
+    let grpc = match json {
+        Some((method, max)) => transcode::json_request(grpc, method.input.clone(), max),
+        None => {
+            *grpc.headers_mut() = pass_headers(grpc.headers());
+            grpc
+        }
+    };
 
     let resp = inner.call(grpc).await;
+    let resp = match json {
+        Some((method, _)) => transcode::json_response(resp, method.output.clone()),
+        None => resp,
+    };
     let (mut rparts, rbody) = resp.into_parts();
     let encode = move |b: Bytes| if text { Bytes::from(B64.encode(&b)) } else { b };
     let trailers_only = status_of(&rparts.headers).map(|_| rparts.headers.clone());
@@ -106,16 +115,22 @@ pub async fn call(
             }
         },
     );
-    let content_type = if text {
-        "application/grpc-web-text+proto"
-    } else {
-        "application/grpc-web+proto"
-    };
+    let content_type = content_type(text, json.is_some());
     rparts
         .headers
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     rparts.headers.remove(header::CONTENT_LENGTH);
     http::Response::from_parts(rparts, StreamBody::new(s).boxed_unsync())
+}
+
+/// The content type of a gRPC-Web answer.
+pub fn content_type(text: bool, json: bool) -> &'static str {
+    match (text, json) {
+        (false, false) => "application/grpc-web+proto",
+        (true, false) => "application/grpc-web-text+proto",
+        (false, true) => "application/grpc-web+json",
+        (true, true) => "application/grpc-web-text+json",
+    }
 }
 
 /// Decodes a `grpc-web-text` request body, sans IO: base64 in whole

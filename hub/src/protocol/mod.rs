@@ -10,11 +10,13 @@
 //! - [`frames`] — length-prefixed envelopes, sans IO.
 //! - [`connect`] — Connect unary (POST and GET) and streaming.
 //! - [`grpc_web`] — gRPC-Web, binary and text.
+//! - [`transcode`] — message by message rewriting: JSON ↔ protobuf, gzip.
 //! - this file — detection, status mapping, JSON and gzip helpers.
 
 pub mod connect;
 pub mod frames;
 pub mod grpc_web;
+pub mod transcode;
 
 use std::io::Read;
 
@@ -54,17 +56,27 @@ pub type Inner = crate::server::GrpcHandler;
 /// How a request is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
-    Grpc,
-    GrpcWeb { text: bool },
-    ConnectUnary { json: bool },
-    ConnectStream { json: bool },
+    /// gRPC; `json` for the JSON codec (`application/grpc+json`).
+    Grpc {
+        json: bool,
+    },
+    GrpcWeb {
+        text: bool,
+        json: bool,
+    },
+    ConnectUnary {
+        json: bool,
+    },
+    ConnectStream {
+        json: bool,
+    },
     ConnectGet,
 }
 
 /// Why a request's content type is refused (answered HTTP 415).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unsupported {
-    /// gRPC or gRPC-Web with a codec other than protobuf (`+json`, …): the
+    /// gRPC or gRPC-Web with a codec other than protobuf and JSON: the
     /// answer carries a gRPC status too, so gRPC clients can show why.
     GrpcCodec { web: bool, subtype: String },
     /// None of our protocols (or no content type at all).
@@ -75,11 +87,11 @@ impl Unsupported {
     /// Text of the refusal.
     pub fn message(&self) -> String {
         match self {
-            Unsupported::GrpcCodec { web, subtype } => format!(
-                "the {subtype:?} codec is not supported: use {} (protobuf)",
-                if *web { "application/grpc-web+proto" } else { "application/grpc+proto" }
-            ),
-            Unsupported::ContentType => "use gRPC (application/grpc), gRPC-Web (application/grpc-web[-text]) or Connect (application/json, application/proto, application/connect+json, application/connect+proto)".into(),
+            Unsupported::GrpcCodec { web, subtype } => {
+                let base = if *web { "application/grpc-web" } else { "application/grpc" };
+                format!("the {subtype:?} codec is not supported: use {base}+proto or {base}+json")
+            }
+            Unsupported::ContentType => "use gRPC (application/grpc[+json]), gRPC-Web (application/grpc-web[-text]) or Connect (application/json, application/proto, application/connect+json, application/connect+proto)".into(),
         }
     }
 }
@@ -102,11 +114,24 @@ pub fn detect(method: &http::Method, headers: &HeaderMap) -> Result<Protocol, Un
         .trim()
         .to_ascii_lowercase();
     Ok(match ct.as_str() {
-        "application/grpc" | "application/grpc+proto" => Protocol::Grpc,
-        "application/grpc-web" | "application/grpc-web+proto" => Protocol::GrpcWeb { text: false },
-        "application/grpc-web-text" | "application/grpc-web-text+proto" => {
-            Protocol::GrpcWeb { text: true }
-        }
+        "application/grpc" | "application/grpc+proto" => Protocol::Grpc { json: false },
+        "application/grpc+json" => Protocol::Grpc { json: true },
+        "application/grpc-web" | "application/grpc-web+proto" => Protocol::GrpcWeb {
+            text: false,
+            json: false,
+        },
+        "application/grpc-web+json" => Protocol::GrpcWeb {
+            text: false,
+            json: true,
+        },
+        "application/grpc-web-text" | "application/grpc-web-text+proto" => Protocol::GrpcWeb {
+            text: true,
+            json: false,
+        },
+        "application/grpc-web-text+json" => Protocol::GrpcWeb {
+            text: true,
+            json: true,
+        },
         "application/json" => Protocol::ConnectUnary { json: true },
         "application/proto" => Protocol::ConnectUnary { json: false },
         "application/connect+json" => Protocol::ConnectStream { json: true },
@@ -131,7 +156,7 @@ pub fn detect(method: &http::Method, headers: &HeaderMap) -> Result<Protocol, Un
 }
 
 /// The content types a POST may have (`Accept-Post` of a 415 answer).
-pub const ACCEPT_POST: &str = "application/grpc, application/grpc+proto, application/grpc-web, application/grpc-web+proto, application/grpc-web-text, application/grpc-web-text+proto, application/json, application/proto, application/connect+json, application/connect+proto";
+pub const ACCEPT_POST: &str = "application/grpc, application/grpc+proto, application/grpc+json, application/grpc-web, application/grpc-web+proto, application/grpc-web+json, application/grpc-web-text, application/grpc-web-text+proto, application/grpc-web-text+json, application/json, application/proto, application/connect+json, application/connect+proto";
 
 /// The 415 answer to a refused content type. gRPC clients get the reason
 /// as a gRPC status (Unimplemented) in the headers, other clients a Connect
@@ -370,14 +395,22 @@ mod tests {
     #[test]
     fn detects_our_protocols() {
         let post = http::Method::POST;
-        assert_eq!(detect(&post, &ct("application/grpc")), Ok(Protocol::Grpc));
-        assert_eq!(
-            detect(&post, &ct("application/grpc+proto")),
-            Ok(Protocol::Grpc)
-        );
+        let grpc = |json| Ok(Protocol::Grpc { json });
+        let web = |text, json| Ok(Protocol::GrpcWeb { text, json });
+        assert_eq!(detect(&post, &ct("application/grpc")), grpc(false));
+        assert_eq!(detect(&post, &ct("application/grpc+proto")), grpc(false));
+        assert_eq!(detect(&post, &ct("application/grpc+json")), grpc(true));
         assert_eq!(
             detect(&post, &ct("application/grpc-web-text+proto")),
-            Ok(Protocol::GrpcWeb { text: true })
+            web(true, false)
+        );
+        assert_eq!(
+            detect(&post, &ct("application/grpc-web+json")),
+            web(false, true)
+        );
+        assert_eq!(
+            detect(&post, &ct("application/grpc-web-text+json")),
+            web(true, true)
         );
         assert_eq!(
             detect(&post, &ct("application/json; charset=utf-8")),
@@ -392,12 +425,12 @@ mod tests {
     #[test]
     fn refuses_other_grpc_codecs_with_a_grpc_status() {
         let post = http::Method::POST;
-        let why = detect(&post, &ct("application/grpc+json")).unwrap_err();
+        let why = detect(&post, &ct("application/grpc+cbor")).unwrap_err();
         assert_eq!(
             why,
             Unsupported::GrpcCodec {
                 web: false,
-                subtype: "json".into()
+                subtype: "cbor".into()
             }
         );
         let resp = unsupported_response(&why);
@@ -410,10 +443,10 @@ mod tests {
                 .contains("application/grpc+proto")
         );
         assert_eq!(
-            detect(&post, &ct("application/grpc-web+json")),
+            detect(&post, &ct("application/grpc-web+cbor")),
             Err(Unsupported::GrpcCodec {
                 web: true,
-                subtype: "json".into()
+                subtype: "cbor".into()
             })
         );
         assert_eq!(

@@ -169,6 +169,29 @@ pub struct SubResourceActionResponse {
     #[prost(message, optional, tag = "1")]
     pub result: ::core::option::Option<::prost_types::Struct>,
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ShowChartRequest {
+    /// The chart repository: https:// or http:// (an index.yaml repository)
+    /// or oci://host\[:port\]/path (a registry namespace; the chart's
+    /// repository is path/chart_name).
+    #[prost(string, optional, tag = "1")]
+    pub repo_url: ::core::option::Option<::prost::alloc::string::String>,
+    /// The chart's name in the repository.
+    #[prost(string, optional, tag = "2")]
+    pub chart_name: ::core::option::Option<::prost::alloc::string::String>,
+    /// A version or a constraint; empty: the latest stable version.
+    #[prost(string, optional, tag = "3")]
+    pub version: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ShowChartResponse {
+    /// The chart's values.yaml, as written (empty when it has none).
+    #[prost(bytes = "vec", optional, tag = "1")]
+    pub values: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+    /// The chart's README (README.md, README.txt or README), as written.
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub readme: ::core::option::Option<::prost::alloc::vec::Vec<u8>>,
+}
 /// Generated client implementations.
 pub mod runtime_service_client {
     #![allow(
@@ -495,6 +518,35 @@ pub mod runtime_service_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// The default values.yaml and README.md of a Helm chart in a remote
+        /// repository (HTTP(S) chart repository or OCI registry). Served by the
+        /// hub itself: no cluster is involved.
+        pub async fn show_chart(
+            &mut self,
+            request: impl tonic::IntoRequest<super::ShowChartRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ShowChartResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/otterscale.runtime.v1.RuntimeService/ShowChart",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("otterscale.runtime.v1.RuntimeService", "ShowChart"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -575,6 +627,16 @@ pub mod runtime_service_server {
             request: tonic::Request<super::SubResourceActionRequest>,
         ) -> std::result::Result<
             tonic::Response<super::SubResourceActionResponse>,
+            tonic::Status,
+        >;
+        /// The default values.yaml and README.md of a Helm chart in a remote
+        /// repository (HTTP(S) chart repository or OCI registry). Served by the
+        /// hub itself: no cluster is involved.
+        async fn show_chart(
+            &self,
+            request: tonic::Request<super::ShowChartRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::ShowChartResponse>,
             tonic::Status,
         >;
     }
@@ -1048,6 +1110,51 @@ pub mod runtime_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = SubResourceActionSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/otterscale.runtime.v1.RuntimeService/ShowChart" => {
+                    #[allow(non_camel_case_types)]
+                    struct ShowChartSvc<T: RuntimeService>(pub Arc<T>);
+                    impl<
+                        T: RuntimeService,
+                    > tonic::server::UnaryService<super::ShowChartRequest>
+                    for ShowChartSvc<T> {
+                        type Response = super::ShowChartResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::ShowChartRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as RuntimeService>::show_chart(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = ShowChartSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -100,3 +100,20 @@ impl TunnelError {
 
 /// Result alias for this crate.
 pub type Result<T, E = TunnelError> = std::result::Result<T, E>;
+
+/// An error with its causes, which name what failed (a refused connection,
+/// a proxy's answer, a certificate) where the outermost text often says
+/// only "transport error" or "client error".
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}

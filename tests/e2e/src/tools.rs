@@ -47,6 +47,15 @@ pub fn venv_python() -> Option<PathBuf> {
     )
 }
 
+/// Debian's curl, the client probes and scrape checks are written with.
+pub fn curl() -> Option<PathBuf> {
+    tool(
+        PathBuf::from("/usr/bin/curl"),
+        "curl",
+        "run `scripts/setup.sh apt`",
+    )
+}
+
 /// Debian's kubectl 1.20 (extracted by `scripts/setup.sh kubectl`): the
 /// client that speaks only SPDY for exec and port-forward.
 pub fn kubectl_120() -> Option<PathBuf> {
@@ -106,4 +115,64 @@ pub fn last_json(stdout: &str) -> serde_json::Value {
         .rev()
         .find_map(|l| serde_json::from_str(l.trim()).ok())
         .unwrap_or_else(|| panic!("no JSON line in output:\n{stdout}"))
+}
+
+/// A server process a test started (tinyproxy, stunnel, a registry):
+/// killed and reaped when dropped, its scratch directory removed.
+#[derive(Debug)]
+pub struct Daemon {
+    child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    /// The daemon's scratch directory (its configuration and logs).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    crate::procs::free_port()
+}
+
+/// Starts `cmd` and waits (bounded) until it listens on 127.0.0.1:`port`.
+pub fn daemon(cmd: std::process::Command, port: u16, dir: tempfile::TempDir) -> Daemon {
+    daemon_at(cmd, std::net::SocketAddr::from(([127, 0, 0, 1], port)), dir)
+}
+
+/// Starts `cmd` and waits (bounded) until it listens on `addr`.
+pub fn daemon_at(
+    mut cmd: std::process::Command,
+    addr: std::net::SocketAddr,
+    dir: tempfile::TempDir,
+) -> Daemon {
+    let child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let d = Daemon {
+        child,
+        addr,
+        port: addr.port(),
+        dir,
+    };
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return d;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{cmd:?} did not start listening on {addr}");
 }

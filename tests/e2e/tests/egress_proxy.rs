@@ -7,55 +7,12 @@ use std::{sync::Arc, time::Duration};
 use otter_e2e::{
     TestHub,
     double::{WAIT, field, get, start_agent_with, wait_connected},
-    tool_missing, with_token,
+    tool_missing,
+    tools::{Daemon, daemon, free_port},
+    with_token,
 };
 use otter_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use otter_tunnel::TransportKind;
-
-/// A server process of the test on a loopback port (with its folder);
-/// killed when dropped.
-struct Daemon {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A free loopback port.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Starts `cmd` and waits (bounded) until it listens on `port`.
-fn daemon(mut cmd: std::process::Command, port: u16, dir: tempfile::TempDir) -> Daemon {
-    let child = cmd
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Daemon {
-        child,
-        port,
-        _dir: dir,
-    };
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return d;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{cmd:?} did not start listening on port {port}");
-}
 
 /// A tinyproxy on a free loopback port.
 type Tinyproxy = Daemon;
@@ -325,7 +282,7 @@ async fn tunnels_through_an_https_proxy() {
 
 /// The lines of tinyproxy's log that open a tunnel to `port`.
 fn connects_to(tp: &Tinyproxy, port: u16) -> usize {
-    let log = std::fs::read_to_string(tp._dir.path().join("tinyproxy.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(tp.dir().join("tinyproxy.log")).unwrap_or_default();
     log.lines()
         .filter(|l| l.contains("CONNECT") && l.contains(&format!(":{port} ")))
         .count()

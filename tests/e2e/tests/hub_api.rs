@@ -371,6 +371,8 @@ async fn cors_feature_gating_metrics_and_health() {
     let (hub, agent) = hub_with_agent(|c| {
         c.cors_origins = vec!["https://dash.example".into()];
         c.disabled_features = vec!["runtime-enabled".into()];
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.health_listen = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     let t = hub.admin_token.clone();
@@ -485,6 +487,60 @@ async fn cors_feature_gating_metrics_and_health() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(serving, "health reports SERVING");
+    // The switched-off feature's service says so; the others serve.
+    use tonic_health::pb::health_check_response::ServingStatus;
+    for (service, want) in [
+        (
+            "otterscale.runtime.v1.RuntimeService",
+            ServingStatus::NotServing,
+        ),
+        (
+            "otterscale.resource.v1.ResourceService",
+            ServingStatus::Serving,
+        ),
+        ("otterscale.link.v1.LinkService", ServingStatus::Serving),
+    ] {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().status, want as i32, "{service}");
+    }
+    // Reflection lists what this hub serves, not the switched-off service.
+    assert_eq!(
+        reflected_services(hub.channel().await).await,
+        [
+            "grpc.health.v1.Health",
+            "otterscale.link.v1.LinkService",
+            "otterscale.resource.v1.ResourceService",
+        ]
+    );
+    // Authentication comes before the feature gate: an anonymous caller
+    // learns nothing about which features are on.
+    let (status, _, b) = call(
+        &hub,
+        false,
+        post(
+            "/otterscale.runtime.v1.RuntimeService/Scale",
+            "application/json",
+            None,
+            r#"{"cluster":"edge-1"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(json_of(&b)["code"], "unauthenticated");
+
+    // Probes on the API port, without a token.
+    for path in ["/healthz", "/livez", "/readyz"] {
+        let req = http::Request::get(path)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, b) = call(&hub, false, req).await;
+        assert_eq!((status.as_u16(), &b[..]), (200, &b"ok\n"[..]), "{path}");
+    }
 
     // Metrics: text format that parses, with the calls made above.
     let req = http::Request::get("/metrics")
@@ -538,8 +594,104 @@ async fn cors_feature_gating_metrics_and_health() {
             .iter()
             .any(|(n, _, _)| n == "otter_hub_request_duration_seconds_bucket")
     );
+    ops_ports(&hub).await;
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
+}
+
+/// The ops ports, as a kubelet and a stock Prometheus use them: plaintext,
+/// no token, each serving its own paths only.
+async fn ops_ports(hub: &TestHub) {
+    let port = |metrics: bool| {
+        hub.hub
+            .ops_addrs
+            .iter()
+            .find(|(_, roles)| roles.metrics == metrics && roles.health != metrics)
+            .map(|(addr, _)| *addr)
+            .expect("ops port")
+    };
+    let (metrics, health) = (port(true), port(false));
+    assert_ne!(metrics, health);
+    if let Some(curl) = otter_e2e::tools::curl() {
+        let get = |addr: std::net::SocketAddr, path: &str| {
+            let mut cmd = tokio::process::Command::new(&curl);
+            cmd.args(["-sS", "-w", "\n%{http_code}"])
+                .arg(format!("http://{addr}{path}"));
+            let path = path.to_owned();
+            async move {
+                let out = otter_e2e::tools::run_bounded(&mut cmd, Duration::from_secs(20)).await;
+                assert!(out.status.success(), "curl {path}: {out:?}");
+                let text = String::from_utf8(out.stdout).unwrap();
+                let (body, code) = text.rsplit_once('\n').unwrap();
+                (code.parse::<u16>().unwrap(), body.to_owned())
+            }
+        };
+        for path in ["/healthz", "/livez", "/readyz"] {
+            assert_eq!(get(health, path).await, (200, "ok\n".into()), "{path}");
+            assert_eq!(
+                get(metrics, path).await.0,
+                404,
+                "{path} on the metrics port"
+            );
+        }
+        assert_eq!(get(health, "/metrics").await.0, 404);
+        let (code, text) = get(metrics, "/metrics").await;
+        assert_eq!(code, 200);
+        let samples = parse_prometheus(&text);
+        assert!(
+            samples
+                .iter()
+                .any(|(n, _, v)| n == "otter_hub_requests_total" && *v >= 1.0),
+            "{text}"
+        );
+    }
+    // The kubelet's `grpc:` probe: gRPC health over h2c.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{health}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    use tonic_health::pb::health_check_response::ServingStatus;
+    for (service, want) in [
+        ("", ServingStatus::Serving),
+        (
+            "otterscale.runtime.v1.RuntimeService",
+            ServingStatus::NotServing,
+        ),
+    ] {
+        let r = client
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.get_ref().status, want as i32, "{service:?}");
+    }
+}
+
+/// The services a reflection client lists.
+async fn reflected_services(channel: tonic::transport::Channel) -> Vec<String> {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(futures::stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("not a service list: {answer:?}");
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    names
 }
 
 /// Parses the Prometheus text format strictly enough to catch a broken
@@ -587,7 +739,7 @@ fn parse_prometheus(text: &str) -> Vec<(String, String, f64)> {
     samples
 }
 
-/// gRPC with a codec other than protobuf is refused as the gRPC
+/// gRPC with a codec other than protobuf and JSON is refused as the gRPC
 /// specification asks (HTTP 415), with a gRPC status naming the fix; a POST
 /// of no protocol at all gets a Connect error, as `openapi/openapi.yaml`
 /// describes every answer but 200 (schemathesis found it plain text).
@@ -622,7 +774,7 @@ async fn unsupported_content_types_are_refused_with_415() {
             "{err}"
         );
     }
-    for ct in ["application/grpc+json", "application/grpc-web+json"] {
+    for ct in ["application/grpc+cbor", "application/grpc-web+cbor"] {
         let req = http::Request::post("/otterscale.link.v1.LinkService/ListLinks")
             .header("content-type", ct)
             .header("te", "trailers")
@@ -651,6 +803,129 @@ async fn unsupported_content_types_are_refused_with_415() {
         let links = ListLinksResponse::decode(payload.as_slice()).unwrap();
         assert_eq!(links.links[0].cluster.as_deref(), Some("edge-1"), "{ct}");
     }
+}
+
+/// The JSON codec of gRPC and gRPC-Web: the hub's own service and a call
+/// forwarded to a cluster, unary and server-streaming, errors as trailers,
+/// a request that is not the method's JSON refused as InvalidArgument.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_and_grpc_web_with_the_json_codec() {
+    let (hub, agent) = hub_with_agent(|_| {}).await;
+    let t = hub.admin_token.clone();
+    let grpc = |path: &str, ct: &str, messages: &[&str], timeout: Option<&str>| {
+        let mut body = Vec::new();
+        for m in messages {
+            body.extend(frame(m.as_bytes()));
+        }
+        let mut req = http::Request::post(path)
+            .header("content-type", ct)
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {t}"));
+        if ct.starts_with("application/grpc-web") {
+            req = req.header("x-grpc-web", "1");
+        }
+        if let Some(timeout) = timeout {
+            req = req.header("grpc-timeout", timeout);
+        }
+        req.body(Full::new(Bytes::from(body))).unwrap()
+    };
+    // gRPC-Web ends with a trailers frame; gRPC sends HTTP trailers (the
+    // helper merges them into the headers).
+    let split = |ct: &str, headers: &http::HeaderMap, body: &Bytes| {
+        let mut env = envelopes(body);
+        let status = if ct.starts_with("application/grpc-web") {
+            let (flags, trailers) = env.pop().expect("trailers frame");
+            assert_eq!(flags, 0x80);
+            let text = String::from_utf8(trailers).unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix("grpc-status: "))
+                .expect("grpc-status trailer")
+                .to_owned()
+        } else {
+            headers["grpc-status"].to_str().unwrap().to_owned()
+        };
+        let messages: Vec<Value> = env
+            .iter()
+            .map(|(flags, m)| {
+                assert_eq!(*flags, 0);
+                serde_json::from_slice(m).unwrap()
+            })
+            .collect();
+        (status, messages)
+    };
+    for (ct, http2) in [
+        ("application/grpc+json", true),
+        ("application/grpc-web+json", false),
+        ("application/grpc-web+json", true),
+    ] {
+        // The hub's own service.
+        let req = grpc(
+            "/otterscale.link.v1.LinkService/ListLinks",
+            ct,
+            &["{}"],
+            None,
+        );
+        let (status, headers, body) = call(&hub, http2, req).await;
+        assert_eq!(status, 200, "{ct}");
+        assert_eq!(headers["content-type"], ct);
+        let (code, messages) = split(ct, &headers, &body);
+        assert_eq!(code, "0", "{ct}");
+        assert_eq!(messages[0]["links"][0]["cluster"], "edge-1", "{ct}");
+        assert_eq!(messages[0]["links"][0]["state"], "LINK_STATE_CONNECTED");
+
+        // Forwarded to the cluster, unary.
+        let req = grpc(
+            "/otterscale.resource.v1.ResourceService/Get",
+            ct,
+            &[
+                r#"{"cluster":"edge-1","version":"v1","resource":"pods","namespace":"default","name":"web"}"#,
+            ],
+            None,
+        );
+        let (_, headers, body) = call(&hub, http2, req).await;
+        let (code, messages) = split(ct, &headers, &body);
+        assert_eq!(code, "0", "{ct}");
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0]["object"]["name"], "web", "{ct}");
+        assert_eq!(messages[0]["object"]["user"], "admin", "{ct}");
+
+        // Forwarded, server-streaming: three events, then the deadline.
+        let req = grpc(
+            "/otterscale.resource.v1.ResourceService/Watch",
+            ct,
+            &[r#"{"cluster":"edge-1","version":"v1","resource":"pods"}"#],
+            Some("1500m"),
+        );
+        let (_, headers, body) = call(&hub, http2, req).await;
+        let (code, messages) = split(ct, &headers, &body);
+        assert_eq!(code, "4", "{ct}: deadline exceeded");
+        assert!(messages.len() >= 3, "{ct}: {messages:?}");
+        for (i, m) in messages[..3].iter().enumerate() {
+            assert_eq!(m["type"], "TYPE_ADDED");
+            assert_eq!(m["resourceVersion"], i.to_string());
+        }
+
+        // Errors: an unknown cluster, a request that is not the method's
+        // JSON (a field of another message).
+        let req = grpc(
+            "/otterscale.resource.v1.ResourceService/Get",
+            ct,
+            &[r#"{"cluster":"nowhere","version":"v1","resource":"pods","name":"web"}"#],
+            None,
+        );
+        let (_, headers, body) = call(&hub, http2, req).await;
+        assert_eq!(split(ct, &headers, &body), ("5".into(), vec![]), "{ct}");
+        let req = grpc(
+            "/otterscale.resource.v1.ResourceService/Get",
+            ct,
+            &[r#"{"links":[]}"#],
+            None,
+        );
+        let (_, headers, body) = call(&hub, http2, req).await;
+        assert_eq!(split(ct, &headers, &body), ("3".into(), vec![]), "{ct}");
+    }
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
 }
 
 fn frame(msg: &[u8]) -> Vec<u8> {

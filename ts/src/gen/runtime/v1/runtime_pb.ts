@@ -23,7 +23,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file runtime/v1/runtime.proto.
  */
 export const file_runtime_v1_runtime: GenFile = /*@__PURE__*/
-  fileDesc("ChhydW50aW1lL3YxL3J1bnRpbWUucHJvdG8SFW90dGVyc2NhbGUucnVudGltZS52MSK1AwoNUG9kTG9nUmVxdWVzdBIUCgdjbHVzdGVyGAEgASgJSACIAQESFgoJbmFtZXNwYWNlGAIgASgJSAGIAQESEQoEbmFtZRgDIAEoCUgCiAEBEhYKCWNvbnRhaW5lchgEIAEoCUgDiAEBEhMKBmZvbGxvdxgFIAEoCEgEiAEBEhcKCnRhaWxfbGluZXMYBiABKANIBYgBARIaCg1zaW5jZV9zZWNvbmRzGAcgASgDSAaIAQESLgoKc2luY2VfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoIcHJldmlvdXMYCSABKAhIB4gBARIXCgp0aW1lc3RhbXBzGAogASgISAiIAQESGAoLbGltaXRfYnl0ZXMYCyABKANICYgBAUIKCghfY2x1c3RlckIMCgpfbmFtZXNwYWNlQgcKBV9uYW1lQgwKCl9jb250YWluZXJCCQoHX2ZvbGxvd0INCgtfdGFpbF9saW5lc0IQCg5fc2luY2Vfc2Vjb25kc0ILCglfcHJldmlvdXNCDQoLX3RpbWVzdGFtcHNCDgoMX2xpbWl0X2J5dGVzIiwKDlBvZExvZ1Jlc3BvbnNlEhEKBGRhdGEYASABKAxIAIgBAUIHCgVfZGF0YSKAAgoRRXhlY3V0ZVRUWVJlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBEhYKCW5hbWVzcGFjZRgCIAEoCUgBiAEBEhEKBG5hbWUYAyABKAlIAogBARIWCgljb250YWluZXIYBCABKAlIA4gBARIPCgdjb21tYW5kGAUgAygJEhAKA3R0eRgGIAEoCEgEiAEBEhEKBHJvd3MYByABKA1IBYgBARIRCgRjb2xzGAggASgNSAaIAQFCCgoIX2NsdXN0ZXJCDAoKX25hbWVzcGFjZUIHCgVfbmFtZUIMCgpfY29udGFpbmVyQgYKBF90dHlCBwoFX3Jvd3NCBwoFX2NvbHMifAoSRXhlY3V0ZVRUWVJlc3BvbnNlEhcKCnNlc3Npb25faWQYASABKAlIAIgBARITCgZzdGRvdXQYAiABKAxIAYgBARITCgZzdGRlcnIYAyABKAxIAogBAUINCgtfc2Vzc2lvbl9pZEIJCgdfc3Rkb3V0QgkKB19zdGRlcnIiVwoPV3JpdGVUVFlSZXF1ZXN0EhcKCnNlc3Npb25faWQYASABKAlIAIgBARISCgVzdGRpbhgCIAEoDEgBiAEBQg0KC19zZXNzaW9uX2lkQggKBl9zdGRpbiJyChBSZXNpemVUVFlSZXF1ZXN0EhcKCnNlc3Npb25faWQYASABKAlIAIgBARIRCgRyb3dzGAIgASgNSAGIAQESEQoEY29scxgDIAEoDUgCiAEBQg0KC19zZXNzaW9uX2lkQgcKBV9yb3dzQgcKBV9jb2xzIpQBChJQb3J0Rm9yd2FyZFJlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBEhYKCW5hbWVzcGFjZRgCIAEoCUgBiAEBEhEKBG5hbWUYAyABKAlIAogBARIRCgRwb3J0GAQgASgFSAOIAQFCCgoIX2NsdXN0ZXJCDAoKX25hbWVzcGFjZUIHCgVfbmFtZUIHCgVfcG9ydCJZChNQb3J0Rm9yd2FyZFJlc3BvbnNlEhcKCnNlc3Npb25faWQYASABKAlIAIgBARIRCgRkYXRhGAIgASgMSAGIAQFCDQoLX3Nlc3Npb25faWRCBwoFX2RhdGEiXQoXV3JpdGVQb3J0Rm9yd2FyZFJlcXVlc3QSFwoKc2Vzc2lvbl9pZBgBIAEoCUgAiAEBEhEKBGRhdGEYAiABKAxIAYgBAUINCgtfc2Vzc2lvbl9pZEIHCgVfZGF0YSL6AQoMU2NhbGVSZXF1ZXN0EhQKB2NsdXN0ZXIYASABKAlIAIgBARISCgVncm91cBgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBARIVCghyZXNvdXJjZRgEIAEoCUgDiAEBEhYKCW5hbWVzcGFjZRgFIAEoCUgEiAEBEhEKBG5hbWUYBiABKAlIBYgBARIVCghyZXBsaWNhcxgHIAEoBUgGiAEBQgoKCF9jbHVzdGVyQggKBl9ncm91cEIKCghfdmVyc2lvbkILCglfcmVzb3VyY2VCDAoKX25hbWVzcGFjZUIHCgVfbmFtZUILCglfcmVwbGljYXMiMwoNU2NhbGVSZXNwb25zZRIVCghyZXBsaWNhcxgBIAEoBUgAiAEBQgsKCV9yZXBsaWNhcyLYAQoOUmVzdGFydFJlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBEhIKBWdyb3VwGAIgASgJSAGIAQESFAoHdmVyc2lvbhgDIAEoCUgCiAEBEhUKCHJlc291cmNlGAQgASgJSAOIAQESFgoJbmFtZXNwYWNlGAUgASgJSASIAQESEQoEbmFtZRgGIAEoCUgFiAEBQgoKCF9jbHVzdGVyQggKBl9ncm91cEIKCghfdmVyc2lvbkILCglfcmVzb3VyY2VCDAoKX25hbWVzcGFjZUIHCgVfbmFtZSLIAgoYU3ViUmVzb3VyY2VBY3Rpb25SZXF1ZXN0EhQKB2NsdXN0ZXIYASABKAlIAIgBARISCgVncm91cBgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBARIVCghyZXNvdXJjZRgEIAEoCUgDiAEBEhYKCW5hbWVzcGFjZRgFIAEoCUgEiAEBEhEKBG5hbWUYBiABKAlIBYgBARIYCgtzdWJyZXNvdXJjZRgHIAEoCUgGiAEBEhMKBm1ldGhvZBgIIAEoCUgHiAEBEhEKBGJvZHkYCSABKAxICIgBAUIKCghfY2x1c3RlckIICgZfZ3JvdXBCCgoIX3ZlcnNpb25CCwoJX3Jlc291cmNlQgwKCl9uYW1lc3BhY2VCBwoFX25hbWVCDgoMX3N1YnJlc291cmNlQgkKB19tZXRob2RCBwoFX2JvZHkiRAoZU3ViUmVzb3VyY2VBY3Rpb25SZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0MpsICg5SdW50aW1lU2VydmljZRJvCgZQb2RMb2cSJC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuUG9kTG9nUmVxdWVzdBolLm90dGVyc2NhbGUucnVudGltZS52MS5Qb2RMb2dSZXNwb25zZSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZDABEnsKCkV4ZWN1dGVUVFkSKC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuRXhlY3V0ZVRUWVJlcXVlc3QaKS5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuRXhlY3V0ZVRUWVJlc3BvbnNlIhaK39UdEQoPcnVudGltZS1lbmFibGVkMAESYgoIV3JpdGVUVFkSJi5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuV3JpdGVUVFlSZXF1ZXN0GhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5IhaK39UdEQoPcnVudGltZS1lbmFibGVkEmQKCVJlc2l6ZVRUWRInLm90dGVyc2NhbGUucnVudGltZS52MS5SZXNpemVUVFlSZXF1ZXN0GhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5IhaK39UdEQoPcnVudGltZS1lbmFibGVkEn4KC1BvcnRGb3J3YXJkEikub3R0ZXJzY2FsZS5ydW50aW1lLnYxLlBvcnRGb3J3YXJkUmVxdWVzdBoqLm90dGVyc2NhbGUucnVudGltZS52MS5Qb3J0Rm9yd2FyZFJlc3BvbnNlIhaK39UdEQoPcnVudGltZS1lbmFibGVkMAEScgoQV3JpdGVQb3J0Rm9yd2FyZBIuLm90dGVyc2NhbGUucnVudGltZS52MS5Xcml0ZVBvcnRGb3J3YXJkUmVxdWVzdBoWLmdvb2dsZS5wcm90b2J1Zi5FbXB0eSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZBJqCgVTY2FsZRIjLm90dGVyc2NhbGUucnVudGltZS52MS5TY2FsZVJlcXVlc3QaJC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuU2NhbGVSZXNwb25zZSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZBJgCgdSZXN0YXJ0EiUub3R0ZXJzY2FsZS5ydW50aW1lLnYxLlJlc3RhcnRSZXF1ZXN0GhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5IhaK39UdEQoPcnVudGltZS1lbmFibGVkEo4BChFTdWJSZXNvdXJjZUFjdGlvbhIvLm90dGVyc2NhbGUucnVudGltZS52MS5TdWJSZXNvdXJjZUFjdGlvblJlcXVlc3QaMC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuU3ViUmVzb3VyY2VBY3Rpb25SZXNwb25zZSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZEIwWi5naXRodWIuY29tL290dGVyc2NhbGUvYXBpL3J1bnRpbWUvdjE7cnVudGltZXYxYgZwcm90bzM", [file_feature, file_google_protobuf_empty, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("ChhydW50aW1lL3YxL3J1bnRpbWUucHJvdG8SFW90dGVyc2NhbGUucnVudGltZS52MSK1AwoNUG9kTG9nUmVxdWVzdBIUCgdjbHVzdGVyGAEgASgJSACIAQESFgoJbmFtZXNwYWNlGAIgASgJSAGIAQESEQoEbmFtZRgDIAEoCUgCiAEBEhYKCWNvbnRhaW5lchgEIAEoCUgDiAEBEhMKBmZvbGxvdxgFIAEoCEgEiAEBEhcKCnRhaWxfbGluZXMYBiABKANIBYgBARIaCg1zaW5jZV9zZWNvbmRzGAcgASgDSAaIAQESLgoKc2luY2VfdGltZRgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFQoIcHJldmlvdXMYCSABKAhIB4gBARIXCgp0aW1lc3RhbXBzGAogASgISAiIAQESGAoLbGltaXRfYnl0ZXMYCyABKANICYgBAUIKCghfY2x1c3RlckIMCgpfbmFtZXNwYWNlQgcKBV9uYW1lQgwKCl9jb250YWluZXJCCQoHX2ZvbGxvd0INCgtfdGFpbF9saW5lc0IQCg5fc2luY2Vfc2Vjb25kc0ILCglfcHJldmlvdXNCDQoLX3RpbWVzdGFtcHNCDgoMX2xpbWl0X2J5dGVzIiwKDlBvZExvZ1Jlc3BvbnNlEhEKBGRhdGEYASABKAxIAIgBAUIHCgVfZGF0YSKAAgoRRXhlY3V0ZVRUWVJlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBEhYKCW5hbWVzcGFjZRgCIAEoCUgBiAEBEhEKBG5hbWUYAyABKAlIAogBARIWCgljb250YWluZXIYBCABKAlIA4gBARIPCgdjb21tYW5kGAUgAygJEhAKA3R0eRgGIAEoCEgEiAEBEhEKBHJvd3MYByABKA1IBYgBARIRCgRjb2xzGAggASgNSAaIAQFCCgoIX2NsdXN0ZXJCDAoKX25hbWVzcGFjZUIHCgVfbmFtZUIMCgpfY29udGFpbmVyQgYKBF90dHlCBwoFX3Jvd3NCBwoFX2NvbHMifAoSRXhlY3V0ZVRUWVJlc3BvbnNlEhcKCnNlc3Npb25faWQYASABKAlIAIgBARITCgZzdGRvdXQYAiABKAxIAYgBARITCgZzdGRlcnIYAyABKAxIAogBAUINCgtfc2Vzc2lvbl9pZEIJCgdfc3Rkb3V0QgkKB19zdGRlcnIiVwoPV3JpdGVUVFlSZXF1ZXN0EhcKCnNlc3Npb25faWQYASABKAlIAIgBARISCgVzdGRpbhgCIAEoDEgBiAEBQg0KC19zZXNzaW9uX2lkQggKBl9zdGRpbiJyChBSZXNpemVUVFlSZXF1ZXN0EhcKCnNlc3Npb25faWQYASABKAlIAIgBARIRCgRyb3dzGAIgASgNSAGIAQESEQoEY29scxgDIAEoDUgCiAEBQg0KC19zZXNzaW9uX2lkQgcKBV9yb3dzQgcKBV9jb2xzIpQBChJQb3J0Rm9yd2FyZFJlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBEhYKCW5hbWVzcGFjZRgCIAEoCUgBiAEBEhEKBG5hbWUYAyABKAlIAogBARIRCgRwb3J0GAQgASgFSAOIAQFCCgoIX2NsdXN0ZXJCDAoKX25hbWVzcGFjZUIHCgVfbmFtZUIHCgVfcG9ydCJZChNQb3J0Rm9yd2FyZFJlc3BvbnNlEhcKCnNlc3Npb25faWQYASABKAlIAIgBARIRCgRkYXRhGAIgASgMSAGIAQFCDQoLX3Nlc3Npb25faWRCBwoFX2RhdGEiXQoXV3JpdGVQb3J0Rm9yd2FyZFJlcXVlc3QSFwoKc2Vzc2lvbl9pZBgBIAEoCUgAiAEBEhEKBGRhdGEYAiABKAxIAYgBAUINCgtfc2Vzc2lvbl9pZEIHCgVfZGF0YSL6AQoMU2NhbGVSZXF1ZXN0EhQKB2NsdXN0ZXIYASABKAlIAIgBARISCgVncm91cBgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBARIVCghyZXNvdXJjZRgEIAEoCUgDiAEBEhYKCW5hbWVzcGFjZRgFIAEoCUgEiAEBEhEKBG5hbWUYBiABKAlIBYgBARIVCghyZXBsaWNhcxgHIAEoBUgGiAEBQgoKCF9jbHVzdGVyQggKBl9ncm91cEIKCghfdmVyc2lvbkILCglfcmVzb3VyY2VCDAoKX25hbWVzcGFjZUIHCgVfbmFtZUILCglfcmVwbGljYXMiMwoNU2NhbGVSZXNwb25zZRIVCghyZXBsaWNhcxgBIAEoBUgAiAEBQgsKCV9yZXBsaWNhcyLYAQoOUmVzdGFydFJlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBEhIKBWdyb3VwGAIgASgJSAGIAQESFAoHdmVyc2lvbhgDIAEoCUgCiAEBEhUKCHJlc291cmNlGAQgASgJSAOIAQESFgoJbmFtZXNwYWNlGAUgASgJSASIAQESEQoEbmFtZRgGIAEoCUgFiAEBQgoKCF9jbHVzdGVyQggKBl9ncm91cEIKCghfdmVyc2lvbkILCglfcmVzb3VyY2VCDAoKX25hbWVzcGFjZUIHCgVfbmFtZSLIAgoYU3ViUmVzb3VyY2VBY3Rpb25SZXF1ZXN0EhQKB2NsdXN0ZXIYASABKAlIAIgBARISCgVncm91cBgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBARIVCghyZXNvdXJjZRgEIAEoCUgDiAEBEhYKCW5hbWVzcGFjZRgFIAEoCUgEiAEBEhEKBG5hbWUYBiABKAlIBYgBARIYCgtzdWJyZXNvdXJjZRgHIAEoCUgGiAEBEhMKBm1ldGhvZBgIIAEoCUgHiAEBEhEKBGJvZHkYCSABKAxICIgBAUIKCghfY2x1c3RlckIICgZfZ3JvdXBCCgoIX3ZlcnNpb25CCwoJX3Jlc291cmNlQgwKCl9uYW1lc3BhY2VCBwoFX25hbWVCDgoMX3N1YnJlc291cmNlQgkKB19tZXRob2RCBwoFX2JvZHkiRAoZU3ViUmVzb3VyY2VBY3Rpb25SZXNwb25zZRInCgZyZXN1bHQYASABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IoABChBTaG93Q2hhcnRSZXF1ZXN0EhUKCHJlcG9fdXJsGAEgASgJSACIAQESFwoKY2hhcnRfbmFtZRgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBAUILCglfcmVwb191cmxCDQoLX2NoYXJ0X25hbWVCCgoIX3ZlcnNpb24iUwoRU2hvd0NoYXJ0UmVzcG9uc2USEwoGdmFsdWVzGAEgASgMSACIAQESEwoGcmVhZG1lGAIgASgMSAGIAQFCCQoHX3ZhbHVlc0IJCgdfcmVhZG1lMpYJCg5SdW50aW1lU2VydmljZRJvCgZQb2RMb2cSJC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuUG9kTG9nUmVxdWVzdBolLm90dGVyc2NhbGUucnVudGltZS52MS5Qb2RMb2dSZXNwb25zZSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZDABEnsKCkV4ZWN1dGVUVFkSKC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuRXhlY3V0ZVRUWVJlcXVlc3QaKS5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuRXhlY3V0ZVRUWVJlc3BvbnNlIhaK39UdEQoPcnVudGltZS1lbmFibGVkMAESYgoIV3JpdGVUVFkSJi5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuV3JpdGVUVFlSZXF1ZXN0GhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5IhaK39UdEQoPcnVudGltZS1lbmFibGVkEmQKCVJlc2l6ZVRUWRInLm90dGVyc2NhbGUucnVudGltZS52MS5SZXNpemVUVFlSZXF1ZXN0GhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5IhaK39UdEQoPcnVudGltZS1lbmFibGVkEn4KC1BvcnRGb3J3YXJkEikub3R0ZXJzY2FsZS5ydW50aW1lLnYxLlBvcnRGb3J3YXJkUmVxdWVzdBoqLm90dGVyc2NhbGUucnVudGltZS52MS5Qb3J0Rm9yd2FyZFJlc3BvbnNlIhaK39UdEQoPcnVudGltZS1lbmFibGVkMAEScgoQV3JpdGVQb3J0Rm9yd2FyZBIuLm90dGVyc2NhbGUucnVudGltZS52MS5Xcml0ZVBvcnRGb3J3YXJkUmVxdWVzdBoWLmdvb2dsZS5wcm90b2J1Zi5FbXB0eSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZBJqCgVTY2FsZRIjLm90dGVyc2NhbGUucnVudGltZS52MS5TY2FsZVJlcXVlc3QaJC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuU2NhbGVSZXNwb25zZSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZBJgCgdSZXN0YXJ0EiUub3R0ZXJzY2FsZS5ydW50aW1lLnYxLlJlc3RhcnRSZXF1ZXN0GhYuZ29vZ2xlLnByb3RvYnVmLkVtcHR5IhaK39UdEQoPcnVudGltZS1lbmFibGVkEo4BChFTdWJSZXNvdXJjZUFjdGlvbhIvLm90dGVyc2NhbGUucnVudGltZS52MS5TdWJSZXNvdXJjZUFjdGlvblJlcXVlc3QaMC5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuU3ViUmVzb3VyY2VBY3Rpb25SZXNwb25zZSIWit/VHREKD3J1bnRpbWUtZW5hYmxlZBJ5CglTaG93Q2hhcnQSJy5vdHRlcnNjYWxlLnJ1bnRpbWUudjEuU2hvd0NoYXJ0UmVxdWVzdBooLm90dGVyc2NhbGUucnVudGltZS52MS5TaG93Q2hhcnRSZXNwb25zZSIZkAIBit/VHREKD3J1bnRpbWUtZW5hYmxlZEIwWi5naXRodWIuY29tL290dGVyc2NhbGUvYXBpL3J1bnRpbWUvdjE7cnVudGltZXYxYgZwcm90bzM", [file_feature, file_google_protobuf_empty, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * Mirrors the Kubernetes PodLogOptions.
@@ -896,6 +896,114 @@ export const SubResourceActionResponseSchema: GenMessage<SubResourceActionRespon
   messageDesc(file_runtime_v1_runtime, 13);
 
 /**
+ * @generated from message otterscale.runtime.v1.ShowChartRequest
+ */
+export type ShowChartRequest = Message<"otterscale.runtime.v1.ShowChartRequest"> & {
+  /**
+   * The chart repository: https:// or http:// (an index.yaml repository)
+   * or oci://host[:port]/path (a registry namespace; the chart's
+   * repository is path/chart_name).
+   *
+   * @generated from field: optional string repo_url = 1;
+   */
+  repoUrl?: string | undefined;
+
+  /**
+   * The chart's name in the repository.
+   *
+   * @generated from field: optional string chart_name = 2;
+   */
+  chartName?: string | undefined;
+
+  /**
+   * A version or a constraint; empty: the latest stable version.
+   *
+   * @generated from field: optional string version = 3;
+   */
+  version?: string | undefined;
+};
+
+/**
+ * @generated from message otterscale.runtime.v1.ShowChartRequest
+ */
+export type ShowChartRequestJson = {
+  /**
+   * The chart repository: https:// or http:// (an index.yaml repository)
+   * or oci://host[:port]/path (a registry namespace; the chart's
+   * repository is path/chart_name).
+   *
+   * @generated from field: optional string repo_url = 1;
+   */
+  repoUrl?: string;
+
+  /**
+   * The chart's name in the repository.
+   *
+   * @generated from field: optional string chart_name = 2;
+   */
+  chartName?: string;
+
+  /**
+   * A version or a constraint; empty: the latest stable version.
+   *
+   * @generated from field: optional string version = 3;
+   */
+  version?: string;
+};
+
+/**
+ * Describes the message otterscale.runtime.v1.ShowChartRequest.
+ * Use `create(ShowChartRequestSchema)` to create a new message.
+ */
+export const ShowChartRequestSchema: GenMessage<ShowChartRequest, {jsonType: ShowChartRequestJson}> = /*@__PURE__*/
+  messageDesc(file_runtime_v1_runtime, 14);
+
+/**
+ * @generated from message otterscale.runtime.v1.ShowChartResponse
+ */
+export type ShowChartResponse = Message<"otterscale.runtime.v1.ShowChartResponse"> & {
+  /**
+   * The chart's values.yaml, as written (empty when it has none).
+   *
+   * @generated from field: optional bytes values = 1;
+   */
+  values?: Uint8Array | undefined;
+
+  /**
+   * The chart's README (README.md, README.txt or README), as written.
+   *
+   * @generated from field: optional bytes readme = 2;
+   */
+  readme?: Uint8Array | undefined;
+};
+
+/**
+ * @generated from message otterscale.runtime.v1.ShowChartResponse
+ */
+export type ShowChartResponseJson = {
+  /**
+   * The chart's values.yaml, as written (empty when it has none).
+   *
+   * @generated from field: optional bytes values = 1;
+   */
+  values?: string;
+
+  /**
+   * The chart's README (README.md, README.txt or README), as written.
+   *
+   * @generated from field: optional bytes readme = 2;
+   */
+  readme?: string;
+};
+
+/**
+ * Describes the message otterscale.runtime.v1.ShowChartResponse.
+ * Use `create(ShowChartResponseSchema)` to create a new message.
+ */
+export const ShowChartResponseSchema: GenMessage<ShowChartResponse, {jsonType: ShowChartResponseJson}> = /*@__PURE__*/
+  messageDesc(file_runtime_v1_runtime, 15);
+
+/**
  * @generated from service otterscale.runtime.v1.RuntimeService
  */
 export const RuntimeService: GenService<{
@@ -984,6 +1092,18 @@ export const RuntimeService: GenService<{
     methodKind: "unary";
     input: typeof SubResourceActionRequestSchema;
     output: typeof SubResourceActionResponseSchema;
+  },
+  /**
+   * The default values.yaml and README.md of a Helm chart in a remote
+   * repository (HTTP(S) chart repository or OCI registry). Served by the
+   * hub itself: no cluster is involved.
+   *
+   * @generated from rpc otterscale.runtime.v1.RuntimeService.ShowChart
+   */
+  showChart: {
+    methodKind: "unary";
+    input: typeof ShowChartRequestSchema;
+    output: typeof ShowChartResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_runtime_v1_runtime, 0);
