@@ -332,6 +332,9 @@ async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_exp
                 "h2".into(),
                 "--keepalive-secs".into(),
                 "1".into(),
+                // The kernel picks the port; the agent's log says which.
+                "--health-listen".into(),
+                "127.0.0.1:0".into(),
             ],
             work.path(),
             None,
@@ -352,6 +355,15 @@ async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_exp
         ],
         "{}",
         first.tail(20)
+    );
+    // The probe port the kernel picked, from the agent's log, answers.
+    let health = health_addr(&first.stderr())
+        .unwrap_or_else(|| panic!("no health address logged:\n{}", first.tail(20)));
+    assert_eq!(
+        otter_e2e::procs::http_get(health, "/readyz")
+            .await
+            .as_deref(),
+        Some("tunnel up")
     );
     first.kill9();
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -387,4 +399,33 @@ async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_exp
     drop(second);
     sim.shutdown().await;
     hub.hub.shutdown().await;
+}
+
+/// The address in the agent's "health probes listening" log line (colours
+/// and all).
+fn health_addr(log: &str) -> Option<std::net::SocketAddr> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("health probes listening"))?;
+    let mut plain = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape sequence runs to its final letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+        .split_once("addr=")?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
