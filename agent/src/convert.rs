@@ -1,7 +1,7 @@
 //! JSON ↔ `google.protobuf.Struct`, manifests in, objects out.
 
-use prost_types::{ListValue, Struct, Value as PValue, value::Kind};
-use serde_json::{Map, Value};
+pub use otter_proto::json::to_struct;
+use serde_json::Value;
 use tonic::Status;
 
 /// The annotation client-side apply leaves behind.
@@ -22,60 +22,6 @@ pub fn clean(obj: &mut Value) {
         if ann.is_empty() {
             meta.remove("annotations");
         }
-    }
-}
-
-pub fn to_struct(v: Value) -> Struct {
-    match v {
-        Value::Object(m) => map_to_struct(m),
-        _ => Struct::default(),
-    }
-}
-
-fn map_to_struct(m: Map<String, Value>) -> Struct {
-    Struct {
-        fields: m.into_iter().map(|(k, v)| (k, to_value(v))).collect(),
-    }
-}
-
-fn to_value(v: Value) -> PValue {
-    let kind = match v {
-        Value::Null => Kind::NullValue(0),
-        Value::Bool(b) => Kind::BoolValue(b),
-        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
-        Value::String(s) => Kind::StringValue(s),
-        Value::Array(a) => Kind::ListValue(ListValue {
-            values: a.into_iter().map(to_value).collect(),
-        }),
-        Value::Object(m) => Kind::StructValue(map_to_struct(m)),
-    };
-    PValue { kind: Some(kind) }
-}
-
-pub fn from_struct(s: Struct) -> Value {
-    Value::Object(
-        s.fields
-            .into_iter()
-            .map(|(k, v)| (k, from_value(v)))
-            .collect(),
-    )
-}
-
-fn from_value(v: PValue) -> Value {
-    match v.kind {
-        None | Some(Kind::NullValue(_)) => Value::Null,
-        Some(Kind::BoolValue(b)) => Value::Bool(b),
-        Some(Kind::NumberValue(n)) => {
-            // Whole numbers go back as integers: Kubernetes fields are int32/int64.
-            if n.fract() == 0.0 && n.abs() < 9.0e15 {
-                Value::from(n as i64)
-            } else {
-                serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number)
-            }
-        }
-        Some(Kind::StringValue(s)) => Value::String(s),
-        Some(Kind::ListValue(l)) => Value::Array(l.values.into_iter().map(from_value).collect()),
-        Some(Kind::StructValue(s)) => from_struct(s),
     }
 }
 
@@ -147,12 +93,6 @@ mod tests {
         let mut v = json!({"metadata": {"annotations": {LAST_APPLIED: "{}", "x": "y"}}});
         clean(&mut v);
         assert_eq!(v, json!({"metadata": {"annotations": {"x": "y"}}}));
-    }
-
-    #[test]
-    fn struct_round_trip_keeps_integers() {
-        let v = json!({"a": 1, "b": [true, null, "s", 1.5], "c": {"d": -3}});
-        assert_eq!(from_struct(to_struct(v.clone())), v);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use otter_tunnel::{Caller, http::RequestBody};
+use otter_tunnel::{BoxError, Caller, http::RequestBody};
 use tokio::io::AsyncWriteExt;
 
 /// Largest request body forwarded (a manifest, a patch).
@@ -262,8 +262,6 @@ async fn upgrade_connection(
         http_body_util::StreamBody::new(stream).boxed_unsync(),
     )
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The apiserver's body, with its error boxed.
 struct Passthrough(kube::client::Body);

@@ -16,13 +16,7 @@ use otter_tunnel::{frame::Limits, http::ResponseBody};
 use prost::Message;
 use tonic::Status;
 
-use crate::{
-    auth,
-    link_service::LinkRecord,
-    metrics::Metrics,
-    server::HubState,
-    store::{StoreExt, tree},
-};
+use crate::{auth, metrics::Metrics, server::HubState};
 
 /// Response body type of every handler of the API port.
 pub type HttpBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
@@ -101,27 +95,11 @@ async fn route(
         return Err(Status::invalid_argument("cluster is required"));
     }
 
-    let Some(tunnel) = state.registry.get(&cluster) else {
-        return Err(match state.store.get::<LinkRecord>(tree::LINKS, &cluster) {
-            Ok(Some(link)) => Status::unavailable(format!(
-                "cluster {cluster} is offline (last seen {})",
-                format_time(link.last_seen)
-            )),
-            Ok(None) => Status::not_found(format!("cluster {cluster} is not registered")),
-            Err(e) => e.into_status(),
-        });
-    };
-    let permit = tunnel.calls.clone().try_acquire_owned().map_err(|_| {
-        Status::resource_exhausted(format!(
-            "cluster {cluster} has {} calls in flight, the most one tunnel carries; retry later",
-            tunnel.max_calls
-        ))
-    })?;
-    let stream = tunnel
-        .opener
-        .open()
+    let call = state
+        .registry
+        .open_call(&cluster, &*state.store)
         .await
-        .map_err(|e| Status::unavailable(format!("cluster {cluster}: tunnel failed: {e}")))?;
+        .map_err(crate::registry::RouteError::status)?;
 
     strip_client_headers(&mut parts.headers);
     let metrics = state.metrics.clone();
@@ -135,11 +113,11 @@ async fn route(
     );
     metrics.calls_in_flight.inc();
     let guard = CallGuard {
-        _permit: permit,
+        _permit: call.permit,
         metrics: metrics.clone(),
     };
     let resp = otter_tunnel::http::forward(
-        stream,
+        call.stream,
         Some(caller),
         req,
         Limits::default(),
@@ -183,16 +161,6 @@ pub fn strip_client_headers(headers: &mut http::HeaderMap) {
         .collect();
     for name in drop {
         headers.remove(name);
-    }
-}
-
-fn format_time(unix: i64) -> String {
-    let ago = crate::unix_now() - unix;
-    match ago {
-        i64::MIN..=59 => format!("{ago}s ago"),
-        60..=3599 => format!("{}m ago", ago / 60),
-        3600..=86399 => format!("{}h ago", ago / 3600),
-        _ => format!("{}d ago", ago / 86400),
     }
 }
 

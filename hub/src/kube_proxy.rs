@@ -23,13 +23,7 @@ use tokio::{
     sync::mpsc,
 };
 
-use crate::{
-    auth,
-    forward::HttpBody,
-    link_service::LinkRecord,
-    server::HubState,
-    store::{StoreExt, tree},
-};
+use crate::{auth, forward::HttpBody, server::HubState};
 
 /// Splits `/clusters/<name>/<rest>` into the cluster and the apiserver path
 /// (with the query). `None` when the path is not under the prefix.
@@ -97,36 +91,11 @@ pub async fn handle(
             Err(message) => return status(429, "TooManyRequests", &message),
         },
     };
-    let Some(tunnel) = state.registry.get(&cluster) else {
-        return match state.store.get::<LinkRecord>(tree::LINKS, &cluster) {
-            Ok(Some(_)) => status(
-                503,
-                "ServiceUnavailable",
-                &format!("cluster {cluster} is offline"),
-            ),
-            Ok(None) => status(
-                404,
-                "NotFound",
-                &format!("cluster {cluster} is not registered"),
-            ),
-            Err(e) => status(500, "InternalError", &e.to_string()),
-        };
-    };
-    let Ok(permit) = tunnel.calls.clone().try_acquire_owned() else {
-        return status(
-            429,
-            "TooManyRequests",
-            &format!("cluster {cluster} has too many calls in flight; retry later"),
-        );
-    };
-    let stream = match tunnel.opener.open().await {
-        Ok(s) => s,
+    let call = match state.registry.open_call(&cluster, &*state.store).await {
+        Ok(call) => call,
         Err(e) => {
-            return status(
-                503,
-                "ServiceUnavailable",
-                &format!("cluster {cluster}: tunnel failed: {e}"),
-            );
+            let (code, reason) = e.http();
+            return status(code, reason, &e.to_string());
         }
     };
     let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
@@ -157,11 +126,11 @@ pub async fn handle(
     };
     let forwarded = otter_tunnel::http::forward_to(
         TARGET_KUBE,
-        stream,
+        call.stream,
         Some(caller),
         http::Request::from_parts(parts, body),
         Limits::default(),
-        Some(Box::new(permit)),
+        Some(Box::new(call.permit)),
     )
     .await;
     match (forwarded, upgrading) {

@@ -60,6 +60,10 @@ pub enum HubError {
     /// The store failed or holds something unreadable.
     #[error("store: {0}")]
     Store(String),
+    /// Another store user (a hub still running, or one of this process
+    /// still letting go) holds the data directory's lock.
+    #[error("store: the data directory {0} is in use by another hub (its lock is held)")]
+    Locked(std::path::PathBuf),
     /// Certificates and keys.
     #[error(transparent)]
     Pki(#[from] otter_pki::PkiError),
@@ -89,6 +93,18 @@ impl HubError {
 
 /// Result alias for the hub.
 pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+/// A span of seconds the way kubectl shows ages: "45s", "3m", "5h", "4d"
+/// (the unit changes at twice its size, so "90s" rather than "1m").
+pub fn short_duration(secs: i64) -> String {
+    let secs = secs.max(0);
+    match secs {
+        0..=119 => format!("{secs}s"),
+        120..=7199 => format!("{}m", secs / 60),
+        7200..=172_799 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
+    }
+}
 
 /// Seconds since the Unix epoch.
 pub(crate) fn unix_now() -> i64 {

@@ -10,8 +10,13 @@ use std::{
     time::Duration,
 };
 
-use otter_tunnel::{Opener, TransportKind};
-use tokio::sync::Semaphore;
+use otter_tunnel::{Opener, TransportKind, TunnelStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::{
+    link_service::LinkRecord,
+    store::{Store, StoreExt, tree},
+};
 
 /// One live tunnel.
 pub struct TunnelEntry {
@@ -67,6 +72,50 @@ impl Registry {
         self.read().get(cluster).cloned()
     }
 
+    /// The one way from a call to its cluster: finds the cluster's tunnel,
+    /// takes a slot of its bound on calls in flight and opens a stream.
+    /// Every forwarding path (gRPC, Connect and gRPC-Web after the protocol
+    /// layer, kubectl) comes through here, so what decides whether a call
+    /// may reach a cluster has one place. `links` tells an offline cluster
+    /// from an unknown one.
+    pub async fn open_call(
+        &self,
+        cluster: &str,
+        links: &dyn Store,
+    ) -> Result<OpenCall, RouteError> {
+        let Some(tunnel) = self.get(cluster) else {
+            return Err(match links.get::<LinkRecord>(tree::LINKS, cluster) {
+                Ok(Some(link)) => RouteError::Offline {
+                    cluster: cluster.to_owned(),
+                    last_seen: link.last_seen,
+                },
+                Ok(None) => RouteError::NotRegistered(cluster.to_owned()),
+                Err(e) => RouteError::Store(e),
+            });
+        };
+        let permit = tunnel
+            .calls
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| RouteError::Busy {
+                cluster: cluster.to_owned(),
+                max_calls: tunnel.max_calls,
+            })?;
+        let stream = tunnel
+            .opener
+            .open()
+            .await
+            .map_err(|e| RouteError::TunnelFailed {
+                cluster: cluster.to_owned(),
+                reason: e.to_string(),
+            })?;
+        Ok(OpenCall {
+            stream,
+            permit,
+            tunnel,
+        })
+    }
+
     /// Puts `entry` in place and returns the tunnel it replaced.
     pub fn insert(&self, entry: Arc<TunnelEntry>) -> Option<Arc<TunnelEntry>> {
         self.write().insert(entry.cluster.clone(), entry)
@@ -117,6 +166,72 @@ impl Registry {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<TunnelEntry>>> {
         self.tunnels.write().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A stream to a cluster's agent, holding one of its tunnel's call slots
+/// until the permit is dropped (the forwarders hand it to the stream's
+/// guard, so the slot is held as long as the call).
+pub struct OpenCall {
+    pub stream: TunnelStream,
+    pub permit: OwnedSemaphorePermit,
+    pub tunnel: Arc<TunnelEntry>,
+}
+
+impl std::fmt::Debug for OpenCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenCall")
+            .field("tunnel", &self.tunnel)
+            .finish()
+    }
+}
+
+/// Why a call found no way to its cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("cluster {0} is not registered")]
+    NotRegistered(String),
+    #[error("cluster {cluster} is offline (last seen {})", ago(*last_seen))]
+    Offline { cluster: String, last_seen: i64 },
+    #[error(
+        "cluster {cluster} has {max_calls} calls in flight, the most one tunnel carries; retry later"
+    )]
+    Busy { cluster: String, max_calls: u32 },
+    #[error("cluster {cluster}: tunnel failed: {reason}")]
+    TunnelFailed { cluster: String, reason: String },
+    #[error(transparent)]
+    Store(crate::HubError),
+}
+
+impl RouteError {
+    /// The gRPC status a caller gets.
+    pub fn status(self) -> tonic::Status {
+        let text = self.to_string();
+        match self {
+            RouteError::NotRegistered(_) => tonic::Status::not_found(text),
+            RouteError::Offline { .. } | RouteError::TunnelFailed { .. } => {
+                tonic::Status::unavailable(text)
+            }
+            RouteError::Busy { .. } => tonic::Status::resource_exhausted(text),
+            RouteError::Store(e) => e.into_status(),
+        }
+    }
+
+    /// The HTTP status and Kubernetes `reason` a kubectl caller gets.
+    pub fn http(&self) -> (u16, &'static str) {
+        match self {
+            RouteError::NotRegistered(_) => (404, "NotFound"),
+            RouteError::Offline { .. } | RouteError::TunnelFailed { .. } => {
+                (503, "ServiceUnavailable")
+            }
+            RouteError::Busy { .. } => (429, "TooManyRequests"),
+            RouteError::Store(_) => (500, "InternalError"),
+        }
+    }
+}
+
+/// "3m ago", for a Unix time in the past.
+fn ago(unix: i64) -> String {
+    format!("{} ago", crate::short_duration(crate::unix_now() - unix))
 }
 
 /// Sends the hub's own request (no caller) to the agent's `target` on a

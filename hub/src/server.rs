@@ -390,10 +390,7 @@ async fn open_store(dir: &std::path::Path) -> Result<SledStore> {
     loop {
         match SledStore::open(dir) {
             Ok(store) => return Ok(store),
-            Err(HubError::Store(e))
-                if e.contains("could not acquire lock")
-                    && tokio::time::Instant::now() < deadline =>
-            {
+            Err(HubError::Locked(_)) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => return Err(e),

@@ -110,7 +110,15 @@ impl SledStore {
             .path(dir.join("db"))
             .cache_capacity(16 * 1024 * 1024)
             .open()
-            .map_err(|e| HubError::Store(format!("cannot open store in {}: {e}", dir.display())))?;
+            .map_err(|e| {
+                // sled says so only in its message (an `Other` I/O error):
+                // recognised here, once, and typed from here on.
+                if e.to_string().contains("could not acquire lock") {
+                    HubError::Locked(dir.to_owned())
+                } else {
+                    HubError::Store(format!("cannot open store in {}: {e}", dir.display()))
+                }
+            })?;
         // sled creates its files with the process umask (0644 under the
         // usual 022), and files an older hub left behind keep their mode.
         // Files sled makes later land in `db/`, which is 0700 by then.
@@ -294,7 +302,7 @@ mod tests {
             match SledStore::open(dir.path()) {
                 Ok(s) => break s,
                 Err(e) if std::time::Instant::now() < deadline => {
-                    assert!(e.to_string().contains("could not acquire lock"), "{e}");
+                    assert!(matches!(e, HubError::Locked(_)), "{e}");
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 Err(e) => panic!("{e}"),

@@ -5,11 +5,14 @@
 //!   prost and tonic. It is checked in so a normal build needs no `protoc`;
 //!   `tests/bootstrap.rs` regenerates it and fails on any difference
 //!   (`make proto` rewrites it).
+//! - [`json`] — `google.protobuf.Struct` ↔ JSON, for objects.
 //! - [`FILE_DESCRIPTOR_SET`] — the encoded descriptors of every file, imports
 //!   included, for reflection, the Connect JSON mapping and feature gating.
 //!
 //! Every singular field has explicit presence (`Option<_>` in Rust), the same
 //! presence the upstream edition-2023 files give them.
+
+pub mod json;
 
 /// `otterscale.api`: the feature option.
 pub mod api {

@@ -224,7 +224,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
         let seen = l
             .last_seen
             .as_ref()
-            .map_or("-".into(), |t| ago(now - t.seconds));
+            .map_or("-".into(), |t| crate::short_duration(now - t.seconds));
         let mut row = vec![
             l.cluster.clone().unwrap_or_default(),
             state.to_owned(),
@@ -238,11 +238,9 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
         if wide {
             row.push(l.agent_id.clone().unwrap_or_default());
             row.push(l.remote_address.clone().unwrap_or_else(|| "-".into()));
-            row.push(
-                l.certificate_expires
-                    .as_ref()
-                    .map_or("-".into(), |t| format!("in {}", ago(t.seconds - now))),
-            );
+            row.push(l.certificate_expires.as_ref().map_or("-".into(), |t| {
+                format!("in {}", crate::short_duration(t.seconds - now))
+            }));
             let d = l.diagnosis.as_ref();
             row.push(
                 d.and_then(|d| d.proxy.clone())
@@ -281,16 +279,6 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
     }
     print!("{}", output::table(&headers, &rows));
     Ok(())
-}
-
-fn ago(secs: i64) -> String {
-    let secs = secs.max(0);
-    match secs {
-        0..=119 => format!("{secs}s"),
-        120..=7199 => format!("{}m", secs / 60),
-        7200..=172_799 => format!("{}h", secs / 3600),
-        _ => format!("{}d", secs / 86400),
-    }
 }
 
 /// Options of `otter get`.

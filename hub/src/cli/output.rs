@@ -8,35 +8,9 @@
 
 use std::{borrow::Cow, fmt::Write as _};
 
-use prost_types::{Struct, Value, value::Kind};
 use serde_json::Value as Json;
 
-/// A protobuf Struct as JSON.
-pub fn struct_to_json(s: &Struct) -> Json {
-    Json::Object(
-        s.fields
-            .iter()
-            .map(|(k, v)| (k.clone(), value_to_json(v)))
-            .collect(),
-    )
-}
-
-fn value_to_json(v: &Value) -> Json {
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => Json::Null,
-        Some(Kind::NumberValue(n)) => {
-            if n.fract() == 0.0 && n.abs() < 9.0e15 {
-                Json::from(*n as i64)
-            } else {
-                serde_json::Number::from_f64(*n).map_or(Json::Null, Json::Number)
-            }
-        }
-        Some(Kind::StringValue(s)) => Json::String(s.clone()),
-        Some(Kind::BoolValue(b)) => Json::Bool(*b),
-        Some(Kind::StructValue(s)) => struct_to_json(s),
-        Some(Kind::ListValue(l)) => Json::Array(l.values.iter().map(value_to_json).collect()),
-    }
-}
+pub use otter_proto::json::struct_to_json;
 
 /// "5s", "3m", "2h", "4d" since an RFC 3339 time.
 pub fn age(timestamp: Option<&str>) -> String {
@@ -47,13 +21,7 @@ pub fn age(timestamp: Option<&str>) -> String {
     else {
         return "<unknown>".into();
     };
-    let secs = (time::OffsetDateTime::now_utc() - t).whole_seconds().max(0);
-    match secs {
-        0..=119 => format!("{secs}s"),
-        120..=7199 => format!("{}m", secs / 60),
-        7200..=172_799 => format!("{}h", secs / 3600),
-        _ => format!("{}d", secs / 86400),
-    }
+    crate::short_duration((time::OffsetDateTime::now_utc() - t).whole_seconds())
 }
 
 /// `s` made safe to show on a terminal: control characters (C0 including

@@ -12,12 +12,12 @@ use hyper::body::Incoming;
 use tonic::{Code, Status};
 
 use super::{
-    BoxError, Inner, accepts_gzip, data_frame, error_json,
+    BoxError, accepts_gzip, data_frame, error_json,
     frames::{self, FLAG_COMPRESSED, FLAG_END_STREAM, Parser},
     grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json, status_of,
     transcode::{self, RequestCodec},
 };
-use crate::{forward::HttpBody, methods::MethodInfo};
+use crate::{forward::HttpBody, methods::MethodInfo, server::GrpcHandler};
 
 /// Responses smaller than this are not worth compressing.
 const COMPRESS_MIN: usize = 1024;
@@ -118,7 +118,7 @@ pub fn get_message(uri: &http::Uri) -> Result<(Vec<u8>, bool, bool), Status> {
 
 /// Connect unary (POST or GET).
 pub async fn unary(
-    inner: Inner,
+    inner: GrpcHandler,
     method: MethodInfo,
     json: bool,
     req: http::Request<Incoming>,
@@ -130,7 +130,7 @@ pub async fn unary(
 }
 
 async fn unary_inner(
-    inner: Inner,
+    inner: GrpcHandler,
     method: MethodInfo,
     json_post: bool,
     req: http::Request<Incoming>,
@@ -285,7 +285,7 @@ fn deadline_of(headers: &HeaderMap) -> Option<Duration> {
 /// Connect streaming: envelopes in, envelopes out, errors in the
 /// end-of-stream message (the HTTP status is 200 once the stream starts).
 pub async fn streaming(
-    inner: Inner,
+    inner: GrpcHandler,
     method: MethodInfo,
     json: bool,
     req: http::Request<Incoming>,

@@ -8,10 +8,9 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Incoming;
 
 use super::{
-    BoxError, Inner, data_frame, err_frame, frames, pass_headers, status_frame, status_of,
-    transcode,
+    BoxError, data_frame, err_frame, frames, pass_headers, status_frame, status_of, transcode,
 };
-use crate::{forward::HttpBody, methods::MethodInfo};
+use crate::{forward::HttpBody, methods::MethodInfo, server::GrpcHandler};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -19,7 +18,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 /// method and the request size limit when the messages are JSON
 /// (`application/grpc-web+json`).
 pub async fn call(
-    inner: Inner,
+    inner: GrpcHandler,
     text: bool,
     json: Option<(&MethodInfo, usize)>,
     req: http::Request<Incoming>,

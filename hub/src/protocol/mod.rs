@@ -27,8 +27,9 @@ use prost::Message;
 use prost_reflect::{DynamicMessage, MessageDescriptor, SerializeOptions};
 use tonic::{Code, Status};
 
-/// Boxed error of bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Boxed error of bodies (the tunnel crate's, so bodies pass between the
+/// layers without conversion).
+pub use otter_tunnel::BoxError;
 
 /// A data frame of a rewritten body. Streams of the protocol layer build
 /// their items only through this and [`err_frame`], which pins the error to
@@ -49,9 +50,6 @@ pub fn err_frame(e: impl std::fmt::Display) -> Result<http_body::Frame<Bytes>, B
 pub fn status_frame(status: Status) -> Result<http_body::Frame<Bytes>, BoxError> {
     Err(Box::new(status))
 }
-
-/// The gRPC handlers behind the protocol layer.
-pub type Inner = crate::server::GrpcHandler;
 
 /// How a request is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -35,6 +35,7 @@ pub mod transport;
 pub mod ws;
 
 pub use frame::Caller;
+pub use http::BoxError;
 pub use transport::{Acceptor, Keepalive, Opener, TransportKind, TunnelStream};
 
 /// Everything that can go wrong on a tunnel or one of its streams.

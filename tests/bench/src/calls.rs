@@ -25,7 +25,7 @@ use otter_proto::resource::v1::{
     resource_service_server::{ResourceService, ResourceServiceServer},
 };
 use otter_tunnel::TransportKind;
-use prost_types::{ListValue, Struct, Value, value::Kind};
+use prost_types::{Struct, Value, value::Kind};
 use tonic::{Request, Response, Status, transport::Channel};
 
 use anyhow::Context;
@@ -85,26 +85,6 @@ impl Kube {
     }
 }
 
-fn to_value(v: serde_json::Value) -> Value {
-    let kind = match v {
-        serde_json::Value::Null => Kind::NullValue(0),
-        serde_json::Value::Bool(b) => Kind::BoolValue(b),
-        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
-        serde_json::Value::String(s) => Kind::StringValue(s),
-        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
-            values: a.into_iter().map(to_value).collect(),
-        }),
-        serde_json::Value::Object(o) => Kind::StructValue(to_struct(o)),
-    };
-    Value { kind: Some(kind) }
-}
-
-fn to_struct(o: serde_json::Map<String, serde_json::Value>) -> Struct {
-    Struct {
-        fields: o.into_iter().map(|(k, v)| (k, to_value(v))).collect(),
-    }
-}
-
 /// The bench ResourceService: Get reads the pod from the test server; Watch
 /// of resource "bulk" streams 256 KiB events for as long as it is read.
 #[derive(Debug, Clone)]
@@ -126,7 +106,9 @@ impl ResourceService for BenchService {
         let json: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(&body).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(Resource {
-            object: Some(to_struct(json)),
+            object: Some(otter_proto::json::to_struct(serde_json::Value::Object(
+                json,
+            ))),
         }))
     }
 
