@@ -25,7 +25,7 @@ setup:
 ## set (proto/src/gen), the TypeScript package's sources (ts/src/gen, by
 ## protoc-gen-es through buf) and openapi/openapi.yaml (Connect endpoints)
 proto:
-	OTTER_PROTO_REGEN=1 $(CARGO) test -q -p otter-proto --test bootstrap
+	OTTER_PROTO_REGEN=1 $(CARGO) test -q -p otter-proto --test outputs bootstrap::
 	scripts/setup.sh npm
 	$(BUF) generate --template ts/buf.gen.yaml
 	mkdir -p openapi

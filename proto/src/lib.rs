@@ -3,7 +3,7 @@
 //! # Layout
 //! - `gen/` — code generated from the `.proto` files beside this crate by
 //!   prost and tonic. It is checked in so a normal build needs no `protoc`;
-//!   `tests/bootstrap.rs` regenerates it and fails on any difference
+//!   `tests/outputs/bootstrap.rs` regenerates it and fails on any difference
 //!   (`make proto` rewrites it).
 //! - [`json`] — `google.protobuf.Struct` ↔ JSON, for objects.
 //! - [`FILE_DESCRIPTOR_SET`] — the encoded descriptors of every file, imports

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use rand::Rng;
 use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -37,7 +36,7 @@ pub fn parse_time(s: &str) -> Option<OffsetDateTime> {
 
 /// A random version-4 UUID string.
 pub fn new_uid() -> String {
-    let b: [u8; 16] = rand::rng().random();
+    let b: [u8; 16] = rand::random();
     format!(
         "{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-4{:01x}{:02x}-{:01x}{:01x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
         b[0],
@@ -63,9 +62,8 @@ pub fn new_uid() -> String {
 /// Five characters for `generateName`, from the apiserver's alphabet (no vowels).
 pub fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut rng = rand::rng();
     (0..5)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
         .collect()
 }
 

@@ -3,7 +3,7 @@
 //! port-forward over SPDY inside WebSocket and over plain SPDY, whoami,
 //! watch. Skipped with a message when kubectl 1.33 is not installed.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

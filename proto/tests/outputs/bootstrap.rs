@@ -1,7 +1,7 @@
 //! Regenerates the checked-in code under `src/gen/` and fails when it differs
 //! from what is committed, so the protos and the Rust code cannot drift.
 //!
-//! `OTTER_PROTO_REGEN=1 cargo test -p otter-proto --test bootstrap` (which is
+//! `OTTER_PROTO_REGEN=1 cargo test -p otter-proto --test outputs bootstrap::` (which is
 //! what `make proto` runs) writes the fresh output instead of comparing.
 
 use std::{fs, path::Path};

@@ -5,7 +5,6 @@
 
 use std::{
     io::{Read, Write},
-    path::PathBuf,
     time::Duration,
 };
 
@@ -14,9 +13,7 @@ use otter_e2e::{
     run_bounded, run_for, tool_missing,
 };
 
-fn otter() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_otter"))
-}
+use crate::otter;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_against_a_cluster() {

@@ -249,12 +249,6 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
     hub.hub.shutdown().await;
 }
 
-#[test]
-#[ignore = "entry point of the processes the tests start"]
-fn child_process() {
-    otter_e2e::procs::child_main();
-}
-
 /// The agent's identity lives in its Secret, not in the pod: an agent pod
 /// started again long after the join token expired (a node drained for a
 /// Talos upgrade, another pod name) reconnects with it, and no usable join

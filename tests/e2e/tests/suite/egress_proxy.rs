@@ -344,12 +344,6 @@ async fn register_and_renewals_go_through_the_proxy() {
     hub.hub.shutdown().await;
 }
 
-#[test]
-#[ignore = "entry point of the processes the tests start"]
-fn child_process() {
-    otter_e2e::procs::child_main();
-}
-
 /// An agent process whose only proxy setting is `HTTPS_PROXY` in its
 /// environment (as clusters inject it into every pod), with credentials:
 /// it starts, joins and tunnels through the proxy, and its Kubernetes

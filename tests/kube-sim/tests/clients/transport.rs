@@ -1,7 +1,7 @@
 //! The transport and error shapes, checked with a bare HTTP client: HTTP/2 and HTTP/1.1
 //! over TLS (ALPN), bearer authentication, Status bodies, size limits.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

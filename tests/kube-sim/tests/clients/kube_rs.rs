@@ -1,6 +1,6 @@
 //! kube-rs against kube-sim: the agent's own client library, scenario by scenario.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,5 @@
 //! Helpers shared by the kube-sim integration tests.
 
-#![allow(dead_code)]
-
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -219,7 +219,7 @@ async fn register_refuses_abuse_with_the_right_codes() {
 
     // A huge key: an RSA-8192 CSR (made once with openssl; the hub signs
     // only P-256 and Ed25519 keys).
-    let rsa = include_str!("fixtures/rsa8192.csr");
+    let rsa = include_str!("../fixtures/rsa8192.csr");
     expect_code(
         &mut link,
         register("edge-1", "a1", &token, rsa.as_bytes()),

@@ -4,7 +4,7 @@
 //! protobuf OpenAPI v2 document the server does not serve, so writes pass
 //! `--validate=false`. Skipped with a message when `scripts/setup.sh` has not run.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -24,12 +24,6 @@ use otter_proto::{
 };
 use tonic::{Code, transport::Channel};
 
-#[test]
-#[ignore = "entry point of the processes the tests start"]
-fn child_process() {
-    otter_e2e::procs::child_main();
-}
-
 /// How long a caller may wait for its error once a process died. QUIC
 /// notices a dead peer after three keepalive intervals (1 s here).
 const ERROR_BOUND: Duration = Duration::from_secs(10);

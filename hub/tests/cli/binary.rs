@@ -2,7 +2,7 @@
 //! find the built binary) against a hub on loopback: login, token
 //! creation, agent manifests, links.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use otter_e2e::{
     TestHub,
@@ -11,9 +11,7 @@ use otter_e2e::{
 };
 use otter_tunnel::TransportKind;
 
-fn otter() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_otter"))
-}
+use crate::otter;
 
 /// Runs `otter` with its config file in `dir`.
 fn run(dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {

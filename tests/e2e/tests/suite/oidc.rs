@@ -35,8 +35,8 @@ use tokio::{net::TcpListener, task::JoinSet};
 
 const AUDIENCE: &str = "otter";
 /// A fixed RSA key pair for these tests only (see `fixtures/README.md`).
-const RSA_KEY_PEM: &str = include_str!("../fixtures/oidc-test-rsa-key.pem");
-const RSA_PUBLIC_JWK: &str = include_str!("../fixtures/oidc-test-rsa-public.jwk.json");
+const RSA_KEY_PEM: &str = include_str!("../../fixtures/oidc-test-rsa-key.pem");
+const RSA_PUBLIC_JWK: &str = include_str!("../../fixtures/oidc-test-rsa-public.jwk.json");
 
 /// A signing key of the test issuer, with its JWK.
 struct SigningKey {

@@ -2,7 +2,7 @@
 //! pytest suite in `py/` with a timeout and checks every test passed. Skipped with a
 //! message when the venv is missing (run `scripts/setup.sh python`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

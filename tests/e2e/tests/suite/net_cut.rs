@@ -21,12 +21,6 @@ use otter_e2e::{
     procs::{Proc, Role, wait_for_file},
 };
 
-#[test]
-#[ignore = "entry point of the processes the tests start"]
-fn child_process() {
-    otter_e2e::procs::child_main();
-}
-
 /// Keepalive of both ends: a dead tunnel is called after three of these.
 const KEEPALIVE_SECS: u64 = 1;
 /// How long the link stays down: well past the three keepalive intervals.

@@ -22,12 +22,6 @@ use otter_proto::{
     runtime::v1::{self as pb, runtime_service_client::RuntimeServiceClient},
 };
 
-#[test]
-#[ignore = "entry point of the processes the tests start"]
-fn child_process() {
-    otter_e2e::procs::child_main();
-}
-
 /// Bytes pushed at each stalled reader.
 const TOTAL: u64 = 64 * 1024 * 1024;
 /// Growth of hub or agent memory that still counts as bounded: a quarter

@@ -15,9 +15,7 @@ use otter_e2e::{
     kubectl_133, run_bounded, run_for, tool_missing,
 };
 
-fn otter() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_otter"))
-}
+use crate::otter;
 
 /// Runs the `otter` CLI with its config in `dir`.
 fn otter_in(dir: &Path, args: &[&str]) -> (i32, String, String) {

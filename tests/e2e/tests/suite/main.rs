@@ -1,0 +1,43 @@
+//! The end-to-end suite as one test binary: hub, agents and clients
+//! together on loopback, one module per area. One binary links the
+//! dependency tree once instead of once per file, which was most of
+//! `make test`'s build time on two cores.
+//!
+//! Kept apart, as binaries of their own, are the tests that measure or
+//! strain this very process (its RSS, tasks and descriptors, its umask,
+//! its open-file limit): `leaks.rs`, `leaks_runtime.rs`, `store_perms.rs`,
+//! `hostile_ports.rs`.
+
+mod agent_manifest;
+mod agent_resource;
+mod agent_runtime;
+mod ca_rotation;
+mod crash;
+mod crds;
+mod egress_proxy;
+mod hostile_api;
+mod hostile_enrollment;
+mod hostile_identity;
+mod hostile_tunnel;
+mod hub_api;
+mod link_core;
+mod link_faults;
+mod net_cut;
+mod oidc;
+mod paced_reconnects;
+mod rancher;
+mod real_clients;
+mod schemathesis;
+mod show_chart;
+mod slow_consumer;
+mod watch_resume;
+
+/// The entry point through which the tests that need separate processes
+/// (a hub or an agent to kill, a network namespace) re-run this binary as
+/// that process: `otter_e2e::procs::Proc` starts it with `child_process
+/// --exact --ignored`.
+#[test]
+#[ignore = "entry point of the processes the tests start"]
+fn child_process() {
+    otter_e2e::procs::child_main();
+}
