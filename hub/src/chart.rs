@@ -62,10 +62,14 @@ pub const MAX_REGISTRY_JSON: usize = 4 << 20;
 pub const MAX_REDIRECTS: usize = 5;
 /// One ShowChart, every request of it together.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
-/// Fetches at once, hub-wide: more are told to try again.
-pub const MAX_CONCURRENT_FETCHES: usize = 16;
-/// Bytes of values and READMEs kept by digest.
+/// Fetches at once, hub-wide: more are told to try again. Each may hold an
+/// index of [`MAX_INDEX`] twice over while reading it.
+pub const MAX_CONCURRENT_FETCHES: usize = 4;
+/// Bytes of values and READMEs kept by digest, each entry counted with
+/// [`CACHE_ENTRY_OVERHEAD`] more, and at most [`CACHE_ENTRIES`] of them.
 pub const CACHE_BYTES: usize = 32 << 20;
+const CACHE_ENTRY_OVERHEAD: usize = 4096;
+const CACHE_ENTRIES: usize = 256;
 
 const HELM_CONFIG: &str = "application/vnd.cncf.helm.config.v1+json";
 const HELM_CHART: &str = "application/vnd.cncf.helm.chart.content.v1.tar+gzip";
@@ -99,27 +103,53 @@ pub fn non_public(ip: IpAddr) -> Option<&'static str> {
     let v4 = match ip {
         IpAddr::V4(v4) => v4,
         IpAddr::V6(v6) => {
-            // A v4 address in v6 clothing is judged as the v4 one.
+            // A v4 address in v6 clothing is judged as the v4 one: mapped
+            // (::ffff:a.b.c.d), compatible (::a.b.c.d), NAT64
+            // (64:ff9b::/96, which reaches the v4 network behind it) and
+            // 6to4 (2002:aabb:ccdd::/48).
+            let s = v6.segments();
+            let embedded = |hi: u16, lo: u16| {
+                let [a, b] = hi.to_be_bytes();
+                let [c, d] = lo.to_be_bytes();
+                IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d))
+            };
             if let Some(v4) = v6.to_ipv4_mapped() {
                 return non_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            if s[..6] == [0; 6] && !v6.is_loopback() && !v6.is_unspecified() {
+                return non_public(embedded(s[6], s[7]));
+            }
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return non_public(embedded(s[6], s[7]));
+            }
+            if s[0] == 0x2002 {
+                return non_public(embedded(s[1], s[2]));
+            }
+            let first = s[0];
             return if v6.is_loopback() {
                 Some("loopback")
             } else if v6.is_unspecified() {
                 Some("unspecified")
             } else if first & 0xffc0 == 0xfe80 {
                 Some("link-local")
+            } else if first & 0xffc0 == 0xfec0 {
+                Some("site-local")
             } else if first & 0xfe00 == 0xfc00 {
                 Some("private (unique local)")
             } else if v6.is_multicast() {
                 Some("multicast")
+            } else if s[..2] == [0x64, 0xff9b] && s[2] == 1 {
+                Some("local-use translation (64:ff9b:1::/48)")
+            } else if s[..2] == [0x2001, 0] {
+                Some("Teredo")
+            } else if s[..4] == [0x100, 0, 0, 0] {
+                Some("discard-only")
             } else {
                 None
             };
         }
     };
-    let [a, b, ..] = v4.octets();
+    let [a, b, c, _] = v4.octets();
     if v4.is_loopback() {
         Some("loopback")
     } else if v4.is_private() {
@@ -130,6 +160,10 @@ pub fn non_public(ip: IpAddr) -> Option<&'static str> {
         Some("shared (carrier-grade NAT)")
     } else if v4.is_unspecified() || a == 0 {
         Some("unspecified")
+    } else if (a, b, c) == (192, 0, 0) || (a == 198 && (b & 0xfe) == 18) {
+        Some("special-purpose (IETF protocol assignments, benchmarking)")
+    } else if matches!((a, b, c), (192, 0, 2) | (198, 51, 100) | (203, 0, 113)) {
+        Some("documentation")
     } else if v4.is_broadcast() || v4.is_multicast() || a >= 240 {
         Some("broadcast, multicast or reserved")
     } else {
@@ -150,10 +184,18 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-fn refused_message(host: &str, ip: IpAddr, kind: &str) -> String {
-    format!(
-        "{host} is at {ip}, a {kind} address: the hub does not fetch charts from such addresses (an operator may allow them with --chart-allow-cidr or --chart-allow-private)"
-    )
+const ALLOW_HINT: &str =
+    "an operator may allow such addresses with --chart-allow-cidr or --chart-allow-private";
+
+/// The refusal of an address the caller wrote.
+fn refused_message(ip: IpAddr, kind: &str) -> String {
+    format!("{ip} is a {kind} address: the hub does not fetch charts from it ({ALLOW_HINT})")
+}
+
+/// The refusal of a name: which address it resolved to stays in the hub's
+/// log, so the hub's resolver does not answer for internal names.
+fn refused_name_message(host: &str) -> String {
+    format!("{host} resolves to an address the hub does not fetch charts from ({ALLOW_HINT})")
 }
 
 /// The connector's name lookup, with the policy applied to every address a
@@ -182,11 +224,8 @@ impl tower::Service<Name> for CheckedResolver {
             // other one" would leave the choice to whoever runs its DNS.
             for addr in &addrs {
                 if let Some(kind) = policy.refuses(addr.ip()) {
-                    return Err(std::io::Error::other(Refused(refused_message(
-                        &host,
-                        addr.ip(),
-                        kind,
-                    ))));
+                    tracing::info!(%host, ip = %addr.ip(), kind, "ShowChart refused a name's address");
+                    return Err(std::io::Error::other(Refused(refused_name_message(&host))));
                 }
             }
             Ok(addrs.into_iter())
@@ -205,8 +244,9 @@ pub struct ChartFiles {
 }
 
 impl ChartFiles {
+    /// What keeping it costs, as the cache counts.
     fn size(&self) -> usize {
-        self.values.len() + self.readme.len()
+        self.values.len() + self.readme.len() + CACHE_ENTRY_OVERHEAD
     }
 }
 
@@ -231,6 +271,11 @@ fn shown(url: &Url) -> String {
     let mut url = url.clone();
     let _ = url.set_username("");
     let _ = url.set_password(None);
+    // Queries carry tokens and signatures (`?token=`, presigned blob URLs).
+    if url.query().is_some() {
+        url.set_query(Some("…"));
+    }
+    url.set_fragment(None);
     url.to_string()
 }
 
@@ -332,7 +377,72 @@ pub fn parse_challenge(value: &str) -> Option<Challenge> {
 struct Index {
     api_version: Option<String>,
     #[serde(default)]
-    entries: std::collections::HashMap<String, Option<Vec<Option<IndexEntry>>>>,
+    entries: Entries,
+}
+
+/// Most versions of one chart read from an index; more are skipped.
+const MAX_VERSIONS: usize = 10_000;
+
+std::thread_local! {
+    /// The chart an index is being read for (set around [`parse_index`],
+    /// which runs on a blocking thread of its own): serde's derive has no
+    /// way to hand a key to the value's reader, and without it every
+    /// chart's entries would be built only to be dropped.
+    static WANTED: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// The versions of the wanted chart; every other chart's are skipped as
+/// they are read, so a big index costs its bytes, not a structure of all
+/// of it.
+#[derive(Debug, Default)]
+struct Entries(Vec<IndexEntry>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Charts;
+        impl<'de> serde::de::Visitor<'de> for Charts {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of chart names to their versions")
+            }
+            fn visit_unit<E>(self) -> Result<Entries, E> {
+                Ok(Entries::default())
+            }
+            fn visit_none<E>(self) -> Result<Entries, E> {
+                Ok(Entries::default())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut found = Entries::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    if WANTED.with(|w| *w.borrow() == key) {
+                        found = map.next_value::<Entries>()?;
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(found)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Entries, A::Error> {
+                // The list of one chart's versions.
+                let mut versions = Vec::new();
+                while let Some(entry) = seq.next_element::<Option<IndexEntry>>()? {
+                    if let Some(entry) = entry
+                        && versions.len() < MAX_VERSIONS
+                    {
+                        versions.push(entry);
+                    }
+                }
+                Ok(Entries(versions))
+            }
+        }
+        d.deserialize_any(Charts)
+    }
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -391,6 +501,11 @@ pub fn pick_version<'a>(
 /// `values.yaml` and the README at the root of a chart archive, checked as
 /// Helm's loader checks them (one top directory, no absolute or `..`
 /// paths, a `Chart.yaml`), within the size limits.
+///
+/// The archive is read raw: GNU long-name and PAX records are skipped, not
+/// applied, so a hostile archive cannot make the reader buffer a name of
+/// many megabytes. A chart's root files have short names, which the
+/// headers themselves carry (with the ustar prefix).
 pub fn unpack(archive: &[u8]) -> Result<ChartFiles, Status> {
     let bad = |why: String| Status::failed_precondition(format!("not a chart archive: {why}"));
     let gz = flate2::read::GzDecoder::new(archive);
@@ -398,7 +513,7 @@ pub fn unpack(archive: &[u8]) -> Result<ChartFiles, Status> {
     let mut files = ChartFiles::default();
     let (mut chart_yaml, mut values, mut readme) = (false, None, None);
     let mut total: u64 = 0;
-    let entries = tar.entries().map_err(|e| bad(e.to_string()))?;
+    let entries = tar.entries().map_err(|e| bad(e.to_string()))?.raw(true);
     for entry in entries {
         let mut entry = entry.map_err(|e| bad(e.to_string()))?;
         let kind = entry.header().entry_type();
@@ -406,22 +521,30 @@ pub fn unpack(archive: &[u8]) -> Result<ChartFiles, Status> {
             continue;
         }
         let path = entry.path().map_err(|e| bad(e.to_string()))?.into_owned();
+        // Shown in errors, so cut short.
+        let shown_path = || {
+            path.display()
+                .to_string()
+                .chars()
+                .take(200)
+                .collect::<String>()
+        };
         let mut parts = Vec::new();
         for c in path.components() {
             match c {
                 std::path::Component::Normal(p) => parts.push(p.to_string_lossy().into_owned()),
                 std::path::Component::CurDir => {}
-                _ => return Err(bad(format!("unsafe path {}", path.display()))),
+                _ => return Err(bad(format!("unsafe path {}", shown_path()))),
             }
         }
         if parts.len() < 2 {
             return Err(bad(format!(
                 "{} is not inside the chart's directory",
-                path.display()
+                shown_path()
             )));
         }
         let size = entry.header().size().map_err(|e| bad(e.to_string()))?;
-        total += size;
+        total = total.saturating_add(size);
         if total > MAX_UNPACKED {
             return Err(Status::resource_exhausted(format!(
                 "the chart unpacks to over {MAX_UNPACKED} bytes"
@@ -447,12 +570,17 @@ pub fn unpack(archive: &[u8]) -> Result<ChartFiles, Status> {
                 "{name} of the chart is over {MAX_FILE} bytes"
             )));
         }
-        let mut content = Vec::with_capacity(size as usize);
+        let mut content = Vec::with_capacity(size.min(MAX_FILE) as usize);
         entry
             .by_ref()
             .take(MAX_FILE + 1)
             .read_to_end(&mut content)
             .map_err(|e| bad(e.to_string()))?;
+        if content.len() as u64 > MAX_FILE {
+            return Err(Status::resource_exhausted(format!(
+                "{name} of the chart is over {MAX_FILE} bytes"
+            )));
+        }
         if name == "values.yaml" {
             let content = content
                 .strip_prefix("\u{feff}".as_bytes())
@@ -602,7 +730,7 @@ impl Charts {
             return;
         }
         let mut used: usize = cache.iter().map(|(_, f)| f.size()).sum();
-        while used + files.size() > CACHE_BYTES {
+        while used + files.size() > CACHE_BYTES || cache.len() >= CACHE_ENTRIES {
             match cache.pop_front() {
                 Some((_, old)) => used -= old.size(),
                 None => break,
@@ -632,11 +760,7 @@ impl Charts {
             }
         };
         match self.policy.refuses(ip) {
-            Some(kind) => Err(Status::permission_denied(refused_message(
-                url.host_str().unwrap_or(""),
-                ip,
-                kind,
-            ))),
+            Some(kind) => Err(Status::permission_denied(refused_message(ip, kind))),
             None => Ok(()),
         }
     }
@@ -682,11 +806,10 @@ impl Charts {
                     }
                     source = err.source();
                 }
-                Status::unavailable(format!(
-                    "cannot fetch {}: {}",
-                    shown(&url),
-                    otter_tunnel::error_chain(&e)
-                ))
+                // What failed stays in the log: a caller learns no more
+                // than that, so the hub is no port scanner.
+                tracing::debug!(url = %shown(&url), error = %otter_tunnel::error_chain(&e), "chart fetch failed");
+                Status::unavailable(format!("cannot fetch {}: connection failed", shown(&url)))
             })?;
             let status = resp.status();
             if status.is_redirection() {
@@ -762,7 +885,8 @@ impl Charts {
             Ok(body) => body,
             Err(head) => return Err(answered(&index_url, head.status)),
         };
-        let index: Index = tokio::task::spawn_blocking(move || parse_index(&raw))
+        let chart = name.to_owned();
+        let index: Index = tokio::task::spawn_blocking(move || parse_index(&raw, &chart))
             .await
             .map_err(|e| Status::internal(format!("index parser: {e}")))??;
         if index.api_version.is_none() {
@@ -771,15 +895,7 @@ impl Charts {
                 shown(&index_url)
             )));
         }
-        let entries: Vec<IndexEntry> = index
-            .entries
-            .get(name)
-            .cloned()
-            .flatten()
-            .unwrap_or_default()
-            .into_iter()
-            .flatten()
-            .collect();
+        let entries = index.entries.0;
         if entries.is_empty() {
             return Err(Status::not_found(format!(
                 "chart {name} not found in {}",
@@ -802,7 +918,10 @@ impl Charts {
             .digest
             .as_deref()
             .map(|d| d.trim_start_matches("sha256:").to_ascii_lowercase());
-        if let Some(files) = digest.as_deref().and_then(|d| self.cached(d)) {
+        // A chart fetched with credentials is that caller's: it is neither
+        // served from the cache nor kept in it (a digest is no secret).
+        let cacheable = credentials.basic.is_none();
+        if cacheable && let Some(files) = digest.as_deref().and_then(|d| self.cached(d)) {
             return Ok(files);
         }
         let archive_url = resolve(repo, first)?;
@@ -822,22 +941,25 @@ impl Charts {
                 shown(&archive_url)
             )));
         }
-        self.unpack_and_keep(actual, archive).await
+        self.unpack_and_keep(actual, archive, cacheable).await
     }
 
     async fn unpack_and_keep(
         &self,
         digest: String,
         archive: Bytes,
+        cacheable: bool,
     ) -> Result<Arc<ChartFiles>, Status> {
-        if let Some(files) = self.cached(&digest) {
+        if cacheable && let Some(files) = self.cached(&digest) {
             return Ok(files);
         }
         let files = tokio::task::spawn_blocking(move || unpack(&archive))
             .await
             .map_err(|e| Status::internal(format!("chart unpacker: {e}")))??;
         let files = Arc::new(files);
-        self.remember(digest, files.clone());
+        if cacheable {
+            self.remember(digest, files.clone());
+        }
         Ok(files)
     }
 
@@ -920,7 +1042,8 @@ impl Charts {
                 ))
             })?
             .to_ascii_lowercase();
-        if let Some(files) = self.cached(&hex) {
+        let cacheable = registry.credentials.basic.is_none();
+        if cacheable && let Some(files) = self.cached(&hex) {
             return Ok(files);
         }
         if layer.size > MAX_ARCHIVE as u64 {
@@ -938,11 +1061,14 @@ impl Charts {
                 registry.repository
             )));
         }
-        self.unpack_and_keep(actual, archive).await
+        self.unpack_and_keep(actual, archive, cacheable).await
     }
 }
 
-fn parse_index(raw: &[u8]) -> Result<Index, Status> {
+/// Reads `apiVersion` and `chart`'s versions from an index (JSON, else
+/// YAML).
+fn parse_index(raw: &[u8], chart: &str) -> Result<Index, Status> {
+    WANTED.with(|w| *w.borrow_mut() = chart.to_owned());
     let bad = |e: String| {
         Status::failed_precondition(format!("the repository's index.yaml does not parse: {e}"))
     };
@@ -1079,9 +1205,10 @@ impl Registry<'_> {
             query.append_pair("scope", &scope);
         }
         // The realm is another origin as a rule: the URL's credentials go
-        // there only if it shares the registry's host.
-        let same_host = realm.host_str() == self.base.host_str();
-        let credentials = if same_host {
+        // there only if it is the registry's own origin (scheme and port
+        // included, so never in the clear).
+        let same_origin = realm.origin() == self.base.origin();
+        let credentials = if same_origin {
             Credentials {
                 origin: realm.origin(),
                 basic: self.credentials.basic.clone(),
@@ -1194,11 +1321,28 @@ mod tests {
             "fd00:ec2::254",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "::10.0.0.1",
+            "64:ff9b::a00:5",
+            "64:ff9b:1::1",
+            "2002:a00:1::1",
+            "2001:0:1::1",
+            "fec0::1",
+            "100::1",
+            "192.0.0.8",
+            "198.18.0.1",
+            "192.0.2.1",
+            "203.0.113.9",
         ] {
             let ip: IpAddr = ip.parse().unwrap();
             assert!(policy.refuses(ip).is_some(), "{ip}");
         }
-        for ip in ["93.184.216.34", "2606:4700::1", "::ffff:8.8.8.8"] {
+        for ip in [
+            "93.184.216.34",
+            "2606:4700::1",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+        ] {
             let ip: IpAddr = ip.parse().unwrap();
             assert_eq!(policy.refuses(ip), None, "{ip}");
         }
@@ -1295,6 +1439,42 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, &raw).unwrap();
         gz.finish().unwrap()
+    }
+
+    #[test]
+    fn reads_only_the_wanted_charts_versions() {
+        let yaml = "apiVersion: v1\nentries:\n  other:\n    - version: 1.0.0\n  demo:\n    - version: 1.2.0\n      urls: [a.tgz]\n    - null\n";
+        let index = parse_index(yaml.as_bytes(), "demo").unwrap();
+        assert_eq!(index.api_version.as_deref(), Some("v1"));
+        let versions: Vec<&str> = index.entries.0.iter().map(|e| e.version.as_str()).collect();
+        assert_eq!(versions, ["1.2.0"]);
+        let json = r#"{"apiVersion":"v1","entries":{"demo":[{"version":"2.0.0"}],"x":null}}"#;
+        assert_eq!(
+            parse_index(json.as_bytes(), "demo")
+                .unwrap()
+                .entries
+                .0
+                .len(),
+            1
+        );
+        assert!(
+            parse_index(json.as_bytes(), "nope")
+                .unwrap()
+                .entries
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn long_names_are_skipped_not_buffered() {
+        let long = format!("demo/{}/values.yaml", "d".repeat(300));
+        let a = archive(&[
+            ("demo/Chart.yaml", b"name: demo\n"),
+            (long.as_str(), b"not: this\n"),
+            ("demo/values.yaml", b"this: one\n"),
+        ]);
+        assert_eq!(&unpack(&a).unwrap().values[..], b"this: one\n");
     }
 
     #[test]

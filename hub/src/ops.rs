@@ -19,7 +19,7 @@ use std::{
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -29,13 +29,26 @@ use crate::{
     server::{HubState, plain},
 };
 
-/// Connections an ops port serves at once: probes and scrapes are a few
-/// per minute, so this only bounds a misbehaving client.
+/// Connections an ops port serves at once, and from one source: probes and
+/// scrapes are a few per minute, so this only bounds a misbehaving client,
+/// and the per-source share keeps one such client from crowding out the
+/// kubelet's probes.
 const MAX_CONNECTIONS: usize = 64;
+const MAX_CONNECTIONS_PER_SOURCE: usize = 8;
 
 /// How long one ops connection may stay open: probes are one request, a
 /// scraper opens a new connection after this.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
+/// A connection must send its first bytes, and an HTTP/1.1 request its
+/// whole head, within this.
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// HTTP/2 streams one connection may hold open: a `grpc:` probe needs one.
+const MAX_STREAMS: u32 = 8;
+
+/// Largest gRPC health request: a service name.
+const MAX_HEALTH_MESSAGE: usize = 1024;
 
 /// What one ops listener serves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,9 +147,12 @@ pub async fn serve(
     health: tonic::service::Routes,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = crate::limits::ApiConnections::new(crate::limits::ApiConnectionLimits {
+        max_total: MAX_CONNECTIONS,
+        per_source: MAX_CONNECTIONS_PER_SOURCE,
+    });
     loop {
-        let (tcp, _) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
@@ -148,8 +164,8 @@ pub async fn serve(
             },
             _ = shutdown.cancelled() => return,
         };
-        // Over the bound the newest connection is closed at once.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        // Over a bound the newest connection is closed at once.
+        let Some(slot) = slots.try_enter(peer.ip()) else {
             continue;
         };
         let (state, health, shutdown) = (state.clone(), health.clone(), shutdown.clone());
@@ -159,7 +175,21 @@ pub async fn serve(
                 let (state, health) = (state.clone(), health.clone());
                 async move { Ok::<_, Infallible>(answer(&state, roles, health, req).await) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A connection that says nothing gives its place back soon.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(FIRST_BYTES_TIMEOUT, tcp.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(FIRST_BYTES_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(MAX_STREAMS);
             let conn = builder.serve_connection(TokioIo::new(tcp), service);
             tokio::select! {
                 _ = tokio::time::timeout(CONNECTION_LIFETIME, conn) => {}
@@ -181,6 +211,11 @@ async fn answer(
             b.map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
                 .boxed_unsync()
         });
+        // Measured from its length prefix before anything is buffered.
+        let req = match crate::forward::limit_first_message(req, MAX_HEALTH_MESSAGE).await {
+            Ok(req) => req,
+            Err(status) => return status.into_http(),
+        };
         let mut health = health;
         let resp = match tower::Service::call(&mut health, req).await {
             Ok(resp) => resp,

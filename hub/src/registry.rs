@@ -101,10 +101,14 @@ impl Registry {
                 cluster: cluster.to_owned(),
                 max_calls: tunnel.max_calls,
             })?;
-        let stream = tunnel
-            .opener
-            .open()
+        // Opening never waits for the peer's stream credit, but a wedged
+        // connection must not hold the call slot until keepalive gives up.
+        let stream = tokio::time::timeout(OPEN_TIMEOUT, tunnel.opener.open())
             .await
+            .map_err(|_| RouteError::TunnelFailed {
+                cluster: cluster.to_owned(),
+                reason: format!("no stream within {} s", OPEN_TIMEOUT.as_secs()),
+            })?
             .map_err(|e| RouteError::TunnelFailed {
                 cluster: cluster.to_owned(),
                 reason: e.to_string(),
@@ -167,6 +171,9 @@ impl Registry {
         self.tunnels.write().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// How long opening a stream on a tunnel may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A stream to a cluster's agent, holding one of its tunnel's call slots
 /// until the permit is dropped (the forwarders hand it to the stream's

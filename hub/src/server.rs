@@ -983,6 +983,9 @@ fn unread_body(
         return resp;
     }
     let chunked = parts.headers.contains_key(http::header::TRANSFER_ENCODING);
+    // A client waiting for `100 Continue` sends no body after a final
+    // answer: nothing to drain, and the connection cannot go on.
+    let expects = parts.headers.contains_key(http::header::EXPECT);
     let declared = parts
         .headers
         .get(http::header::CONTENT_LENGTH)
@@ -993,6 +996,7 @@ fn unread_body(
     // out larger.
     match declared {
         None | Some(0) if !chunked => return resp,
+        _ if expects => {}
         Some(n) if n > crate::limits::MAX_PUBLIC_MESSAGE as u64 => {}
         _ => {
             tokio::spawn(crate::limits::drain(body));

@@ -108,8 +108,8 @@ fn request_message(
 ) -> Result<Bytes, Status> {
     let payload = if env.flags & FLAG_COMPRESSED != 0 {
         if !codec.gzip {
-            return Err(Status::invalid_argument(format!(
-                "compressed message without {}: gzip",
+            return Err(Status::unimplemented(format!(
+                "a compressed message needs {}: gzip (the only encoding accepted)",
                 codec.encoding_header
             )));
         }
@@ -117,17 +117,26 @@ fn request_message(
     } else {
         env.payload
     };
-    Ok(if codec.json {
-        frames::encode(0, &json_to_proto(input, &payload)?)
-    } else {
-        frames::encode(0, &payload)
-    })
+    if !codec.json {
+        return Ok(frames::encode(0, &payload));
+    }
+    // JSON can be smaller than its protobuf (a list of zeros as packed
+    // doubles): the limit holds for what goes on, too.
+    let proto = json_to_proto(input, &payload)?;
+    if proto.len() > codec.max {
+        return Err(Status::resource_exhausted(format!(
+            "request message of {} bytes is over the limit of {}",
+            proto.len(),
+            codec.max
+        )));
+    }
+    Ok(frames::encode(0, &proto))
 }
 
 /// Rewrites a gRPC response body's protobuf messages into JSON, leaving
 /// trailers as they are. A message that cannot be rewritten ends the body
 /// with trailers carrying the status, as a handler's error would.
-pub fn json_responses(body: HttpBody, output: MessageDescriptor) -> HttpBody {
+pub fn json_responses(body: HttpBody, output: MessageDescriptor, gzip: bool) -> HttpBody {
     let s = futures::stream::unfold(
         (body, Parser::new(super::connect::MAX_UNARY_RESPONSE), false),
         move |(mut body, mut parser, done)| {
@@ -152,6 +161,12 @@ pub fn json_responses(body: HttpBody, output: MessageDescriptor) -> HttpBody {
                         }
                         Ok(Some(env)) => {
                             let json = if env.flags & FLAG_COMPRESSED != 0 {
+                                if !gzip {
+                                    let status = Status::internal(
+                                        "the handler compressed a message with an encoding other than gzip",
+                                    );
+                                    return Some((ended(status), (body, parser, true)));
+                                }
                                 gunzip(&env.payload, super::connect::MAX_UNARY_RESPONSE)
                                     .and_then(|p| proto_to_json(&output, &p))
                             } else {
@@ -169,9 +184,17 @@ pub fn json_responses(body: HttpBody, output: MessageDescriptor) -> HttpBody {
                     match body.frame().await {
                         Some(Ok(frame)) => match frame.into_data() {
                             Ok(data) => parser.push(&data),
+                            Err(_) if parser.remaining() > 0 => {
+                                let status = Status::internal("response ended inside a message");
+                                return Some((ended(status), (body, parser, true)));
+                            }
                             Err(frame) => return Some((Ok(frame), (body, parser, true))),
                         },
                         Some(Err(e)) => return Some((err_frame(e), (body, parser, true))),
+                        None if parser.remaining() > 0 => {
+                            let status = Status::internal("response ended inside a message");
+                            return Some((ended(status), (body, parser, true)));
+                        }
                         None => return None,
                     }
                 }
@@ -210,6 +233,7 @@ pub fn json_response(
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     // The messages leave uncompressed whatever the handler did.
+    let gzip = super::accepts_gzip(parts.headers.get("grpc-encoding"));
     parts.headers.remove("grpc-encoding");
-    http::Response::from_parts(parts, json_responses(body, output))
+    http::Response::from_parts(parts, json_responses(body, output, gzip))
 }

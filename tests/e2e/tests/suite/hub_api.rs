@@ -652,6 +652,15 @@ async fn ops_ports(hub: &TestHub) {
         .await
         .unwrap();
     let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    // A health request is a service name: anything much bigger is refused
+    // from its length prefix (the port takes no token).
+    let e = client
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "x".repeat(4096),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
     use tonic_health::pb::health_check_response::ServingStatus;
     for (service, want) in [
         ("", ServingStatus::Serving),
