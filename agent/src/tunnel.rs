@@ -40,6 +40,10 @@ pub struct AgentStatus {
     pub refusals: u32,
     /// The hint of the last refusal.
     pub last_retry_after: Option<Duration>,
+    /// The shortest time from a refusal to this agent's next attempt, as
+    /// its own clock measured it: what shows, from outside the hub, that
+    /// every hint was honoured.
+    pub shortest_wait_after_refusal: Option<Duration>,
     /// Switches to a better transport made while connected.
     pub switches: u32,
     /// Serial of the current certificate.
@@ -189,9 +193,21 @@ async fn run(
     let mut failed_rounds = 0u32;
     let mut failing_since: Option<tokio::time::Instant> = None;
     let mut urls_refreshed: Option<tokio::time::Instant> = None;
+    // When the hub last refused this agent with a hint.
+    let mut refused_at: Option<tokio::time::Instant> = None;
     loop {
         if shutdown.is_cancelled() {
             return;
+        }
+        // The attempt after a refusal starts here: how long it waited.
+        if let Some(at) = refused_at.take() {
+            let waited = at.elapsed();
+            status.send_modify(|s| {
+                s.shortest_wait_after_refusal = Some(
+                    s.shortest_wait_after_refusal
+                        .map_or(waited, |w| w.min(waited)),
+                );
+            });
         }
         // The hub may have moved its tunnel port: after a few failed rounds
         // a renewal (Register) brings its current URLs, at most once a
@@ -220,6 +236,9 @@ async fn run(
                 Err(e) => {
                     tracing::warn!(error = %e, "register failed");
                     let hint = e.retry_after();
+                    if hint.is_some() {
+                        refused_at = Some(tokio::time::Instant::now());
+                    }
                     status.send_modify(|s| {
                         s.last_error = e.to_string();
                         if hint.is_some() {
@@ -271,6 +290,8 @@ async fn run(
             if hint.is_none() {
                 failed_rounds += 1;
                 failing_since.get_or_insert_with(tokio::time::Instant::now);
+            } else {
+                refused_at = Some(tokio::time::Instant::now());
             }
             status.send_modify(|s| {
                 s.last_error = format!("no transport worked: {attempts:?}");

@@ -160,6 +160,7 @@ async fn restart_under_200_agents_is_paced() {
     // hint, so refusals × hint fit in the time since the stop.
     let mut most_dials = 0;
     let mut refused_by_transport = [0u32; 3];
+    let mut shortest = Duration::MAX;
     for (i, (a, b)) in agents.iter().zip(&before).enumerate() {
         let s = a.agent.status();
         let dials = s.dials - b.dials;
@@ -187,11 +188,33 @@ async fn restart_under_200_agents_is_paced() {
                 Some(HINT),
                 "agent {i}: the hint arrived intact"
             );
+            // Measured by the agent, refusal by refusal: never back before
+            // the hint was up.
+            let waited = s
+                .shortest_wait_after_refusal
+                .expect("an agent that was refused measured its wait");
+            assert!(
+                waited >= HINT,
+                "agent {i} came back {waited:?} after a refusal, before the hint of {HINT:?}"
+            );
+            shortest = shortest.min(waited);
         }
     }
     eprintln!(
-        "dial rounds per agent at most {most_dials}; refusals by transport (quic, h2, ws): {refused_by_transport:?}"
+        "dial rounds per agent at most {most_dials}; refusals by transport (quic, h2, ws): {refused_by_transport:?}; \
+         shortest wait after a refusal {shortest:?} (hint {HINT:?})"
     );
+    // Each transport carries the refusal its own way (QUIC close reason,
+    // a refusal line, 503 + Retry-After): each must have been exercised.
+    for (transport, refused) in ["QUIC", "HTTP/2", "WebSocket"]
+        .iter()
+        .zip(refused_by_transport)
+    {
+        assert!(
+            refused > 0,
+            "no agent over {transport} was refused: the test shows nothing for it"
+        );
+    }
     assert_eq!(
         pacer.refused(),
         u64::from(refused_by_transport.iter().sum::<u32>()),
@@ -250,6 +273,13 @@ async fn agents_registering_at_once_are_paced() {
             "agent {i} was turned away {} times in {since_start:?}",
             s.refusals
         );
+        if s.refusals > 0 {
+            let waited = s.shortest_wait_after_refusal.expect("wait measured");
+            assert!(
+                waited >= HINT,
+                "agent {i} registered again {waited:?} after a refusal, before the hint of {HINT:?}"
+            );
+        }
         refusals += u64::from(s.refusals);
     }
     assert_eq!(
