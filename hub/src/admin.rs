@@ -73,7 +73,7 @@ pub async fn ca(
 ) -> http::Response<HttpBody> {
     let caller = match admin(&state, &req).await {
         Ok(c) => c,
-        Err(resp) => return resp,
+        Err(resp) => return crate::server::unread_body(resp, req),
     };
     let force = req
         .uri()
@@ -155,7 +155,7 @@ pub async fn re_enroll(
 ) -> http::Response<HttpBody> {
     let caller = match admin(&state, &req).await {
         Ok(c) => c,
-        Err(resp) => return resp,
+        Err(resp) => return crate::server::unread_body(resp, req),
     };
     if req.method() != http::Method::POST {
         return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");

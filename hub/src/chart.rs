@@ -250,12 +250,16 @@ impl ChartFiles {
     }
 }
 
+/// One fetch's place among [`MAX_CONCURRENT_FETCHES`], held by the fetch
+/// and by its blocking work alike.
+type Slot = Arc<tokio::sync::OwnedSemaphorePermit>;
+
 /// Fetches charts for ShowChart.
 pub struct Charts {
     client: HttpsClient,
     policy: Arc<ChartPolicy>,
     cache: Mutex<VecDeque<(String, Arc<ChartFiles>)>>,
-    fetches: tokio::sync::Semaphore,
+    fetches: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Charts {
@@ -660,7 +664,7 @@ impl Charts {
             client,
             policy,
             cache: Mutex::new(VecDeque::new()),
-            fetches: tokio::sync::Semaphore::new(MAX_CONCURRENT_FETCHES),
+            fetches: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_FETCHES)),
         })
     }
 
@@ -687,15 +691,21 @@ impl Charts {
         }
         let repo = Url::parse(repo)
             .map_err(|e| Status::invalid_argument(format!("invalid repo_url: not a URL ({e})")))?;
-        let Ok(_slot) = self.fetches.try_acquire() else {
+        // The slot is shared with the blocking work (parsing, unpacking),
+        // which outlives a fetch that timed out: it is free only when
+        // that work is done too.
+        let Ok(slot) = self.fetches.clone().try_acquire_owned().map(Slot::new) else {
             return Err(Status::unavailable(
                 "too many chart fetches at once; try again shortly",
             ));
         };
         let fetch = async {
             match repo.scheme() {
-                "oci" => self.fetch_from_registry(&repo, name, version).await,
-                "http" | "https" => self.fetch_from_repository(&repo, name, version).await,
+                "oci" => self.fetch_from_registry(&repo, name, version, &slot).await,
+                "http" | "https" => {
+                    self.fetch_from_repository(&repo, name, version, &slot)
+                        .await
+                }
                 other => Err(Status::invalid_argument(format!(
                     "invalid repo_url: scheme {other:?} (use https://, http:// or oci://)"
                 ))),
@@ -875,6 +885,7 @@ impl Charts {
         repo: &Url,
         name: &str,
         version: &str,
+        slot: &Slot,
     ) -> Result<Arc<ChartFiles>, Status> {
         let credentials = Credentials::of(repo);
         let index_url = resolve(repo, "index.yaml")?;
@@ -886,9 +897,13 @@ impl Charts {
             Err(head) => return Err(answered(&index_url, head.status)),
         };
         let chart = name.to_owned();
-        let index: Index = tokio::task::spawn_blocking(move || parse_index(&raw, &chart))
-            .await
-            .map_err(|e| Status::internal(format!("index parser: {e}")))??;
+        let held = slot.clone();
+        let index: Index = tokio::task::spawn_blocking(move || {
+            let _held = held;
+            parse_index(&raw, &chart)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("index parser: {e}")))??;
         if index.api_version.is_none() {
             return Err(Status::failed_precondition(format!(
                 "{} has no apiVersion: not a chart repository index",
@@ -941,7 +956,7 @@ impl Charts {
                 shown(&archive_url)
             )));
         }
-        self.unpack_and_keep(actual, archive, cacheable).await
+        self.unpack_and_keep(actual, archive, cacheable, slot).await
     }
 
     async fn unpack_and_keep(
@@ -949,13 +964,18 @@ impl Charts {
         digest: String,
         archive: Bytes,
         cacheable: bool,
+        slot: &Slot,
     ) -> Result<Arc<ChartFiles>, Status> {
         if cacheable && let Some(files) = self.cached(&digest) {
             return Ok(files);
         }
-        let files = tokio::task::spawn_blocking(move || unpack(&archive))
-            .await
-            .map_err(|e| Status::internal(format!("chart unpacker: {e}")))??;
+        let held = slot.clone();
+        let files = tokio::task::spawn_blocking(move || {
+            let _held = held;
+            unpack(&archive)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("chart unpacker: {e}")))??;
         let files = Arc::new(files);
         if cacheable {
             self.remember(digest, files.clone());
@@ -970,6 +990,7 @@ impl Charts {
         repo: &Url,
         name: &str,
         version: &str,
+        slot: &Slot,
     ) -> Result<Arc<ChartFiles>, Status> {
         let host = repo.host_str().ok_or_else(|| {
             Status::invalid_argument("invalid repo_url: oci:// needs a registry host")
@@ -1061,7 +1082,7 @@ impl Charts {
                 registry.repository
             )));
         }
-        self.unpack_and_keep(actual, archive, cacheable).await
+        self.unpack_and_keep(actual, archive, cacheable, slot).await
     }
 }
 

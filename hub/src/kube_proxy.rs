@@ -73,7 +73,9 @@ pub async fn handle(
 ) -> http::Response<HttpBody> {
     let caller = match auth::authenticate(&state, req.headers()).await {
         Ok(c) => c,
-        Err(e) => return status(401, "Unauthorized", e.message()),
+        Err(e) => {
+            return crate::server::unread_body(status(401, "Unauthorized", e.message()), req);
+        }
     };
     // kubectl exec, attach, port-forward (and cp): an HTTP/1.1 Upgrade to
     // WebSocket or SPDY. Counted against the caller's and the cluster's

@@ -919,7 +919,7 @@ async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::R
     }
     let caller = match crate::admin::admin(state, &req).await {
         Ok(c) => c,
-        Err(resp) => return resp,
+        Err(resp) => return unread_body(resp, req),
     };
     let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
         .collect()
@@ -974,7 +974,7 @@ async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::R
 /// A body declared larger means the connection cannot be used again, so
 /// the answer says `Connection: close`.
 /// HTTP/2 streams are independent: nothing to do.
-fn unread_body(
+pub(crate) fn unread_body(
     mut resp: http::Response<HttpBody>,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
