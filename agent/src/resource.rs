@@ -281,10 +281,7 @@ impl ResourceService for Resources {
         &self,
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("list")?;
+        let (client, r, entry) = self.begin(request, "list").await?;
         let ns = opt_segment(&r.namespace, "namespace")?;
         let api = api_for(client, &entry, ns, false)?;
         let limit = match r.limit {
@@ -314,10 +311,7 @@ impl ResourceService for Resources {
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<Resource>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("get")?;
+        let (client, r, entry) = self.begin(request, "get").await?;
         let name = segment(&r.name, "name")?;
         let api = api_for(
             client,
@@ -333,10 +327,7 @@ impl ResourceService for Resources {
         &self,
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("get")?;
+        let (client, r, entry) = self.begin(request, "get").await?;
         let name = segment(&r.name, "name")?;
         let ns = opt_segment(&r.namespace, "namespace")?;
         let api = api_for(client.clone(), &entry, ns, true)?;
@@ -358,10 +349,7 @@ impl ResourceService for Resources {
         &self,
         request: Request<pb::CreateRequest>,
     ) -> Result<Response<Resource>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("create")?;
+        let (client, r, entry) = self.begin(request, "create").await?;
         let mut obj = convert::manifest(r.manifest.as_deref().unwrap_or_default())?;
         let ns = prepare_manifest(&mut obj, &entry, opt_segment(&r.namespace, "namespace")?)?;
         let api = api_for(client, &entry, &ns, true)?;
@@ -376,10 +364,7 @@ impl ResourceService for Resources {
         &self,
         request: Request<pb::ApplyRequest>,
     ) -> Result<Response<Resource>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("patch")?;
+        let (client, r, entry) = self.begin(request, "patch").await?;
         let manager = r
             .field_manager
             .as_deref()
@@ -412,10 +397,7 @@ impl ResourceService for Resources {
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<Resource>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("update")?;
+        let (client, r, entry) = self.begin(request, "update").await?;
         let wanted = segment(&r.name, "name")?.to_owned();
         let mut obj = convert::manifest(r.manifest.as_deref().unwrap_or_default())?;
         let ns = prepare_manifest(&mut obj, &entry, opt_segment(&r.namespace, "namespace")?)?;
@@ -441,10 +423,7 @@ impl ResourceService for Resources {
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<()>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("delete")?;
+        let (client, r, entry) = self.begin(request, "delete").await?;
         let name = segment(&r.name, "name")?;
         let api = api_for(
             client,
@@ -476,10 +455,7 @@ impl ResourceService for Resources {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
-        let entry = self.resolve(&r.group, &r.version, &r.resource).await?;
-        entry.require("watch")?;
+        let (client, r, entry) = self.begin(request, "watch").await?;
         let api = api_for(
             client,
             &entry,
@@ -511,7 +487,48 @@ impl ResourceService for Resources {
     }
 }
 
+/// A request that names a resource (group, version, resource).
+trait NamesResource {
+    fn names(&self) -> (&Option<String>, &Option<String>, &Option<String>);
+}
+
+macro_rules! names_resource {
+    ($($t:ty),*) => {$(
+        impl NamesResource for $t {
+            fn names(&self) -> (&Option<String>, &Option<String>, &Option<String>) {
+                (&self.group, &self.version, &self.resource)
+            }
+        }
+    )*};
+}
+
+names_resource!(
+    pb::ListRequest,
+    pb::GetRequest,
+    pb::DescribeRequest,
+    pb::CreateRequest,
+    pb::ApplyRequest,
+    pb::UpdateRequest,
+    pb::DeleteRequest,
+    pb::WatchRequest
+);
+
 impl Resources {
+    /// What every handler starts with: a client acting as the caller, the
+    /// request, and the resource it names, allowed `verb`.
+    async fn begin<R: NamesResource>(
+        &self,
+        request: Request<R>,
+        verb: &str,
+    ) -> Result<(kube::Client, R, ApiEntry), Status> {
+        let client = self.kube.for_caller(&caller(&request)?)?;
+        let r = request.into_inner();
+        let (group, version, resource) = r.names();
+        let entry = self.resolve(group, version, resource).await?;
+        entry.require(verb)?;
+        Ok((client, r, entry))
+    }
+
     async fn resolve(
         &self,
         group: &Option<String>,
