@@ -645,6 +645,61 @@ async fn ops_ports(hub: &TestHub) {
             "{text}"
         );
     }
+    // Anyone in the cluster's network can reach these ports: eight silent
+    // connections from one source take that source's share, a ninth from
+    // it is closed at once, a probe from another source is answered, and
+    // the silent ones are closed after 5 s.
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(tokio::net::TcpStream::connect(health).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let closed_at_once = |mut tcp: tokio::net::TcpStream| async move {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut b)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    };
+    let ninth = tokio::net::TcpStream::connect(health).await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(
+        closed_at_once(ninth).await,
+        "a ninth silent connection from one source is closed"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "closed at once, not after the silence bound"
+    );
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let other = other.connect(health).await.unwrap();
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut other = other;
+        other
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), other.read_to_end(&mut answer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    for tcp in silent {
+        assert!(
+            closed_at_once(tcp).await,
+            "a silent connection is closed after 5 s"
+        );
+    }
+
     // The kubelet's `grpc:` probe: gRPC health over h2c.
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{health}"))
         .unwrap()

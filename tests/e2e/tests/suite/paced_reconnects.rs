@@ -105,7 +105,10 @@ async fn restart_under_200_agents_is_paced() {
     // the connections it closed (three probe timeouts each, longer on a
     // loaded machine); a restarted process would find the port free at once.
     let stopped_at = Instant::now();
-    let deadline = stopped_at + Duration::from_secs(30);
+    // Bounded generously: this waits on the test's in-process stand-in for a
+    // restart, not on anything the hub promises, and the suite's other
+    // tests share the two cores.
+    let deadline = stopped_at + Duration::from_secs(90);
     while std::net::UdpSocket::bind(addrs.1).is_err() {
         assert!(
             Instant::now() < deadline,
