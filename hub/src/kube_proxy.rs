@@ -90,23 +90,25 @@ pub async fn handle(
             &state.metrics,
         ) {
             Ok(guard) => Some(guard),
-            Err(message) => return status(429, "TooManyRequests", &message),
+            Err(message) => {
+                return crate::server::unread_body(status(429, "TooManyRequests", &message), req);
+            }
         },
+    };
+    let Ok(uri) = tail.parse::<http::Uri>() else {
+        return crate::server::unread_body(status(400, "BadRequest", "bad request path"), req);
     };
     let call = match state.registry.open_call(&cluster, &*state.store).await {
         Ok(call) => call,
         Err(e) => {
             let (code, reason) = e.http();
-            return status(code, reason, &e.to_string());
+            return crate::server::unread_body(status(code, reason, &e.to_string()), req);
         }
     };
     let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     crate::forward::strip_client_headers(&mut parts.headers);
-    parts.uri = match tail.parse() {
-        Ok(u) => u,
-        Err(_) => return status(400, "BadRequest", "bad request path"),
-    };
+    parts.uri = uri;
     // An upgrade's request has no body of its own: after the switch the
     // caller's bytes follow as the tunnel stream's request body.
     let (body, upgrading) = match (upgrade, on_upgrade, upgrade_guard) {

@@ -221,6 +221,66 @@ where
     .await;
 }
 
+/// A request body on the API port. Over HTTP/1.1, one dropped before its
+/// end (a call answered from its first message, say an unknown cluster,
+/// while the client's terminating chunk is still on its way) is handed to
+/// [`drain`]: hyper would otherwise close the connection after an answer
+/// that did not say so, and a client reusing it saw `EPIPE`. HTTP/2
+/// streams are independent: a dropped one is just reset.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: Option<hyper::body::Incoming>,
+    drain_on_drop: bool,
+}
+
+impl RequestBody {
+    pub fn new(body: hyper::body::Incoming, version: http::Version) -> Self {
+        Self {
+            inner: Some(body),
+            drain_on_drop: version <= http::Version::HTTP_11,
+        }
+    }
+}
+
+impl http_body::Body for RequestBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        match self.inner.as_mut() {
+            Some(body) => std::pin::Pin::new(body).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| http_body::SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        let Some(body) = self.inner.take() else {
+            return;
+        };
+        if self.drain_on_drop
+            && !http_body::Body::is_end_stream(&body)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(drain(body));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -872,6 +872,8 @@ async fn route(
         state: state.clone(),
         routes: routes.clone(),
     };
+    let version = req.version();
+    let req = req.map(|body| crate::limits::RequestBody::new(body, version));
     match proto {
         Protocol::Grpc { json } => {
             let req = req.map(|b| {

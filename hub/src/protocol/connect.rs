@@ -8,7 +8,6 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::Incoming;
 use tonic::{Code, Status};
 
 use super::{
@@ -121,7 +120,7 @@ pub async fn unary(
     inner: GrpcHandler,
     method: MethodInfo,
     json: bool,
-    req: http::Request<Incoming>,
+    req: http::Request<crate::limits::RequestBody>,
     max_request: usize,
 ) -> http::Response<HttpBody> {
     match unary_inner(inner, method, json, req, max_request).await {
@@ -133,7 +132,7 @@ async fn unary_inner(
     inner: GrpcHandler,
     method: MethodInfo,
     json_post: bool,
-    req: http::Request<Incoming>,
+    req: http::Request<crate::limits::RequestBody>,
     max_request: usize,
 ) -> Result<http::Response<HttpBody>, http::Response<HttpBody>> {
     let err = |s: Status| unary_error(&s, None);
@@ -288,7 +287,7 @@ pub async fn streaming(
     inner: GrpcHandler,
     method: MethodInfo,
     json: bool,
-    req: http::Request<Incoming>,
+    req: http::Request<crate::limits::RequestBody>,
     max_message: usize,
 ) -> http::Response<HttpBody> {
     let (parts, body) = req.into_parts();

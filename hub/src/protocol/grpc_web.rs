@@ -5,7 +5,6 @@ use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, header};
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Incoming;
 
 use super::{
     BoxError, data_frame, err_frame, frames, pass_headers, status_frame, status_of, transcode,
@@ -21,7 +20,7 @@ pub async fn call(
     inner: GrpcHandler,
     text: bool,
     json: Option<(&MethodInfo, usize)>,
-    req: http::Request<Incoming>,
+    req: http::Request<crate::limits::RequestBody>,
 ) -> http::Response<HttpBody> {
     let (parts, body) = req.into_parts();
     let body: HttpBody = if text {

@@ -1034,3 +1034,116 @@ async fn plaintext_api_serves_h2c_and_http1() {
     assert_eq!(resp.status(), 200);
     hub.hub.shutdown().await;
 }
+
+/// Over HTTP/1.1 a call the hub answers from its first message, before the
+/// body's end has arrived (an unknown cluster), leaves the connection
+/// usable: the rest of the body is read and thrown away, and the next call
+/// on the same connection is answered. (Node's HTTP client sends a small
+/// body chunked, the terminating chunk a moment after the data; a closed
+/// connection showed there as `EPIPE` or `socket hang up` on the next call.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_answered_before_its_body_ended_keeps_the_connection() {
+    use futures::SinkExt;
+    use http_body_util::BodyExt;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| c.api_plaintext = true).await;
+    let tcp = tokio::net::TcpStream::connect(hub.hub.api_addr)
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let get = otter_proto::resource::v1::GetRequest {
+        cluster: Some("no-such-cluster".into()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        name: Some("web".into()),
+        ..Default::default()
+    };
+    for round in 0..3 {
+        // A body of unknown length (sent chunked) whose end comes later.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<
+            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+        >(2);
+        let body = http_body_util::StreamBody::new(rx);
+        let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
+            .header("content-type", "application/grpc-web+proto")
+            .header("x-grpc-web", "1")
+            .header("authorization", format!("Bearer {}", hub.admin_token))
+            .body(body)
+            .unwrap();
+        send.ready()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let pending = send.send_request(req);
+        tx.send(Ok(hyper::body::Frame::data(Bytes::from(frame(
+            &get.encode_to_vec(),
+        )))))
+        .await
+        .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), pending)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: no answer"))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(
+            resp.headers().get("connection").is_none(),
+            "round {round}: {:?}",
+            resp.headers()
+        );
+        let in_head = resp
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        // gRPC-Web sends its trailers in the head (trailers-only) or as the
+        // body's last frame.
+        let status = in_head.or_else(|| {
+            let (flags, trailer) = envelopes(&body).pop()?;
+            assert_eq!(flags & 0x80, 0x80, "round {round}");
+            String::from_utf8(trailer)
+                .ok()?
+                .lines()
+                .find_map(|l| l.strip_prefix("grpc-status:").map(|v| v.trim().to_owned()))
+        });
+        assert_eq!(status.as_deref(), Some("5"), "round {round}");
+        // The body's end arrives only now.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(tx);
+    }
+    // The same through the kubectl proxy: a create for a cluster the hub
+    // does not know.
+    for round in 0..2 {
+        let (mut tx, rx) = futures::channel::mpsc::channel::<
+            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+        >(2);
+        let req = http::Request::post("/clusters/no-such-cluster/api/v1/namespaces/default/pods")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {}", hub.admin_token))
+            .body(http_body_util::StreamBody::new(rx))
+            .unwrap();
+        send.ready()
+            .await
+            .unwrap_or_else(|e| panic!("kube round {round}: {e}"));
+        let pending = send.send_request(req);
+        tx.send(Ok(hyper::body::Frame::data(Bytes::from_static(
+            br#"{"kind":"Pod"}"#,
+        ))))
+        .await
+        .unwrap();
+        let resp = tokio::time::timeout(Duration::from_secs(20), pending)
+            .await
+            .unwrap_or_else(|_| panic!("kube round {round}: no answer"))
+            .unwrap_or_else(|e| panic!("kube round {round}: {e}"));
+        assert_eq!(resp.status(), 404, "kube round {round}");
+        assert!(
+            resp.headers().get("connection").is_none(),
+            "kube round {round}"
+        );
+        resp.into_body().collect().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(tx);
+    }
+    assert!(!conn.is_finished(), "the hub closed the connection");
+    hub.hub.shutdown().await;
+}
