@@ -1,23 +1,30 @@
-//! `/admin/v1/ca`: the hub CA rotation, for admins (see
-//! [`crate::authority`] for the steps).
+//! The admin API, `/admin/v1/…`, under the `otter` CLI. The caller was
+//! authenticated by the front door; each endpoint says who may use it.
 //!
-//! - `GET /admin/v1/ca`: the phase, the CAs' fingerprints and the links not
-//!   ready for the next step.
-//! - `POST /admin/v1/ca/{stage,activate,finish}[?force=true]`: one step;
-//!   409 with the clusters that are not ready, unless forced.
-//!
-//! `/admin/v1/links/<cluster>/re-enroll`: lets the cluster take one join
-//! token authorized from now on, whose agent replaces the current one
-//! (a join token enrolls a cluster once otherwise).
+//! - `ca`, `ca/{stage,activate,finish}[?force=true]` (operators): the hub
+//!   CA rotation (see [`crate::authority`]); 409 with the clusters that
+//!   are not ready for a step, unless forced.
+//! - `tenants` (POST: operators; GET: the caller's tenants, operators all)
+//!   and `tenants/<name>` (DELETE, operators, an empty tenant).
+//! - `tokens` (POST mints, GET lists) and `tokens/<id>` (DELETE revokes):
+//!   a tenant's admins for their tenant, operators for any.
+//! - `links/<cluster>/re-enroll` (POST) lets the cluster take one join
+//!   token authorized from now on, whose agent replaces the current one;
+//!   `links/<cluster>` (DELETE) forgets the link. Both for the cluster's
+//!   tenant admins; to anyone else the cluster does not exist.
 
 use std::sync::Arc;
 
 use hyper::body::Incoming;
 
 use crate::{
+    auth::Principal,
     authority::{NotReady, Phase},
     forward::HttpBody,
     server::{HubState, plain},
+    store::StoreExt,
+    tenancy::{Role, TenancyError},
+    tokens::TokenSpec,
 };
 
 /// How many agents are asked to renew at once after a step.
@@ -32,17 +39,447 @@ fn json(status: http::StatusCode, value: &serde_json::Value) -> http::Response<H
     resp
 }
 
-/// The caller, if an admin; else the 401 or 403 to answer.
-pub(crate) async fn admin(
-    state: &HubState,
-    req: &http::Request<Incoming>,
-) -> Result<otter_tunnel::Caller, http::Response<HttpBody>> {
-    let caller = crate::auth::authenticate(state, req.headers())
-        .await
-        .map_err(|s| plain(http::StatusCode::UNAUTHORIZED, s.message()))?;
-    crate::auth::require_admin(state, &caller)
-        .map_err(|s| plain(http::StatusCode::FORBIDDEN, s.message()))?;
+/// The verified caller (the front door authenticated it), if an operator.
+fn operator(req: &http::Request<Incoming>) -> Result<Principal, tonic::Status> {
+    let caller = crate::auth::verified(req.extensions())?;
+    crate::auth::require_operator(&caller)?;
     Ok(caller)
+}
+
+/// Serves `/admin/v1/…`; the caller was authenticated before.
+pub async fn route(
+    state: Arc<HubState>,
+    path: &str,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let rest = path.trim_start_matches("/admin/v1/");
+    let parts: Vec<&str> = rest.split('/').collect();
+    match parts.as_slice() {
+        ["ca"] => ca(state, None, req).await,
+        ["ca", step] => ca(state, Some(step), req).await,
+        ["tokens"] => tokens(&state, req).await,
+        ["tokens", id] => revoke_token(&state, id, req),
+        ["tenants"] => tenants(&state, req).await,
+        ["tenants", name] => delete_tenant(&state, name, req),
+        ["links", cluster, "re-enroll"] => re_enroll(state, cluster, req).await,
+        ["links", cluster] => delete_link(&state, cluster, req),
+        _ => crate::server::unread_body(
+            plain(
+                http::StatusCode::NOT_FOUND,
+                &format!("no such endpoint: {path}"),
+            ),
+            req,
+        ),
+    }
+}
+
+/// A gRPC status as the admin API's plain answer.
+fn refused(status: &tonic::Status) -> http::Response<HttpBody> {
+    let code = match status.code() {
+        tonic::Code::InvalidArgument => http::StatusCode::BAD_REQUEST,
+        tonic::Code::Unauthenticated => http::StatusCode::UNAUTHORIZED,
+        tonic::Code::PermissionDenied => http::StatusCode::FORBIDDEN,
+        tonic::Code::NotFound => http::StatusCode::NOT_FOUND,
+        tonic::Code::AlreadyExists | tonic::Code::FailedPrecondition => http::StatusCode::CONFLICT,
+        _ => http::StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    plain(code, status.message())
+}
+
+/// Reads a small JSON body.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    req: http::Request<Incoming>,
+    shape: &str,
+) -> Result<T, http::Response<HttpBody>> {
+    use http_body_util::BodyExt;
+    let body = http_body_util::Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+        .map_err(|_| {
+            plain(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                "request body over 64 KiB",
+            )
+        })?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| {
+        plain(
+            http::StatusCode::BAD_REQUEST,
+            &format!("expected {shape}: {e}"),
+        )
+    })
+}
+
+/// `POST /admin/v1/tokens`: mints a hub API token (the token is in the
+/// answer and nowhere else); `GET`: the tokens the caller manages, without
+/// their secrets.
+///
+/// A tenant admin mints members and admins of its tenant; an operator
+/// mints operators and a tenant's first admins (any membership).
+async fn tokens(state: &HubState, req: http::Request<Incoming>) -> http::Response<HttpBody> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        name: String,
+        #[serde(default)]
+        groups: Vec<String>,
+        #[serde(default)]
+        tenant: Option<String>,
+        #[serde(default)]
+        role: Option<String>,
+        #[serde(default)]
+        operator: bool,
+        #[serde(default)]
+        ttl_secs: Option<u64>,
+    }
+    let caller = match crate::auth::verified(req.extensions()) {
+        Ok(c) => c,
+        Err(s) => return crate::server::unread_body(refused(&s), req),
+    };
+    if req.method() == http::Method::GET {
+        return list_tokens(state, &caller);
+    }
+    if req.method() != http::Method::POST {
+        return crate::server::unread_body(
+            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST or GET"),
+            req,
+        );
+    }
+    let body: Body = match json_body(
+        req,
+        r#"{"name": …, "groups": […], "tenant": …, "role": "member"|"admin", "operator": false, "ttl_secs": …}"#,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    let bad = |s: &str| s.is_empty() || s.len() > 253 || s.chars().any(char::is_control);
+    if bad(&body.name) || body.groups.len() > 64 || body.groups.iter().any(|g| bad(g)) {
+        return plain(
+            http::StatusCode::BAD_REQUEST,
+            "name and groups must be 1 to 253 printable characters, at most 64 groups",
+        );
+    }
+    // No tenant, and no identity provider, names a Kubernetes built-in
+    // identity or the hub's own operator group.
+    let reserved = |g: &str| {
+        g.starts_with("system:")
+            || g.starts_with("otter:")
+            || g.starts_with("oidc:")
+            || g == state.config.admin_group
+    };
+    if body.name.starts_with("system:") || body.groups.iter().any(|g| reserved(g)) {
+        return plain(
+            http::StatusCode::BAD_REQUEST,
+            &format!(
+                "user names may not start with \"system:\", group names not with \"system:\", \"otter:\" or \"oidc:\" nor be {:?} (make an operator with \"operator\": true)",
+                state.config.admin_group
+            ),
+        );
+    }
+    let mut spec = TokenSpec {
+        user: body.name.clone(),
+        groups: body.groups.clone(),
+        ttl: body.ttl_secs.map(std::time::Duration::from_secs),
+        created_by: caller.user.clone(),
+        ..Default::default()
+    };
+    if body.operator {
+        if let Err(s) = crate::auth::require_operator(&caller) {
+            return refused(&s);
+        }
+        if body.tenant.is_some() || body.role.is_some() {
+            return plain(
+                http::StatusCode::BAD_REQUEST,
+                "an operator token belongs to no tenant; make tenant tokens separately",
+            );
+        }
+        spec.operator = true;
+    } else {
+        let role = match body.role.as_deref().unwrap_or("member").parse::<Role>() {
+            Ok(r) => r,
+            Err(e) => return plain(http::StatusCode::BAD_REQUEST, &e),
+        };
+        let tenant = match crate::auth::admin_tenant(&caller, body.tenant.as_deref(), true) {
+            Ok(t) => t,
+            Err(s) => return refused(&s),
+        };
+        match crate::tenancy::tenant(&*state.store, &tenant) {
+            Ok(Some(_)) => {}
+            Ok(None) => return refused(&TenancyError::NoSuchTenant(tenant).status()),
+            Err(e) => return refused(&e.into_status()),
+        }
+        // An operator names a tenant's first admins and nothing else: it
+        // cannot make itself, or anyone, a member of a tenant that has
+        // admins of its own.
+        if !caller.is_admin_of(&tenant) {
+            let has_admin = match has_admin(state, &tenant) {
+                Ok(h) => h,
+                Err(e) => return refused(&e.into_status()),
+            };
+            if role != Role::Admin || has_admin {
+                return plain(
+                    http::StatusCode::FORBIDDEN,
+                    &format!(
+                        "{} is not an admin of tenant {tenant:?}; an operator only names a tenant's first admins",
+                        caller.user
+                    ),
+                );
+            }
+        }
+        spec.tenants.insert(tenant, role);
+    }
+    match crate::tokens::mint_api_token(&*state.store, &spec) {
+        Ok((token, id)) => {
+            tracing::info!(user = %spec.user, %id, operator = spec.operator, tenants = ?spec.tenants, by = %caller.user, "API token created");
+            json(
+                http::StatusCode::OK,
+                &serde_json::json!({
+                    "id": id,
+                    "name": spec.user,
+                    "groups": spec.groups,
+                    "tenants": spec.tenants,
+                    "operator": spec.operator,
+                    "token": token,
+                }),
+            )
+        }
+        Err(e) => refused(&e.into_status()),
+    }
+}
+
+/// Whether a live token makes someone an admin of `tenant`.
+fn has_admin(state: &HubState, tenant: &str) -> crate::Result<bool> {
+    let now = crate::unix_now();
+    Ok(state
+        .store
+        .scan::<crate::tokens::ApiTokenRecord>(crate::store::tree::API_TOKENS)?
+        .iter()
+        .any(|r| r.tenants.get(tenant) == Some(&Role::Admin) && r.expires.is_none_or(|e| e > now)))
+}
+
+/// May `caller` see and revoke this token: operators every one, a tenant
+/// admin those whose every membership is in tenants it administers.
+fn manages(caller: &Principal, rec: &crate::tokens::ApiTokenRecord) -> bool {
+    caller.operator
+        || (!rec.operator
+            && !rec.tenants.is_empty()
+            && rec.tenants.keys().all(|t| caller.is_admin_of(t)))
+}
+
+fn list_tokens(state: &HubState, caller: &Principal) -> http::Response<HttpBody> {
+    let records = match state
+        .store
+        .scan::<crate::tokens::ApiTokenRecord>(crate::store::tree::API_TOKENS)
+    {
+        Ok(r) => r,
+        Err(e) => return refused(&e.into_status()),
+    };
+    let list: Vec<serde_json::Value> = records
+        .iter()
+        .filter(|r| manages(caller, r))
+        .map(|r| {
+            serde_json::json!({
+                "id": r.id, "name": r.name, "groups": r.groups, "tenants": r.tenants,
+                "operator": r.operator, "created": r.created, "expires": r.expires,
+                "created_by": r.created_by,
+            })
+        })
+        .collect();
+    json(http::StatusCode::OK, &serde_json::json!({ "tokens": list }))
+}
+
+/// `DELETE /admin/v1/tokens/<id>`: the token fails from its next call on.
+fn revoke_token(
+    state: &HubState,
+    id: &str,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let caller = match crate::auth::verified(req.extensions()) {
+        Ok(c) => c,
+        Err(s) => return crate::server::unread_body(refused(&s), req),
+    };
+    if req.method() != http::Method::DELETE {
+        return crate::server::unread_body(
+            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use DELETE"),
+            req,
+        );
+    }
+    // A token the caller does not manage is as unknown as one that is not.
+    let not_found = || plain(http::StatusCode::NOT_FOUND, &format!("no token {id:?}"));
+    let rec = match state
+        .store
+        .get::<crate::tokens::ApiTokenRecord>(crate::store::tree::API_TOKENS, id)
+    {
+        Ok(Some(r)) if manages(&caller, &r) => r,
+        Ok(_) => return not_found(),
+        Err(e) => return refused(&e.into_status()),
+    };
+    match crate::tokens::revoke_api_token(&*state.store, &rec.id) {
+        Ok(_) => {
+            tracing::info!(%id, user = %rec.name, by = %caller.user, "API token revoked");
+            json(
+                http::StatusCode::OK,
+                &serde_json::json!({ "id": id, "revoked": true }),
+            )
+        }
+        Err(e) => refused(&e.into_status()),
+    }
+}
+
+/// `POST /admin/v1/tenants {"name": …}` (operators) creates a tenant;
+/// `GET` lists the tenants the caller sees (operators: all).
+async fn tenants(state: &HubState, req: http::Request<Incoming>) -> http::Response<HttpBody> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        name: String,
+    }
+    let caller = match crate::auth::verified(req.extensions()) {
+        Ok(c) => c,
+        Err(s) => return crate::server::unread_body(refused(&s), req),
+    };
+    if req.method() == http::Method::GET {
+        let all = match crate::tenancy::list_tenants(&*state.store) {
+            Ok(all) => all,
+            Err(e) => return refused(&e.into_status()),
+        };
+        let mut list = Vec::new();
+        for t in all {
+            let role = caller.role_in(&t.name);
+            if !caller.operator && role.is_none() {
+                continue;
+            }
+            let clusters = crate::tenancy::clusters_of(&*state.store, &t.name)
+                .map(|c| c.len())
+                .unwrap_or_default();
+            list.push(serde_json::json!({
+                "name": t.name, "created": t.created, "clusters": clusters,
+                "role": role.map(Role::as_str),
+            }));
+        }
+        return json(
+            http::StatusCode::OK,
+            &serde_json::json!({ "tenants": list }),
+        );
+    }
+    if req.method() != http::Method::POST {
+        return crate::server::unread_body(
+            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST or GET"),
+            req,
+        );
+    }
+    if let Err(s) = crate::auth::require_operator(&caller) {
+        return crate::server::unread_body(refused(&s), req);
+    }
+    let body: Body = match json_body(req, r#"{"name": …}"#).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
+    if let Err(e) = crate::tenancy::validate_tenant_name(&body.name) {
+        return plain(http::StatusCode::BAD_REQUEST, &e);
+    }
+    match crate::tenancy::create_tenant(&*state.store, &body.name, &caller.user) {
+        Ok(Ok(t)) => {
+            tracing::info!(tenant = %t.name, by = %caller.user, "tenant created");
+            json(
+                http::StatusCode::OK,
+                &serde_json::json!({ "name": t.name, "created": t.created }),
+            )
+        }
+        Ok(Err(e)) => refused(&e.status()),
+        Err(e) => refused(&e.into_status()),
+    }
+}
+
+/// `DELETE /admin/v1/tenants/<name>` (operators): an empty tenant only.
+fn delete_tenant(
+    state: &HubState,
+    name: &str,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let caller = match operator(&req) {
+        Ok(c) => c,
+        Err(s) => return crate::server::unread_body(refused(&s), req),
+    };
+    if req.method() != http::Method::DELETE {
+        return crate::server::unread_body(
+            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use DELETE"),
+            req,
+        );
+    }
+    match crate::tenancy::delete_tenant(&*state.store, name) {
+        Ok(Ok(())) => {
+            tracing::info!(tenant = %name, by = %caller.user, "tenant deleted");
+            json(
+                http::StatusCode::OK,
+                &serde_json::json!({ "name": name, "deleted": true }),
+            )
+        }
+        Ok(Err(e)) => refused(&e.status()),
+        Err(e) => refused(&e.into_status()),
+    }
+}
+
+/// The tenant of `cluster` if the caller administers it; otherwise the
+/// answer for a cluster that does not exist, whoever holds it.
+fn administered_cluster(
+    state: &HubState,
+    caller: &Principal,
+    cluster: &str,
+) -> Result<String, tonic::Status> {
+    if otter_pki::validate_cluster_name(cluster).is_err() {
+        return Err(tonic::Status::invalid_argument("not a cluster name"));
+    }
+    match crate::tenancy::tenant_of(&*state.store, cluster) {
+        Ok(Some(tenant)) if caller.is_admin_of(&tenant) => Ok(tenant),
+        Ok(_) => Err(tonic::Status::not_found(format!(
+            "cluster {cluster} is not enrolled; a new manifest enrolls it"
+        ))),
+        Err(e) => Err(e.into_status()),
+    }
+}
+
+/// `DELETE /admin/v1/links/<cluster>` (the tenant's admins): the tunnel is
+/// closed, the link, its certificate serial and the cluster's name are
+/// forgotten; the old certificate is refused at the tunnel and at renewal
+/// from then on, as it names no link.
+fn delete_link(
+    state: &HubState,
+    cluster: &str,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let caller = match crate::auth::verified(req.extensions()) {
+        Ok(c) => c,
+        Err(s) => return crate::server::unread_body(refused(&s), req),
+    };
+    if req.method() != http::Method::DELETE {
+        return crate::server::unread_body(
+            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use DELETE"),
+            req,
+        );
+    }
+    let tenant = match administered_cluster(state, &caller, cluster) {
+        Ok(t) => t,
+        Err(s) => return refused(&s),
+    };
+    let forget = || -> crate::Result<()> {
+        state.store.delete(crate::store::tree::LINKS, cluster)?;
+        crate::tenancy::release_cluster(&*state.store, cluster)?;
+        state.store.flush()
+    };
+    if let Err(e) = forget() {
+        return refused(&e.into_status());
+    }
+    if let Some(entry) = state.registry.take(cluster) {
+        entry.opener.close("the link was deleted");
+    }
+    tracing::info!(%cluster, %tenant, by = %caller.user, "link deleted");
+    json(
+        http::StatusCode::OK,
+        &serde_json::json!({ "cluster": cluster, "deleted": true }),
+    )
 }
 
 /// The rotation's state as the API shows it.
@@ -71,9 +508,9 @@ pub async fn ca(
     step: Option<&str>,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let caller = match admin(&state, &req).await {
+    let caller = match operator(&req) {
         Ok(c) => c,
-        Err(resp) => return crate::server::unread_body(resp, req),
+        Err(s) => return crate::server::unread_body(refused(&s), req),
     };
     let force = req
         .uri()
@@ -153,15 +590,18 @@ pub async fn re_enroll(
     cluster: &str,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let caller = match admin(&state, &req).await {
+    let caller = match crate::auth::verified(req.extensions()) {
         Ok(c) => c,
-        Err(resp) => return crate::server::unread_body(resp, req),
+        Err(s) => return crate::server::unread_body(refused(&s), req),
     };
     if req.method() != http::Method::POST {
-        return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        return crate::server::unread_body(
+            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST"),
+            req,
+        );
     }
-    if otter_pki::validate_cluster_name(cluster).is_err() {
-        return plain(http::StatusCode::BAD_REQUEST, "not a cluster name");
+    if let Err(s) = administered_cluster(&state, &caller, cluster) {
+        return crate::server::unread_body(refused(&s), req);
     }
     let now = match crate::link_service::open_for_reenrollment(&*state.store, cluster) {
         Ok(Some(now)) => now,

@@ -3,7 +3,11 @@
 
 use otter_tunnel::Caller;
 
-use crate::{server::HubState, tokens};
+use crate::{
+    server::HubState,
+    tenancy::{Memberships, Role},
+    tokens,
+};
 
 /// Message of every authentication failure: says how to authenticate.
 pub const HOW_TO_AUTHENTICATE: &str = "send `authorization: Bearer <token>` with a token from your identity provider \
@@ -13,7 +17,75 @@ pub const HOW_TO_AUTHENTICATE: &str = "send `authorization: Bearer <token>` with
 /// carried in the request's extensions (which no client can set) so the
 /// handlers behind it need not verify the token again.
 #[derive(Debug, Clone)]
-pub struct Verified(pub Caller);
+pub struct Verified(pub Principal);
+
+/// Who a verified caller is to the hub: a user, the groups its token or
+/// identity provider gave it, and what it may do here.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Principal {
+    pub user: String,
+    pub groups: Vec<String>,
+    /// A hub operator: creates and deletes tenants and names their first
+    /// admins. Reaches no cluster by this alone.
+    pub operator: bool,
+    /// The tenants whose clusters the caller reaches, with its role.
+    pub tenants: Memberships,
+}
+
+impl Principal {
+    pub fn role_in(&self, tenant: &str) -> Option<Role> {
+        self.tenants.get(tenant).copied()
+    }
+
+    pub fn is_admin_of(&self, tenant: &str) -> bool {
+        self.role_in(tenant) == Some(Role::Admin)
+    }
+
+    /// The tenants the caller administers.
+    pub fn admin_tenants(&self) -> impl Iterator<Item = &str> {
+        self.tenants
+            .iter()
+            .filter(|(_, r)| **r == Role::Admin)
+            .map(|(t, _)| t.as_str())
+    }
+
+    /// The identity a cluster of `tenant` sees for this caller: its user,
+    /// its groups, `system:authenticated`, and its role in the tenant as a
+    /// group ([`role_group`]), which the manifest's RBAC binds.
+    pub fn identity_in(&self, tenant: &str) -> Caller {
+        let mut groups = vec!["system:authenticated".to_owned()];
+        groups.extend(
+            self.groups
+                .iter()
+                .filter(|g| *g != "system:authenticated")
+                .cloned(),
+        );
+        match self.role_in(tenant) {
+            Some(Role::Admin) => {
+                groups.push(role_group(tenant, Role::Member));
+                groups.push(role_group(tenant, Role::Admin));
+            }
+            Some(Role::Member) => groups.push(role_group(tenant, Role::Member)),
+            None => {}
+        }
+        Caller {
+            user: self.user.clone(),
+            groups,
+            ..Default::default()
+        }
+    }
+}
+
+/// The group a cluster sees for a role in its tenant:
+/// `otter:<tenant>:admins` or `otter:<tenant>:members` (admins are in
+/// both). No identity provider or token can name it: token groups are
+/// checked, and identity provider groups arrive prefixed `oidc:`.
+pub fn role_group(tenant: &str, role: Role) -> String {
+    match role {
+        Role::Admin => format!("otter:{tenant}:admins"),
+        Role::Member => format!("otter:{tenant}:members"),
+    }
+}
 
 /// Methods anyone may call: an agent's first Register carries its join
 /// token in the message, and health checks and reflection come from
@@ -26,35 +98,24 @@ pub fn needs_token(path: &str) -> bool {
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/"))
 }
 
-/// The verified caller of a request: the one the front door verified (in
-/// its extensions), or the one its `authorization` header authenticates.
-pub async fn caller_of(
-    state: &HubState,
-    extensions: &http::Extensions,
-    headers: &http::HeaderMap,
-) -> Result<Caller, tonic::Status> {
-    match extensions.get::<Verified>() {
-        Some(Verified(caller)) => Ok(caller.clone()),
-        None => authenticate(state, headers).await,
-    }
-}
-
-/// The verified caller of a gRPC request.
-pub async fn authenticate_grpc(
-    state: &HubState,
-    metadata: &tonic::metadata::MetadataMap,
-) -> Result<Caller, tonic::Status> {
-    let value = metadata
-        .get("authorization")
-        .map(|v| v.to_str().unwrap_or("\u{0}"));
-    authenticate_value(state, value).await
+/// The caller the front door verified (`server::route` authenticates
+/// every request that needs it, once, and puts the caller in its
+/// extensions, which no client can set). A handler reached any other way
+/// sees no caller: it fails closed.
+pub fn verified(extensions: &http::Extensions) -> Result<Principal, tonic::Status> {
+    extensions
+        .get::<Verified>()
+        .map(|v| v.0.clone())
+        .ok_or_else(|| {
+            tonic::Status::unauthenticated(format!("no credentials: {HOW_TO_AUTHENTICATE}"))
+        })
 }
 
 /// The verified caller of an HTTP request, from its `authorization` header.
 pub async fn authenticate(
     state: &HubState,
     headers: &http::HeaderMap,
-) -> Result<Caller, tonic::Status> {
+) -> Result<Principal, tonic::Status> {
     let value = headers
         .get(http::header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or("\u{0}"));
@@ -64,7 +125,7 @@ pub async fn authenticate(
 async fn authenticate_value(
     state: &HubState,
     value: Option<&str>,
-) -> Result<Caller, tonic::Status> {
+) -> Result<Principal, tonic::Status> {
     let value = value.ok_or_else(|| {
         tonic::Status::unauthenticated(format!("no credentials: {HOW_TO_AUTHENTICATE}"))
     })?;
@@ -88,27 +149,60 @@ async fn authenticate_value(
         };
     }
     match tokens::verify_api_token(&*state.store, token) {
-        Ok(Some(mut caller)) => {
-            if !caller.groups.iter().any(|g| g == "system:authenticated") {
-                caller.groups.insert(0, "system:authenticated".into());
-            }
-            Ok(caller)
-        }
+        Ok(Some(rec)) => Ok(Principal {
+            user: rec.name,
+            groups: rec.groups,
+            operator: rec.operator,
+            tenants: rec.tenants,
+        }),
         Ok(None) => Err(tonic::Status::unauthenticated(format!(
-            "invalid or revoked token: {HOW_TO_AUTHENTICATE}"
+            "invalid, expired or revoked token: {HOW_TO_AUTHENTICATE}"
         ))),
         Err(e) => Err(e.into_status()),
     }
 }
 
-/// PermissionDenied unless the caller is in the hub's admin group.
-pub fn require_admin(state: &HubState, caller: &Caller) -> Result<(), tonic::Status> {
-    if caller.groups.iter().any(|g| g == &state.config.admin_group) {
+/// PermissionDenied unless the caller is a hub operator.
+pub fn require_operator(caller: &Principal) -> Result<(), tonic::Status> {
+    if caller.operator {
         Ok(())
     } else {
         Err(tonic::Status::permission_denied(format!(
-            "{} is not in the admin group {:?}",
-            caller.user, state.config.admin_group
+            "{} is not a hub operator",
+            caller.user
         )))
+    }
+}
+
+/// The tenant a tenant admin acts in: the one named, which the caller must
+/// administer (operators may too, to name a tenant's first admins, when
+/// `operators` says so), or the caller's only one.
+pub fn admin_tenant(
+    caller: &Principal,
+    named: Option<&str>,
+    operators: bool,
+) -> Result<String, tonic::Status> {
+    match named.filter(|t| !t.is_empty()) {
+        Some(tenant) if caller.is_admin_of(tenant) || (operators && caller.operator) => {
+            Ok(tenant.to_owned())
+        }
+        Some(tenant) => Err(tonic::Status::permission_denied(format!(
+            "{} is not an admin of tenant {tenant:?}",
+            caller.user
+        ))),
+        None => {
+            let mut admin = caller.admin_tenants();
+            match (admin.next(), admin.next()) {
+                (Some(only), None) => Ok(only.to_owned()),
+                (None, _) => Err(tonic::Status::permission_denied(format!(
+                    "{} is not an admin of any tenant",
+                    caller.user
+                ))),
+                (Some(_), Some(_)) => Err(tonic::Status::invalid_argument(format!(
+                    "{} administers several tenants; name one (--tenant)",
+                    caller.user
+                ))),
+            }
+        }
     }
 }

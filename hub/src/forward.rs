@@ -66,7 +66,7 @@ async fn route(
     state: Arc<HubState>,
     req: http::Request<HttpBody>,
 ) -> Result<http::Response<HttpBody>, Status> {
-    let caller = auth::caller_of(&state, req.extensions(), req.headers()).await?;
+    let caller = auth::verified(req.extensions())?;
     let (mut parts, body) = req.into_parts();
     let (prefix, rest) = read_first_message(body, state.config.max_request_message).await?;
     if prefix[0] != 0 {
@@ -97,7 +97,7 @@ async fn route(
 
     let call = state
         .registry
-        .open_call(&cluster, &*state.store)
+        .open_call(&caller, &cluster, &*state.store)
         .await
         .map_err(crate::registry::RouteError::status)?;
 
@@ -118,7 +118,7 @@ async fn route(
     };
     let resp = otter_tunnel::http::forward(
         call.stream,
-        Some(caller),
+        Some(call.identity),
         req,
         Limits::default(),
         Some(Box::new(guard)),

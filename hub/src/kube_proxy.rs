@@ -71,21 +71,36 @@ pub async fn handle(
     tail: String,
     mut req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let caller = match auth::authenticate(&state, req.headers()).await {
+    let caller = match auth::verified(req.extensions()) {
         Ok(c) => c,
+        Err(e) => return crate::server::unread_body(unauthorized(e.message()), req),
+    };
+    let Ok(uri) = tail.parse::<http::Uri>() else {
+        return crate::server::unread_body(status(400, "BadRequest", "bad request path"), req);
+    };
+    let call = match state
+        .registry
+        .open_call(&caller, &cluster, &*state.store)
+        .await
+    {
+        Ok(call) => call,
         Err(e) => {
-            return crate::server::unread_body(status(401, "Unauthorized", e.message()), req);
+            let (code, reason) = e.http();
+            return crate::server::unread_body(status(code, reason, &e.to_string()), req);
         }
     };
     // kubectl exec, attach, port-forward (and cp): an HTTP/1.1 Upgrade to
     // WebSocket or SPDY. Counted against the caller's and the cluster's
-    // bounds before anything is opened.
+    // bounds before anything is relayed (after the authorization, so
+    // nobody learns of another tenant's cluster from its bound).
     let upgrade = req.headers().get(http::header::UPGRADE).cloned();
     let upgrade_guard = match &upgrade {
         None => None,
+        // Users are counted within their tenant: the same name in another
+        // tenant is someone else.
         Some(_) => match state.upgrades.try_acquire(
             &state.config.kube_upgrades,
-            &caller.user,
+            &format!("{}/{}", call.tunnel.tenant, caller.user),
             &cluster,
             &state.metrics,
         ) {
@@ -94,16 +109,6 @@ pub async fn handle(
                 return crate::server::unread_body(status(429, "TooManyRequests", &message), req);
             }
         },
-    };
-    let Ok(uri) = tail.parse::<http::Uri>() else {
-        return crate::server::unread_body(status(400, "BadRequest", "bad request path"), req);
-    };
-    let call = match state.registry.open_call(&cluster, &*state.store).await {
-        Ok(call) => call,
-        Err(e) => {
-            let (code, reason) = e.http();
-            return crate::server::unread_body(status(code, reason, &e.to_string()), req);
-        }
     };
     let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
@@ -131,7 +136,7 @@ pub async fn handle(
     let forwarded = otter_tunnel::http::forward_to(
         TARGET_KUBE,
         call.stream,
-        Some(caller),
+        Some(call.identity),
         http::Request::from_parts(parts, body),
         Limits::default(),
         Some(Box::new(call.permit)),
@@ -169,6 +174,11 @@ fn empty() -> HttpBody {
 }
 
 type UpBody = Result<Frame<Bytes>, std::io::Error>;
+
+/// A failed authentication, as a Kubernetes Status kubectl shows.
+pub fn unauthorized(message: &str) -> http::Response<HttpBody> {
+    status(401, "Unauthorized", message)
+}
 
 /// Relays an upgraded connection: the caller's bytes become DATA chunks of
 /// the tunnel stream, the agent's come back as the response body. Ends when

@@ -6,6 +6,7 @@
 //! - [`config`] — typed settings of `otter hub`.
 //! - [`store`] — what survives a restart (sled by default, behind a trait).
 //! - [`authority`] — the CA kept in the store; the hub's server certificate.
+//! - [`tenancy`] — tenants, the cluster names they hold, roles.
 //! - [`tokens`] — join tokens (agents) and API tokens (users), stored hashed.
 //! - [`registry`] — live tunnels by cluster: the routing table.
 //! - [`tunnels`] — accepts tunnel connections, checks certificates, keeps the
@@ -44,6 +45,7 @@ pub mod registry;
 pub mod sealed;
 pub mod server;
 pub mod store;
+pub mod tenancy;
 pub mod tokens;
 pub mod tunnels;
 

@@ -20,6 +20,9 @@ use crate::{
     unix_now,
 };
 
+/// Request header naming the tenant a manifest is for.
+pub const TENANT_HEADER: &str = "otter-tenant";
+
 /// Longest agent version string accepted.
 const MAX_VERSION_LEN: usize = 64;
 /// Longest Rancher project id accepted.
@@ -29,6 +32,10 @@ const MAX_RANCHER_ID_LEN: usize = 253;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LinkRecord {
     pub cluster: String,
+    /// The tenant the cluster belongs to (links of hubs from before
+    /// tenancy: `default`).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub agent_id: String,
     pub agent_version: String,
     #[serde(default)]
@@ -52,6 +59,10 @@ pub struct LinkRecord {
     /// replaces the current one. Cleared by that Register.
     #[serde(default)]
     pub reenroll_after: Option<i64>,
+}
+
+fn default_tenant() -> String {
+    crate::tenancy::DEFAULT_TENANT.to_owned()
 }
 
 /// Renewals of one cluster are at least this far apart.
@@ -173,6 +184,18 @@ impl LinkSvc {
                         }
                     }
                 }
+                // The token's tenant holds the name (a claim made when its
+                // manifest was minted); one released since is claimed again.
+                match crate::tenancy::claim_cluster(
+                    &*self.state.store,
+                    &cluster,
+                    &checked.record.tenant,
+                )
+                .map_err(|e| e.into_status())?
+                {
+                    Ok(()) => {}
+                    Err(e) => return Err(Status::permission_denied(e.to_string())),
+                }
                 Some(checked)
             }
             None => {
@@ -234,6 +257,11 @@ impl LinkSvc {
         // Spent only now that the request is known to be good, and only
         // once: of two Registers racing with one token, one wins.
         let enrolling = join_token.is_some();
+        let tenant = match (&join_token, &current) {
+            (Some(checked), _) => checked.record.tenant.clone(),
+            (None, Some(link)) => link.tenant.clone(),
+            (None, None) => no_link_to_renew(&cluster)?,
+        };
         if let Some(checked) = join_token
             && let Err(e) = tokens::spend_join_token(&*self.state.store, checked, &agent_id)
                 .map_err(|e| e.into_status())?
@@ -244,6 +272,7 @@ impl LinkSvc {
         let previous = current;
         let record = LinkRecord {
             cluster: cluster.clone(),
+            tenant,
             agent_id: agent_id.clone(),
             agent_version,
             rancher_project_id,
@@ -302,15 +331,19 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<ListLinksRequest>,
     ) -> Result<Response<ListLinksResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        let caller = auth::verified(request.extensions())?;
         let records = self
             .state
             .store
             .scan::<LinkRecord>(tree::LINKS)
             .map_err(|e| e.into_status())?;
+        // Only the caller's tenants' links; the agent, its address and
+        // certificate only to the tenant's admins.
         let links = records
             .into_iter()
-            .map(|r| {
+            .filter_map(|r| caller.role_in(&r.tenant).map(|role| (role, r)))
+            .map(|(role, r)| {
+                let admin = role == crate::tenancy::Role::Admin;
                 let live = self
                     .state
                     .registry
@@ -320,7 +353,7 @@ impl LinkService for LinkSvc {
                     cluster: Some(r.cluster),
                     agent_version: Some(r.agent_version),
                     rancher_project_id: Some(r.rancher_project_id),
-                    agent_id: Some(r.agent_id),
+                    agent_id: admin.then_some(r.agent_id),
                     state: Some(if live.is_some() {
                         LinkState::Connected
                     } else {
@@ -338,9 +371,12 @@ impl LinkService for LinkSvc {
                     })),
                     first_seen: Some(timestamp(r.first_seen)),
                     certificate_expires: Some(timestamp(r.cert_not_after)),
-                    certificate_serial: Some(r.cert_serial),
-                    remote_address: live.as_ref().map(|t| t.remote.to_string()),
-                    diagnosis: live.as_ref().map(|t| diagnosis(t)),
+                    certificate_serial: admin.then_some(r.cert_serial),
+                    remote_address: live
+                        .as_ref()
+                        .filter(|_| admin)
+                        .map(|t| t.remote.to_string()),
+                    diagnosis: live.as_ref().filter(|_| admin).map(|t| diagnosis(t)),
                 }
             })
             .collect();
@@ -386,8 +422,14 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<GetAgentManifestRequest>,
     ) -> Result<Response<GetAgentManifestResponse>, Status> {
-        let caller = auth::authenticate_grpc(&self.state, request.metadata()).await?;
-        auth::require_admin(&self.state, &caller)?;
+        let caller = auth::verified(request.extensions())?;
+        // The upstream request names no tenant: the caller's only one, or
+        // the one its `otter-tenant` header names.
+        let named = request
+            .metadata()
+            .get(TENANT_HEADER)
+            .map(|v| v.to_str().unwrap_or("\u{0}").to_owned());
+        let tenant = auth::admin_tenant(&caller, named.as_deref(), false)?;
         let req = request.into_inner();
         let cluster = req.cluster.unwrap_or_default();
         otter_pki::validate_cluster_name(&cluster)
@@ -405,8 +447,15 @@ impl LinkService for LinkSvc {
                 admins.push(u);
             }
         }
+        match crate::tenancy::claim_cluster(&*self.state.store, &cluster, &tenant)
+            .map_err(|e| e.into_status())?
+        {
+            Ok(()) => {}
+            Err(e) => return Err(e.status()),
+        }
         let claims = manifest::claims(
             &cluster,
+            &tenant,
             &admins,
             &rancher,
             self.state.config.manifest_ttl,
@@ -418,7 +467,7 @@ impl LinkService for LinkSvc {
             self.state.external_url.as_str().trim_end_matches('/')
         );
         let yaml = render_manifest(&self.state, &claims).map_err(|e| e.into_status())?;
-        tracing::info!(%cluster, user = %caller.user, "agent manifest issued");
+        tracing::info!(%cluster, %tenant, user = %caller.user, "agent manifest issued");
         Ok(Response::new(GetAgentManifestResponse {
             manifest: Some(yaml),
             url: Some(url),
@@ -429,7 +478,15 @@ impl LinkService for LinkSvc {
         &self,
         request: Request<ListRancherProjectsRequest>,
     ) -> Result<Response<ListRancherProjectsResponse>, Status> {
-        auth::authenticate_grpc(&self.state, request.metadata()).await?;
+        let caller = auth::verified(request.extensions())?;
+        // The projects of the hub's Rancher are for those who mint
+        // manifests with them.
+        if !caller.operator && caller.admin_tenants().next().is_none() {
+            return Err(Status::permission_denied(format!(
+                "{} is not an admin of any tenant",
+                caller.user
+            )));
+        }
         let rancher = self.state.rancher.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",
@@ -468,6 +525,7 @@ fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Res
     let join_token = tokens::mint_join_token_authorized(
         &*state.store,
         &claims.cluster,
+        &claims.tenant,
         state.config.join_token_ttl,
         claims.issued,
     )?;
@@ -541,6 +599,14 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
         proxy: report["proxy"].as_str().map(str::to_owned),
         rtt_micros: t.opener.rtt().map(|d| d.as_micros() as i64),
     }
+}
+
+/// A renewal always has a current link (checked above); should that ever
+/// change, the call fails instead of guessing a tenant.
+fn no_link_to_renew(cluster: &str) -> Result<String, Status> {
+    Err(Status::permission_denied(format!(
+        "cluster {cluster} has no link to renew; register with a join token"
+    )))
 }
 
 /// Unavailable with the hub's retry-after hint in the metadata.

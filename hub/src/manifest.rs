@@ -53,6 +53,9 @@ pub const AGENT_SECRET: &str = "otter-agent";
 pub struct UrlClaims {
     #[serde(rename = "c")]
     pub cluster: String,
+    /// The tenant the cluster joins. URLs of older hubs: `default`.
+    #[serde(rename = "t", default = "default_tenant")]
+    pub tenant: String,
     #[serde(rename = "a")]
     pub admins: Vec<String>,
     #[serde(rename = "r", default)]
@@ -183,9 +186,14 @@ pub fn verify(key: &hmac::Key, token: &str, ca_fingerprint: &str) -> Result<UrlC
     Ok(claims)
 }
 
+fn default_tenant() -> String {
+    crate::tenancy::DEFAULT_TENANT.to_owned()
+}
+
 /// Claims for a URL valid for `ttl`.
 pub fn claims(
     cluster: &str,
+    tenant: &str,
     admins: &[String],
     rancher_project_id: &str,
     ttl: Duration,
@@ -193,6 +201,7 @@ pub fn claims(
 ) -> UrlClaims {
     UrlClaims {
         cluster: cluster.to_owned(),
+        tenant: tenant.to_owned(),
         admins: admins.to_vec(),
         rancher_project_id: rancher_project_id.to_owned(),
         expires: unix_now() + ttl.as_secs() as i64,
@@ -496,6 +505,7 @@ mod tests {
         let key = url_key(&store).unwrap();
         let c = claims(
             "edge-1",
+            "default",
             &["alice".into()],
             "",
             Duration::from_secs(60),
@@ -511,7 +521,10 @@ mod tests {
         tampered[3] ^= 1;
         assert!(verify(&key, std::str::from_utf8(&tampered).unwrap(), "fp").is_err());
         assert_eq!(verify(&key, &token, "other"), Err(UrlError::OtherCa));
-        let expired = sign(&key, &claims("edge-1", &[], "", Duration::ZERO, "fp"));
+        let expired = sign(
+            &key,
+            &claims("edge-1", "default", &[], "", Duration::ZERO, "fp"),
+        );
         assert_eq!(verify(&key, &expired, "fp"), Err(UrlError::Expired));
         assert_eq!(verify(&key, "garbage", "fp"), Err(UrlError::Malformed));
         let other_key = hmac::Key::new(hmac::HMAC_SHA256, b"another key");

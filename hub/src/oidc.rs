@@ -21,10 +21,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::auth::Principal;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, jwk::JwkSet};
-use otter_tunnel::Caller;
 use tonic::Status;
 use url::Url;
 
@@ -58,6 +58,12 @@ pub struct OidcConfig {
     pub roles_client: Option<String>,
     /// Extra CA (PEM) to trust for the issuer, beside the public roots.
     pub ca_pem: Option<String>,
+    /// A groups-claim value `<prefix><tenant>:<role>` makes the user a
+    /// member (`member`) or an admin (`admin`) of that tenant; such values
+    /// are not passed on as groups.
+    pub tenant_group_prefix: String,
+    /// The groups-claim value that makes a user a hub operator.
+    pub operator_group: String,
     /// Clock skew allowed on `exp` and `nbf`.
     pub leeway: Duration,
     /// How often the JWKS is refetched.
@@ -76,6 +82,8 @@ impl OidcConfig {
             groups_claim: "groups".into(),
             roles_client: None,
             ca_pem: None,
+            tenant_group_prefix: "otterscale:tenant:".into(),
+            operator_group: crate::tokens::ADMIN_GROUP.into(),
             leeway: Duration::from_secs(60),
             jwks_refresh: Duration::from_secs(600),
             unknown_kid_refetch: UNKNOWN_KID_REFETCH,
@@ -359,7 +367,7 @@ impl OidcVerifier {
     }
 
     /// The caller a bearer token names, if the token is valid.
-    pub async fn verify(&self, token: &str) -> Result<Caller, Status> {
+    pub async fn verify(&self, token: &str) -> Result<Principal, Status> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| Status::unauthenticated(format!("malformed token: {e}")))?;
         if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
@@ -391,18 +399,36 @@ impl OidcVerifier {
         self.identity(&data.claims)
     }
 
-    fn identity(&self, claims: &serde_json::Value) -> Result<Caller, Status> {
+    fn identity(&self, claims: &serde_json::Value) -> Result<Principal, Status> {
         let user = claims[&self.config.user_claim]
             .as_str()
             .filter(|u| !u.is_empty())
             .ok_or_else(|| {
                 Status::unauthenticated(format!("token has no {} claim", self.config.user_claim))
             })?;
-        let mut groups = vec!["system:authenticated".to_owned()];
+        let mut principal = Principal {
+            user: user.to_owned(),
+            ..Default::default()
+        };
         let mut add = |g: &str| {
+            if g == self.config.operator_group {
+                principal.operator = true;
+            }
+            if let Some(membership) = g.strip_prefix(&self.config.tenant_group_prefix) {
+                // `<tenant>:<role>`; anything else there is ignored, not
+                // passed on as a group.
+                if let Some((tenant, role)) = membership.rsplit_once(':')
+                    && crate::tenancy::validate_tenant_name(tenant).is_ok()
+                    && let Ok(role) = role.parse::<crate::tenancy::Role>()
+                {
+                    let held = principal.tenants.entry(tenant.to_owned()).or_insert(role);
+                    *held = (*held).max(role);
+                }
+                return;
+            }
             let g = format!("oidc:{g}");
-            if !groups.contains(&g) {
-                groups.push(g);
+            if !principal.groups.contains(&g) {
+                principal.groups.push(g);
             }
         };
         if let Some(list) = claims[&self.config.groups_claim].as_array() {
@@ -416,11 +442,7 @@ impl OidcVerifier {
         if let Some(roles) = claims["resource_access"][client]["roles"].as_array() {
             roles.iter().filter_map(|r| r.as_str()).for_each(&mut add);
         }
-        Ok(Caller {
-            user: user.to_owned(),
-            groups,
-            ..Default::default()
-        })
+        Ok(principal)
     }
 }
 

@@ -11,6 +11,8 @@ use std::{
 };
 
 use otter_tunnel::{Opener, TransportKind, TunnelStream};
+
+use crate::auth::Principal;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
@@ -23,6 +25,8 @@ pub struct TunnelEntry {
     /// Unique per connection, so a stale close cannot remove its successor.
     pub id: u64,
     pub cluster: String,
+    /// The tenant the cluster belongs to.
+    pub tenant: String,
     pub agent_id: String,
     pub opener: Arc<dyn Opener>,
     pub transport: TransportKind,
@@ -80,10 +84,21 @@ impl Registry {
     /// from an unknown one.
     pub async fn open_call(
         &self,
+        caller: &Principal,
         cluster: &str,
         links: &dyn Store,
     ) -> Result<OpenCall, RouteError> {
-        let Some(tunnel) = self.get(cluster) else {
+        let tunnel = self.get(cluster);
+        // The one authorization point: a cluster of a tenant the caller is
+        // not a member of answers exactly as one that does not exist.
+        let tenant = match &tunnel {
+            Some(t) => Some(t.tenant.clone()),
+            None => crate::tenancy::tenant_of(links, cluster).map_err(RouteError::Store)?,
+        };
+        let Some(tenant) = tenant.filter(|t| caller.role_in(t).is_some()) else {
+            return Err(RouteError::NotRegistered(cluster.to_owned()));
+        };
+        let Some(tunnel) = tunnel else {
             return Err(match links.get::<LinkRecord>(tree::LINKS, cluster) {
                 Ok(Some(link)) => RouteError::Offline {
                     cluster: cluster.to_owned(),
@@ -117,6 +132,7 @@ impl Registry {
             stream,
             permit,
             tunnel,
+            identity: caller.identity_in(&tenant),
         })
     }
 
@@ -144,6 +160,11 @@ impl Registry {
         } else {
             None
         }
+    }
+
+    /// Removes the cluster's tunnel, whichever it is (its link was deleted).
+    pub fn take(&self, cluster: &str) -> Option<Arc<TunnelEntry>> {
+        self.write().remove(cluster)
     }
 
     /// Forgets every tunnel (the hub is stopping).
@@ -182,6 +203,8 @@ pub struct OpenCall {
     pub stream: TunnelStream,
     pub permit: OwnedSemaphorePermit,
     pub tunnel: Arc<TunnelEntry>,
+    /// Who the cluster is told the caller is.
+    pub identity: otter_tunnel::Caller,
 }
 
 impl std::fmt::Debug for OpenCall {

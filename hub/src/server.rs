@@ -129,6 +129,10 @@ impl Hub {
                 Arc::new(sled)
             }
         };
+        // Stores of hubs from before tenancy join the model first: the
+        // first-start admin token then lands in an existing `default`.
+        crate::tenancy::migrate(&*store)?;
+        tokens::migrate_api_tokens(&*store, &config.admin_group)?;
         let admin_token = tokens::ensure_admin_token(&*store, &config.data_dir)?;
         let pruned = tokens::prune_join_tokens(&*store)?;
         if pruned > 0 {
@@ -312,11 +316,21 @@ impl Hub {
         self.state.authority.current().bundle_pem()
     }
 
-    /// Mints a join token for `cluster` with the configured lifetime.
+    /// Mints a join token for `cluster` of tenant `default` with the
+    /// configured lifetime.
     pub fn mint_join_token(&self, cluster: &str) -> Result<String> {
+        self.mint_join_token_in(cluster, crate::tenancy::DEFAULT_TENANT)
+    }
+
+    /// Mints a join token for `cluster` of `tenant`, claiming the name for
+    /// it as a manifest does.
+    pub fn mint_join_token_in(&self, cluster: &str, tenant: &str) -> Result<String> {
+        crate::tenancy::claim_cluster(&*self.state.store, cluster, tenant)?
+            .map_err(|e| crate::HubError::Config(e.to_string()))?;
         tokens::mint_join_token(
             &*self.state.store,
             cluster,
+            tenant,
             self.state.config.join_token_ttl,
         )
     }
@@ -328,9 +342,23 @@ impl Hub {
         Ok(crate::link_service::open_for_reenrollment(&*self.state.store, cluster)?.is_some())
     }
 
-    /// Mints an API token for a user.
+    /// Mints an API token for a member of tenant `default`.
     pub fn mint_api_token(&self, user: &str, groups: &[String]) -> Result<String> {
-        tokens::mint_api_token(&*self.state.store, user, groups)
+        let spec = tokens::TokenSpec::member(user, groups, crate::tenancy::DEFAULT_TENANT);
+        Ok(tokens::mint_api_token(&*self.state.store, &spec)?.0)
+    }
+
+    /// Mints an API token as described.
+    pub fn mint_token(&self, spec: &tokens::TokenSpec) -> Result<String> {
+        Ok(tokens::mint_api_token(&*self.state.store, spec)?.0)
+    }
+
+    /// Creates a tenant.
+    pub fn create_tenant(&self, name: &str) -> Result<()> {
+        crate::tenancy::validate_tenant_name(name).map_err(crate::HubError::Config)?;
+        crate::tenancy::create_tenant(&*self.state.store, name, "hub")?
+            .map_err(|e| crate::HubError::Config(e.to_string()))?;
+        Ok(())
     }
 
     /// Stops every listener, closes every tunnel, and waits (bounded) for all
@@ -781,39 +809,7 @@ async fn route(
     {
         return resp;
     }
-    if path == "/metrics" && req.method() == http::Method::GET {
-        return match crate::auth::authenticate(&state, req.headers()).await {
-            Ok(_) => crate::ops::metrics(&state),
-            Err(status) => plain(http::StatusCode::UNAUTHORIZED, status.message()),
-        };
-    }
-    let path_and_query = req
-        .uri()
-        .path_and_query()
-        .map_or(path.clone(), |p| p.as_str().to_owned());
-    if let Some((cluster, tail)) =
-        crate::kube_proxy::split(&state.config.kube_proxy_prefix, &path_and_query)
-    {
-        let cluster = cluster.to_owned();
-        return crate::kube_proxy::handle(state, cluster, tail, req).await;
-    }
-    if path == "/admin/v1/tokens" {
-        return create_token(&state, req).await;
-    }
-    if path == "/admin/v1/ca" {
-        return crate::admin::ca(state, None, req).await;
-    }
-    if let Some(cluster) = path
-        .strip_prefix("/admin/v1/links/")
-        .and_then(|rest| rest.strip_suffix("/re-enroll"))
-    {
-        let cluster = cluster.to_owned();
-        return crate::admin::re_enroll(state, &cluster, req).await;
-    }
-    if let Some(step) = path.strip_prefix("/admin/v1/ca/") {
-        let step = step.to_owned();
-        return crate::admin::ca(state, Some(&step), req).await;
-    }
+    // The manifest URL is its own credential.
     if let Some(token) = path.strip_prefix("/link/manifest/") {
         if req.method() != http::Method::GET {
             return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use GET");
@@ -834,34 +830,74 @@ async fn route(
             Err((status, text)) => plain(status, &text),
         };
     }
-    let Some(method) = state.methods.get(&path).cloned() else {
-        return unread_body(
-            plain(
-                http::StatusCode::NOT_FOUND,
-                &format!("no such endpoint: {path}"),
-            ),
-            req,
-        );
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or(path.clone(), |p| p.as_str().to_owned());
+    // What the request is for: it decides the shape of a refusal.
+    let endpoint = if let Some((cluster, tail)) =
+        crate::kube_proxy::split(&state.config.kube_proxy_prefix, &path_and_query)
+    {
+        Endpoint::Kube {
+            cluster: cluster.to_owned(),
+            tail: tail.to_owned(),
+        }
+    } else if path == "/metrics" && req.method() == http::Method::GET {
+        Endpoint::Metrics
+    } else if path.starts_with("/admin/v1/") {
+        Endpoint::Admin
+    } else {
+        let Some(method) = state.methods.get(&path).cloned() else {
+            return unread_body(
+                plain(
+                    http::StatusCode::NOT_FOUND,
+                    &format!("no such endpoint: {path}"),
+                ),
+                req,
+            );
+        };
+        match protocol::detect(req.method(), req.headers()) {
+            Ok(proto) => Endpoint::Api { method, proto },
+            Err(why) => return unread_body(protocol::unsupported_response(&why), req),
+        }
     };
-    let proto = match protocol::detect(req.method(), req.headers()) {
-        Ok(proto) => proto,
-        Err(why) => return unread_body(protocol::unsupported_response(&why), req),
-    };
-    req.extensions_mut().insert(conn);
-    // Who is calling is decided from the headers, before a byte of the
-    // body is read: an anonymous client gets its answer without the hub
-    // buffering anything. Only the endpoints that need no token take a
-    // body from an anonymous client, and a small one.
-    let max = if crate::auth::needs_token(&path) {
+    // The one authentication: who is calling is decided here, from the
+    // headers, before a byte of the body is read, for every endpoint but
+    // the API methods anyone may call (`auth::needs_token`). The handlers
+    // behind take the caller from the request's extensions.
+    let public = matches!(endpoint, Endpoint::Api { .. }) && !crate::auth::needs_token(&path);
+    if !public {
         match crate::auth::authenticate(&state, req.headers()).await {
             Ok(caller) => {
                 req.extensions_mut().insert(crate::auth::Verified(caller));
             }
-            Err(status) => return unread_body(protocol_error(proto, &status), req),
+            Err(status) => return unread_body(endpoint.refusal(&status), req),
         }
-        state.config.max_request_message
-    } else {
+    }
+    let (method, proto) = match endpoint {
+        Endpoint::Kube { cluster, tail } => {
+            return crate::kube_proxy::handle(state, cluster, tail, req).await;
+        }
+        Endpoint::Metrics => {
+            return match crate::auth::verified(req.extensions())
+                .and_then(|c| crate::auth::require_operator(&c))
+            {
+                Ok(()) => crate::ops::metrics(&state),
+                Err(status) => {
+                    unread_body(plain(http::StatusCode::FORBIDDEN, status.message()), req)
+                }
+            };
+        }
+        Endpoint::Admin => return crate::admin::route(state, &path, req).await,
+        Endpoint::Api { method, proto } => (method, proto),
+    };
+    req.extensions_mut().insert(conn);
+    // Only the endpoints that need no token take a body from an anonymous
+    // client, and a small one.
+    let max = if public {
         crate::limits::MAX_PUBLIC_MESSAGE
+    } else {
+        state.config.max_request_message
     };
     // After authentication: which features this hub serves is for its
     // users to learn, not for anyone with a socket.
@@ -906,64 +942,31 @@ async fn route(
     }
 }
 
-/// `POST /admin/v1/tokens {"name": "...", "groups": [...]}`: mints a hub API
-/// token (admins only). The token is in the answer and nowhere else.
-async fn create_token(state: &HubState, req: http::Request<Incoming>) -> http::Response<HttpBody> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Body {
-        name: String,
-        #[serde(default)]
-        groups: Vec<String>,
-    }
-    if req.method() != http::Method::POST {
-        return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
-    }
-    let caller = match crate::admin::admin(state, &req).await {
-        Ok(c) => c,
-        Err(resp) => return unread_body(resp, req),
-    };
-    let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return plain(
-                http::StatusCode::PAYLOAD_TOO_LARGE,
-                "request body over 64 KiB",
-            );
+/// What a request is for, from its method and path.
+enum Endpoint {
+    /// kubectl through the hub: `/clusters/<name>/…`.
+    Kube { cluster: String, tail: String },
+    /// Prometheus text, for operators.
+    Metrics,
+    /// `/admin/v1/…`.
+    Admin,
+    /// A gRPC, Connect or gRPC-Web method.
+    Api {
+        method: crate::methods::MethodInfo,
+        proto: Protocol,
+    },
+}
+
+impl Endpoint {
+    /// A failed authentication, in the shape the endpoint's clients read.
+    fn refusal(&self, status: &tonic::Status) -> http::Response<HttpBody> {
+        match self {
+            Endpoint::Kube { .. } => crate::kube_proxy::unauthorized(status.message()),
+            Endpoint::Metrics | Endpoint::Admin => {
+                plain(http::StatusCode::UNAUTHORIZED, status.message())
+            }
+            Endpoint::Api { proto, .. } => protocol_error(*proto, status),
         }
-    };
-    let body: Body = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return plain(
-                http::StatusCode::BAD_REQUEST,
-                &format!("expected {{\"name\": …, \"groups\": […]}}: {e}"),
-            );
-        }
-    };
-    let bad = |s: &str| s.is_empty() || s.len() > 253 || s.chars().any(char::is_control);
-    if bad(&body.name) || body.groups.len() > 64 || body.groups.iter().any(|g| bad(g)) {
-        return plain(
-            http::StatusCode::BAD_REQUEST,
-            "name and groups must be 1 to 253 printable characters, at most 64 groups",
-        );
-    }
-    match tokens::mint_api_token(&*state.store, &body.name, &body.groups) {
-        Ok(token) => {
-            tracing::info!(user = %body.name, by = %caller.user, "API token created");
-            let json =
-                serde_json::json!({ "name": body.name, "groups": body.groups, "token": token });
-            let mut resp = plain(http::StatusCode::OK, &json.to_string());
-            resp.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            resp
-        }
-        Err(e) => plain(http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 

@@ -23,6 +23,10 @@ pub mod tree {
     pub const API_TOKENS: &str = "api_tokens";
     /// `ManifestUrlRecord` (fetches so far) by a digest of the URL.
     pub const MANIFEST_URLS: &str = "manifest_urls";
+    /// `TenantRecord` by tenant name.
+    pub const TENANTS: &str = "tenants";
+    /// `ClusterClaim` (the tenant a cluster name belongs to) by cluster.
+    pub const CLUSTER_TENANTS: &str = "cluster_tenants";
 }
 
 /// A transactional-enough key-value store: single-key writes are atomic and

@@ -16,13 +16,13 @@
 use std::{path::Path, time::Duration};
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use otter_tunnel::Caller;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
 use crate::{
     Result,
     store::{Store, StoreExt, tree},
+    tenancy::{Memberships, Role},
     unix_now,
 };
 
@@ -66,6 +66,9 @@ fn secret_matches(stored_hash: &str, secret: &str) -> bool {
 pub struct JoinTokenRecord {
     pub id: String,
     pub cluster: String,
+    /// The tenant whose admin minted it; the cluster joins that tenant.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub secret_sha256: String,
     pub created: i64,
     pub expires: i64,
@@ -82,6 +85,10 @@ pub struct JoinTokenRecord {
     /// The agent that enrolled with it.
     #[serde(default)]
     pub used_by: Option<String>,
+}
+
+fn default_tenant() -> String {
+    crate::tenancy::DEFAULT_TENANT.to_owned()
 }
 
 /// Why a join token was refused.
@@ -105,9 +112,15 @@ pub enum JoinTokenError {
     Used,
 }
 
-/// Mints a join token for `cluster`, valid for `ttl`, authorized now.
-pub fn mint_join_token(store: &dyn Store, cluster: &str, ttl: Duration) -> Result<String> {
-    mint_join_token_authorized(store, cluster, ttl, unix_now())
+/// Mints a join token for `cluster` of `tenant`, valid for `ttl`,
+/// authorized now.
+pub fn mint_join_token(
+    store: &dyn Store,
+    cluster: &str,
+    tenant: &str,
+    ttl: Duration,
+) -> Result<String> {
+    mint_join_token_authorized(store, cluster, tenant, ttl, unix_now())
 }
 
 /// Like [`mint_join_token`], for a token an admin authorized at
@@ -115,6 +128,7 @@ pub fn mint_join_token(store: &dyn Store, cluster: &str, ttl: Duration) -> Resul
 pub fn mint_join_token_authorized(
     store: &dyn Store,
     cluster: &str,
+    tenant: &str,
     ttl: Duration,
     authorized: i64,
 ) -> Result<String> {
@@ -124,6 +138,7 @@ pub fn mint_join_token_authorized(
     let rec = JoinTokenRecord {
         id: id.clone(),
         cluster: cluster.to_owned(),
+        tenant: tenant.to_owned(),
         secret_sha256,
         created: now,
         expires: now + ttl.as_secs() as i64,
@@ -225,48 +240,142 @@ pub struct ApiTokenRecord {
     pub groups: Vec<String>,
     pub secret_sha256: String,
     pub created: i64,
+    /// The tenants the user reaches, with the role in each.
+    #[serde(default)]
+    pub tenants: Memberships,
+    /// A hub operator: manages tenants, reaches no cluster by this alone.
+    #[serde(default)]
+    pub operator: bool,
+    /// Unix seconds; none: until revoked.
+    #[serde(default)]
+    pub expires: Option<i64>,
+    /// Who minted it.
+    #[serde(default)]
+    pub created_by: String,
+    /// 0 for records of hubs from before tenancy (see [`migrate_api_tokens`]).
+    #[serde(default)]
+    pub schema: u32,
 }
 
-/// Mints an API token for user `name` with `groups`.
-pub fn mint_api_token(store: &dyn Store, name: &str, groups: &[String]) -> Result<String> {
+/// What a new API token says about its user.
+#[derive(Debug, Clone, Default)]
+pub struct TokenSpec {
+    pub user: String,
+    pub groups: Vec<String>,
+    pub tenants: Memberships,
+    pub operator: bool,
+    pub ttl: Option<Duration>,
+    pub created_by: String,
+}
+
+impl TokenSpec {
+    /// A member of `tenant`.
+    pub fn member(user: &str, groups: &[String], tenant: &str) -> Self {
+        TokenSpec {
+            user: user.to_owned(),
+            groups: groups.to_vec(),
+            tenants: [(tenant.to_owned(), Role::Member)].into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Mints an API token; returns the token and its id.
+pub fn mint_api_token(store: &dyn Store, spec: &TokenSpec) -> Result<(String, String)> {
     let (token, id, secret_sha256) = new_token(API_PREFIX);
+    let now = unix_now();
     let rec = ApiTokenRecord {
         id: id.clone(),
-        name: name.to_owned(),
-        groups: groups.to_vec(),
+        name: spec.user.clone(),
+        groups: spec.groups.clone(),
         secret_sha256,
-        created: unix_now(),
+        created: now,
+        tenants: spec.tenants.clone(),
+        operator: spec.operator,
+        expires: spec.ttl.map(|t| now + t.as_secs() as i64),
+        created_by: spec.created_by.clone(),
+        schema: 1,
     };
     store.put(tree::API_TOKENS, &id, &rec)?;
-    Ok(token)
+    Ok((token, id))
 }
 
-/// The caller an API token authenticates, if it is valid.
-pub fn verify_api_token(store: &dyn Store, token: &str) -> Result<Option<Caller>> {
+/// The record of a valid, unexpired API token.
+pub fn verify_api_token(store: &dyn Store, token: &str) -> Result<Option<ApiTokenRecord>> {
     let Some((id, secret)) = parse(API_PREFIX, token) else {
         return Ok(None);
     };
-    let Some(rec) = store.get::<ApiTokenRecord>(tree::API_TOKENS, id)? else {
+    let Some(mut rec) = store.get::<ApiTokenRecord>(tree::API_TOKENS, id)? else {
         return Ok(None);
     };
     if !secret_matches(&rec.secret_sha256, secret) {
         return Ok(None);
     }
-    Ok(Some(Caller {
-        user: rec.name,
-        groups: rec.groups,
-        ..Default::default()
-    }))
+    if rec.expires.is_some_and(|e| unix_now() >= e) {
+        return Ok(None);
+    }
+    // A membership counts only in the tenant it was given in: one deleted,
+    // or deleted and made again under its name, is not the same tenant.
+    let mut kept = Memberships::new();
+    for (tenant, role) in std::mem::take(&mut rec.tenants) {
+        if crate::tenancy::tenant(store, &tenant)?.is_some_and(|t| t.created <= rec.created) {
+            kept.insert(tenant, role);
+        }
+    }
+    rec.tenants = kept;
+    Ok(Some(rec))
 }
 
-/// On first start (no API token yet) makes an admin token and writes it to
+/// Revokes an API token by id; whether it existed.
+pub fn revoke_api_token(store: &dyn Store, id: &str) -> Result<bool> {
+    let existed = store.get_raw(tree::API_TOKENS, id)?.is_some();
+    store.delete(tree::API_TOKENS, id)?;
+    Ok(existed)
+}
+
+/// API tokens of a hub from before tenancy: the admin group's become hub
+/// operators and admins of tenant `default` (so the first-start admin
+/// token keeps reaching what it reached), every other one a member of
+/// `default`.
+pub fn migrate_api_tokens(store: &dyn Store, admin_group: &str) -> Result<()> {
+    for (id, raw) in store.scan_raw(tree::API_TOKENS)? {
+        let Ok(mut rec) = serde_json::from_slice::<ApiTokenRecord>(&raw) else {
+            continue;
+        };
+        if rec.schema != 0 {
+            continue;
+        }
+        let admin = rec.groups.iter().any(|g| g == admin_group);
+        rec.groups.retain(|g| g != admin_group);
+        rec.operator = admin;
+        let role = if admin { Role::Admin } else { Role::Member };
+        rec.tenants = [(crate::tenancy::DEFAULT_TENANT.to_owned(), role)].into();
+        // Memberships count from the token's creation on.
+        rec.created = rec.created.max(
+            crate::tenancy::tenant(store, crate::tenancy::DEFAULT_TENANT)?.map_or(0, |t| t.created),
+        );
+        rec.schema = 1;
+        store.replace(tree::API_TOKENS, &id, &raw, &rec)?;
+    }
+    Ok(())
+}
+
+/// On first start (no API token yet) makes an admin token (a hub operator
+/// and an admin of tenant `default`) and writes it to
 /// `<data dir>/admin-token`, readable by the owner only. Returns the token
 /// when it was just made.
 pub fn ensure_admin_token(store: &dyn Store, data_dir: &Path) -> Result<Option<String>> {
     if !store.scan_raw(tree::API_TOKENS)?.is_empty() {
         return Ok(None);
     }
-    let token = mint_api_token(store, "admin", &[ADMIN_GROUP.to_owned()])?;
+    let spec = TokenSpec {
+        user: "admin".to_owned(),
+        tenants: [(crate::tenancy::DEFAULT_TENANT.to_owned(), Role::Admin)].into(),
+        operator: true,
+        created_by: "hub".to_owned(),
+        ..Default::default()
+    };
+    let (token, _) = mint_api_token(store, &spec)?;
     let path = data_dir.join("admin-token");
     write_private(&path, &format!("{token}\n"))?;
     Ok(Some(token))
@@ -294,7 +403,7 @@ mod tests {
     fn join_tokens_are_checked_for_secret_expiry_and_cluster_and_spent_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
-        let token = mint_join_token(&store, "edge-1", Duration::from_secs(60)).unwrap();
+        let token = mint_join_token(&store, "edge-1", "default", Duration::from_secs(60)).unwrap();
         let check =
             |t: &str, cluster: &str| check_join_token(&store, t, cluster).unwrap().map(|_| ());
         assert_eq!(
@@ -304,7 +413,7 @@ mod tests {
         let forged = format!("{}x", &token[..token.len() - 1]);
         assert_eq!(check(&forged, "edge-1"), Err(JoinTokenError::Unknown));
         assert_eq!(check("garbage", "edge-1"), Err(JoinTokenError::Malformed));
-        let expired = mint_join_token(&store, "edge-1", Duration::ZERO).unwrap();
+        let expired = mint_join_token(&store, "edge-1", "default", Duration::ZERO).unwrap();
         assert_eq!(check(&expired, "edge-1"), Err(JoinTokenError::Expired));
 
         // Two Registers check the same token; only the first to spend it wins.
@@ -329,8 +438,8 @@ mod tests {
     fn pruning_removes_long_expired_tokens_and_expired_url_counts() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
-        let live = mint_join_token(&store, "edge-1", Duration::from_secs(60)).unwrap();
-        let old = mint_join_token(&store, "edge-1", Duration::ZERO).unwrap();
+        let live = mint_join_token(&store, "edge-1", "default", Duration::from_secs(60)).unwrap();
+        let old = mint_join_token(&store, "edge-1", "default", Duration::ZERO).unwrap();
         let old_id = parse(JOIN_PREFIX, &old).unwrap().0;
         let mut rec: JoinTokenRecord = store.get(tree::JOIN_TOKENS, old_id).unwrap().unwrap();
         rec.expires -= 2 * 24 * 3600;
@@ -365,8 +474,14 @@ mod tests {
             .unwrap()
             .expect("made on first start");
         assert!(ensure_admin_token(&store, dir.path()).unwrap().is_none());
+        crate::tenancy::migrate(&store).unwrap();
         let caller = verify_api_token(&store, &token).unwrap().unwrap();
-        assert_eq!(caller.user, "admin");
+        assert_eq!(caller.name, "admin");
+        assert!(caller.operator);
+        assert_eq!(
+            caller.tenants,
+            Memberships::from([("default".to_owned(), Role::Admin)])
+        );
         assert!(
             verify_api_token(&store, &token.replace('_', "-"))
                 .unwrap()

@@ -66,6 +66,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
     let entry = Arc::new(TunnelEntry {
         id: state.registry.next_id(),
         cluster: cluster.clone(),
+        tenant: link.tenant.clone(),
         agent_id: peer.identity.agent_id.clone(),
         opener: a.opener.clone(),
         transport: a.transport,

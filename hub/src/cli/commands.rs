@@ -94,12 +94,143 @@ async fn admin_http(
     Ok(text)
 }
 
-/// `otter token create`.
-pub async fn token_create(hub: &Hub, name: &str, groups: &[String]) -> anyhow::Result<()> {
-    let body = serde_json::json!({ "name": name, "groups": groups }).to_string();
+/// What `otter token create` asks for.
+#[derive(Debug, Default)]
+pub struct NewToken {
+    pub name: String,
+    pub groups: Vec<String>,
+    pub tenant: Option<String>,
+    pub role: Option<String>,
+    pub operator: bool,
+    pub ttl: Option<std::time::Duration>,
+}
+
+/// `otter token create`: prints the token (and nothing else, for scripts).
+pub async fn token_create(hub: &Hub, new: &NewToken) -> anyhow::Result<()> {
+    let body = serde_json::json!({
+        "name": new.name, "groups": new.groups, "tenant": new.tenant, "role": new.role,
+        "operator": new.operator, "ttl_secs": new.ttl.map(|t| t.as_secs()),
+    })
+    .to_string();
     let text = admin_http(hub, http::Method::POST, "/admin/v1/tokens", Some(body)).await?;
     let v: Json = serde_json::from_slice(&text)?;
     println!("{}", v["token"].as_str().unwrap_or_default());
+    Ok(())
+}
+
+/// `otter token list`.
+pub async fn token_list(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
+    let text = admin_http(hub, http::Method::GET, "/admin/v1/tokens", None).await?;
+    let v: Json = serde_json::from_slice(&text)?;
+    if output == Some("json") {
+        println!("{}", serde_json::to_string_pretty(&v["tokens"])?);
+        return Ok(());
+    }
+    let now = crate::unix_now();
+    let mut rows = Vec::new();
+    for t in v["tokens"].as_array().into_iter().flatten() {
+        let tenants = t["tenants"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, r)| format!("{k}:{}", r.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        let expires = t["expires"].as_i64().map_or("never".to_owned(), |e| {
+            if e <= now {
+                "expired".to_owned()
+            } else {
+                format!("in {}", crate::short_duration(e - now))
+            }
+        });
+        rows.push(vec![
+            t["id"].as_str().unwrap_or_default().to_owned(),
+            output::printable(t["name"].as_str().unwrap_or_default()).into_owned(),
+            output::printable(&tenants).into_owned(),
+            t["operator"].as_bool().unwrap_or_default().to_string(),
+            crate::short_duration(now - t["created"].as_i64().unwrap_or(now)),
+            expires,
+        ]);
+    }
+    print!(
+        "{}",
+        output::table(
+            &["ID", "USER", "TENANTS", "OPERATOR", "AGE", "EXPIRES"],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// `otter token revoke <id>`.
+pub async fn token_revoke(hub: &Hub, id: &str) -> anyhow::Result<()> {
+    admin_http(
+        hub,
+        http::Method::DELETE,
+        &format!("/admin/v1/tokens/{id}"),
+        None,
+    )
+    .await?;
+    println!("token {} revoked", output::printable(id));
+    Ok(())
+}
+
+/// `otter tenant create|list|delete`.
+pub async fn tenant(hub: &Hub, action: &super::TenantCommand) -> anyhow::Result<()> {
+    use super::TenantCommand;
+    match action {
+        TenantCommand::Create { name, .. } => {
+            let body = serde_json::json!({ "name": name }).to_string();
+            admin_http(hub, http::Method::POST, "/admin/v1/tenants", Some(body)).await?;
+            println!("tenant {} created", output::printable(name));
+        }
+        TenantCommand::Delete { name, .. } => {
+            admin_http(
+                hub,
+                http::Method::DELETE,
+                &format!("/admin/v1/tenants/{name}"),
+                None,
+            )
+            .await?;
+            println!("tenant {} deleted", output::printable(name));
+        }
+        TenantCommand::List { .. } => {
+            let text = admin_http(hub, http::Method::GET, "/admin/v1/tenants", None).await?;
+            let v: Json = serde_json::from_slice(&text)?;
+            let now = crate::unix_now();
+            let mut rows = Vec::new();
+            for t in v["tenants"].as_array().into_iter().flatten() {
+                rows.push(vec![
+                    output::printable(t["name"].as_str().unwrap_or_default()).into_owned(),
+                    t["clusters"].as_u64().unwrap_or_default().to_string(),
+                    t["role"].as_str().unwrap_or("-").to_owned(),
+                    crate::short_duration(now - t["created"].as_i64().unwrap_or(now)),
+                ]);
+            }
+            print!(
+                "{}",
+                output::table(&["NAME", "CLUSTERS", "ROLE", "AGE"], &rows)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `otter links delete <cluster>`.
+pub async fn link_delete(hub: &Hub, cluster: &str) -> anyhow::Result<()> {
+    admin_http(
+        hub,
+        http::Method::DELETE,
+        &format!("/admin/v1/links/{cluster}"),
+        None,
+    )
+    .await?;
+    println!(
+        "link {} deleted: its tunnel is closed and its agent's certificate refused",
+        output::printable(cluster)
+    );
     Ok(())
 }
 
@@ -164,16 +295,26 @@ pub async fn re_enroll(hub: &Hub, cluster: &str) -> anyhow::Result<()> {
 pub async fn agent_manifest(
     hub: &Hub,
     cluster: &str,
+    tenant: Option<&str>,
     extra_users: Vec<String>,
     rancher: Option<String>,
     yaml: bool,
 ) -> anyhow::Result<()> {
+    let mut req = hub.req(GetAgentManifestRequest {
+        cluster: Some(cluster.to_owned()),
+        extra_users,
+        rancher_project_id: rancher,
+    });
+    if let Some(tenant) = tenant {
+        req.metadata_mut().insert(
+            crate::link_service::TENANT_HEADER,
+            tenant
+                .parse()
+                .map_err(|_| anyhow::anyhow!("not a tenant name: {tenant:?}"))?,
+        );
+    }
     let resp = LinkServiceClient::new(hub.channel.clone())
-        .get_agent_manifest(hub.req(GetAgentManifestRequest {
-            cluster: Some(cluster.to_owned()),
-            extra_users,
-            rancher_project_id: rancher,
-        }))
+        .get_agent_manifest(req)
         .await
         .map_err(status_error)?
         .into_inner();

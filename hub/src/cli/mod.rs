@@ -58,6 +58,11 @@ pub enum Command {
     /// Hub API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Tenants: the customers of this hub.
+    ///
+    /// Example: otter tenant create acme && otter token create alice --tenant acme --role admin
+    #[command(subcommand)]
+    Tenant(TenantCommand),
     /// Rotate the hub CA without stranding agents (admins only): stage a new
     /// CA, activate it once every agent trusts it, finish once every agent
     /// holds a certificate from it.
@@ -85,6 +90,10 @@ pub enum Command {
     AgentManifest {
         #[arg(long)]
         cluster: String,
+        /// The tenant the cluster joins; the caller's only administered
+        /// tenant by default.
+        #[arg(long)]
+        tenant: Option<String>,
         /// Also make this user cluster-admin of the member cluster (repeatable).
         #[arg(long = "extra-user")]
         extra_users: Vec<String>,
@@ -100,6 +109,8 @@ pub enum Command {
     ///
     /// Example: otter links -o wide
     Links {
+        #[command(subcommand)]
+        action: Option<LinksCommand>,
         /// `json` or `wide`.
         #[arg(short, long)]
         output: Option<String>,
@@ -264,6 +275,26 @@ pub enum Command {
     },
 }
 
+/// `otter links …`.
+#[derive(Debug, Subcommand)]
+pub enum LinksCommand {
+    /// Forget a cluster's link (its tenant's admins): the tunnel is closed,
+    /// the agent's certificate refused from then on, the name freed.
+    ///
+    /// Example: otter links delete edge-1
+    Delete {
+        cluster: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Let the cluster take a new agent (as `otter re-enroll`).
+    ReEnroll {
+        cluster: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
     /// Print the login's token as a kubectl ExecCredential (for kubeconfigs
@@ -272,16 +303,100 @@ pub enum TokenCommand {
         #[command(flatten)]
         hub: client::HubFlags,
     },
-    /// Create an API token for a user (admins only); prints the token.
+    /// Create an API token (a tenant's admins for their tenant, operators
+    /// for any); prints the token.
     ///
-    /// Example: otter token create alice --group devs
+    /// Example: otter token create alice --tenant acme --role member --group devs --ttl 30d
     Create {
         name: String,
+        /// Groups the user is in, within the tenant (repeatable).
         #[arg(long = "group")]
         groups: Vec<String>,
+        /// The tenant; the caller's only administered tenant by default.
+        #[arg(long, conflicts_with = "operator")]
+        tenant: Option<String>,
+        /// `member` (reaches the tenant's clusters) or `admin` (also mints
+        /// manifests and tokens, deletes and re-enrolls links).
+        #[arg(long, conflicts_with = "operator")]
+        role: Option<String>,
+        /// A hub operator (operators only): manages tenants, reaches no
+        /// cluster unless a tenant makes it a member.
+        #[arg(long)]
+        operator: bool,
+        /// Lifetime, like 12h or 30d; none: until revoked.
+        #[arg(long, value_parser = parse_ttl)]
+        ttl: Option<Duration>,
         #[command(flatten)]
         hub: client::HubFlags,
     },
+    /// List the tokens the caller manages (no secrets).
+    List {
+        /// `json` for the raw list.
+        #[arg(short, long)]
+        output: Option<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Revoke a token by id: it fails from its next call on.
+    ///
+    /// Example: otter token revoke 3f2a9c0d11e4b7a8
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+}
+
+/// `otter tenant …` (creating and deleting: hub operators).
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant; then name its first admin with
+    /// `otter token create USER --tenant NAME --role admin`.
+    Create {
+        name: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// The tenants the caller sees (operators: all).
+    List {
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Delete a tenant that holds no cluster.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+}
+
+impl TenantCommand {
+    fn hub(&self) -> &client::HubFlags {
+        match self {
+            TenantCommand::Create { hub, .. }
+            | TenantCommand::List { hub }
+            | TenantCommand::Delete { hub, .. } => hub,
+        }
+    }
+}
+
+/// `12h`, `30d`, `90m`, `45s`, or plain seconds.
+fn parse_ttl(s: &str) -> Result<Duration, String> {
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number and a unit, like 12h or 30d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("{s:?}: the unit is one of s, m, h, d")),
+    };
+    n.checked_mul(secs)
+        .filter(|&t| t > 0)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?}: must be more than 0 and not absurdly long"))
 }
 
 #[derive(Debug, Clone, Copy, Subcommand)]
@@ -462,6 +577,10 @@ pub struct HubArgs {
     /// Claim holding the user's groups.
     #[arg(long, default_value = "groups")]
     pub oidc_groups_claim: String,
+    /// A groups-claim value `<prefix><tenant>:<role>` (role `member` or
+    /// `admin`) makes the user that in the tenant.
+    #[arg(long, default_value = "otterscale:tenant:")]
+    pub oidc_tenant_group_prefix: String,
     /// Extra CA (PEM file) to trust for the issuer.
     #[arg(long)]
     pub oidc_ca_file: Option<PathBuf>,
@@ -537,6 +656,10 @@ impl HubArgs {
             let mut oidc = crate::oidc::OidcConfig::new(issuer, &audience);
             oidc.user_claim = self.oidc_user_claim;
             oidc.groups_claim = self.oidc_groups_claim;
+            oidc.tenant_group_prefix = self.oidc_tenant_group_prefix;
+            // The groups-claim value that makes an operator is the admin
+            // group's name.
+            oidc.operator_group = c.admin_group.clone();
             if let Some(path) = self.oidc_ca_file {
                 oidc.ca_pem = Some(
                     std::fs::read_to_string(&path)
@@ -583,8 +706,33 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             commands::login(hub, token, ca_file).await?;
         }
         Command::Token(TokenCommand::Get { hub }) => commands::token_get(&hub)?,
-        Command::Token(TokenCommand::Create { name, groups, hub }) => {
-            commands::token_create(&hub.connect().await?, &name, &groups).await?
+        Command::Token(TokenCommand::Create {
+            name,
+            groups,
+            tenant,
+            role,
+            operator,
+            ttl,
+            hub,
+        }) => {
+            let new = commands::NewToken {
+                name,
+                groups,
+                tenant,
+                role,
+                operator,
+                ttl,
+            };
+            commands::token_create(&hub.connect().await?, &new).await?
+        }
+        Command::Token(TokenCommand::List { output, hub }) => {
+            commands::token_list(&hub.connect().await?, output.as_deref()).await?
+        }
+        Command::Token(TokenCommand::Revoke { id, hub }) => {
+            commands::token_revoke(&hub.connect().await?, &id).await?
+        }
+        Command::Tenant(action) => {
+            commands::tenant(&action.hub().connect().await?, &action).await?
         }
         Command::Ca { step, hub } => commands::ca(&hub.connect().await?, step).await?,
         Command::ReEnroll { cluster, hub } => {
@@ -592,6 +740,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         }
         Command::AgentManifest {
             cluster,
+            tenant,
             extra_users,
             rancher_project_id,
             output,
@@ -605,15 +754,26 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             commands::agent_manifest(
                 &hub.connect().await?,
                 &cluster,
+                tenant.as_deref(),
                 extra_users,
                 rancher_project_id,
                 yaml,
             )
             .await?
         }
-        Command::Links { output, hub } => {
-            commands::links(&hub.connect().await?, output.as_deref()).await?
-        }
+        Command::Links {
+            action: Some(LinksCommand::Delete { cluster, hub }),
+            ..
+        } => commands::link_delete(&hub.connect().await?, &cluster).await?,
+        Command::Links {
+            action: Some(LinksCommand::ReEnroll { cluster, hub }),
+            ..
+        } => commands::re_enroll(&hub.connect().await?, &cluster).await?,
+        Command::Links {
+            action: None,
+            output,
+            hub,
+        } => commands::links(&hub.connect().await?, output.as_deref()).await?,
         Command::Get {
             resource,
             name,

@@ -28,7 +28,7 @@ fn otter_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
 /// pods; one pod, web-0, with a container `web`.
 fn admins_and_bob() -> kube_sim::SimConfig {
     kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow("group:otter:default:admins", &["*"], &["*"], &["*"])
         .allow(
             "user:bob",
             &["get", "list", "watch"],
@@ -173,7 +173,7 @@ async fn kubectl_through_the_hub() {
         let (code, out, err) = run(&["auth", "whoami"]);
         assert_eq!(code, 0, "{err}");
         assert!(
-            out.contains("admin") && out.contains("otterscale:admins"),
+            out.contains("admin") && out.contains("otter:default:admins"),
             "{out}"
         );
 
@@ -219,7 +219,7 @@ async fn kubectl_through_the_hub() {
         // A client cannot pick its identity: kubectl's --as is dropped at the hub.
         let (code, out, _) = run(&["--token", &bob, "auth", "whoami", "--as", "admin"]);
         assert!(
-            code != 0 || !out.contains("otterscale:admins"),
+            code != 0 || !out.contains("otter:default:admins"),
             "impersonation headers passed through: {out}"
         );
         // The same through the exec credential plugin (`otter token get`).
@@ -513,7 +513,7 @@ async fn upgraded_connections_are_bounded_and_idle_ones_closed() {
     })
     .await;
     let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow("group:otter:default:admins", &["*"], &["*"], &["*"])
         .allow("user:carol", &["*"], &["*"], &["*"])
         .allow("user:dave", &["*"], &["*"], &["*"])
         .pod("default", "web-0", &["web"]);
@@ -641,7 +641,7 @@ async fn spdy_exec_and_port_forward_through_the_hub() {
         return;
     };
     let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow("group:otter:default:admins", &["*"], &["*"], &["*"])
         .pod("default", "web-0", &["web"]);
     let hub = TestHub::start().await;
     let (sim, agent) = start_edge(&hub, cfg).await;
@@ -774,7 +774,7 @@ async fn port_forward_ends_when_its_tunnel_dies() {
     .await;
     relay.set_target(hub.hub.tunnel_addr);
     let cfg = kube_sim::SimConfig::default_with_admin()
-        .allow("group:otterscale:admins", &["*"], &["*"], &["*"])
+        .allow("group:otter:default:admins", &["*"], &["*"], &["*"])
         .pod("default", "web-0", &["web"]);
     let (sim, agent) = start_edge(&hub, cfg).await;
     let (echo_addr, echo) = echo_server(b"").await;

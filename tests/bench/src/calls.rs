@@ -33,7 +33,7 @@ use anyhow::Context;
 use crate::common::{Figures, Latency};
 
 /// Group of the hub's admin token, allowed everything on the test server.
-const HUB_ADMINS: &str = "otterscale:admins";
+const HUB_ADMINS: &str = "otter:default:admins";
 
 const POD: &str = "bench-0";
 const TIMEOUT: Duration = Duration::from_secs(10);

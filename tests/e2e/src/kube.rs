@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// The group of the hub's admin token; tests let it do everything.
-pub const HUB_ADMINS: &str = "otterscale:admins";
+pub const HUB_ADMINS: &str = "otter:default:admins";
 
 /// Hub, test server and agent for one test.
 #[derive(Debug)]

@@ -103,6 +103,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
         &hub.hub.state.manifest_key,
         &otter_hub::manifest::claims(
             "edge-1",
+            "default",
             &[],
             "",
             Duration::ZERO,

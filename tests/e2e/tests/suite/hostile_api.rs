@@ -104,9 +104,13 @@ async fn register_refuses_abuse_with_the_right_codes() {
 
     // Used while valid, then replayed after expiry (on a cluster of its
     // own: edge-1 stays unenrolled for the CSR checks below).
-    let short =
-        otter_hub::tokens::mint_join_token(&*hub.hub.state.store, "edge-e", Duration::from_secs(2))
-            .unwrap();
+    let short = otter_hub::tokens::mint_join_token(
+        &*hub.hub.state.store,
+        "edge-e",
+        "default",
+        Duration::from_secs(2),
+    )
+    .unwrap();
     let (_key_e, csr_e) = otter_pki::csr::generate("edge-e", "a1").unwrap();
     link.register(register("edge-e", "a1", &short, csr_e.as_bytes()))
         .await

@@ -341,8 +341,13 @@ async fn register_rejects_bad_input() {
     let expired = {
         let mut c = otter_hub::HubConfig::new(hub.data_dir());
         c.join_token_ttl = Duration::ZERO;
-        otter_hub::tokens::mint_join_token(&*hub.hub.state.store, "edge-1", c.join_token_ttl)
-            .unwrap()
+        otter_hub::tokens::mint_join_token(
+            &*hub.hub.state.store,
+            "edge-1",
+            "default",
+            c.join_token_ttl,
+        )
+        .unwrap()
     };
     let e = link
         .register(register("edge-1", &expired, &csr))

@@ -30,6 +30,7 @@ mod real_clients;
 mod schemathesis;
 mod show_chart;
 mod slow_consumer;
+mod tenancy;
 mod watch_resume;
 
 /// The entry point through which the tests that need separate processes

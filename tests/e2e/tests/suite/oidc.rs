@@ -230,7 +230,8 @@ impl TestIssuer {
         json!({
             "iss": self.url, "aud": AUDIENCE, "sub": sub,
             "iat": t, "nbf": t - 5, "exp": t + 300,
-            "groups": ["devs"],
+            // A member of tenant `default`, by the documented mapping.
+            "groups": ["devs", "otterscale:tenant:default:member"],
             "resource_access": { AUDIENCE: { "roles": ["viewer"] }, "other-client": { "roles": ["owner"] } },
         })
     }
@@ -321,7 +322,7 @@ async fn oidc_tokens_es256_rs256_and_rejections() {
     let (ec, rsa) = (ec_key("ec-1"), rsa_key("rsa-1"));
     let issuer = TestIssuer::start(&[&ec, &rsa]).await;
     let (hub, agent) = hub_trusting(&issuer).await;
-    let groups = "system:authenticated,oidc:devs,oidc:viewer";
+    let groups = "system:authenticated,oidc:devs,oidc:viewer,otter:default:members";
 
     for (key, sub) in [(&ec, "alice"), (&rsa, "bob")] {
         let seen = identity_seen(&hub, &sign(key, &issuer.claims(sub)))
@@ -390,7 +391,7 @@ async fn oidc_key_rotation_needs_no_restart() {
     // not wait out the default.
     let (hub, agent) =
         hub_trusting_with(&issuer, |c| c.unknown_kid_refetch = Duration::from_secs(2)).await;
-    let groups = "system:authenticated,oidc:devs,oidc:viewer".to_owned();
+    let groups = "system:authenticated,oidc:devs,oidc:viewer,otter:default:members".to_owned();
 
     let seen = identity_seen(&hub, &sign(&old, &issuer.claims("alice")))
         .await

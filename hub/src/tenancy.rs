@@ -1,0 +1,278 @@
+//! Tenants: the customers of one hub. Every cluster belongs to exactly one
+//! tenant, fixed when its first manifest is minted (a claim in the store);
+//! users reach a tenant's clusters through a membership (`member` or
+//! `admin`), and hub operators, who manage tenants, reach none unless a
+//! tenant made them a member.
+//!
+//! Cluster names stay unique per hub (the API's `cluster` field is a plain
+//! name): a name claimed by one tenant is refused to every other with the
+//! same answer whoever holds it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    HubError, Result,
+    store::{Store, StoreExt, tree},
+    unix_now,
+};
+
+/// The tenant links and tokens of hubs from before tenancy belong to.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// What a member may do in a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Reaches the tenant's clusters; each cluster's RBAC decides the rest.
+    Member,
+    /// Also mints manifests and tokens for the tenant, re-enrolls and
+    /// deletes its links.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Member => "member",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "member" => Ok(Role::Member),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!("role {other:?} is not member or admin")),
+        }
+    }
+}
+
+/// A caller's roles, by tenant.
+pub type Memberships = BTreeMap<String, Role>;
+
+/// A tenant as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantRecord {
+    pub name: String,
+    pub created: i64,
+    /// The operator who created it.
+    pub created_by: String,
+}
+
+/// Which tenant a cluster name belongs to, from its first manifest on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterClaim {
+    pub tenant: String,
+    pub claimed: i64,
+}
+
+/// Why a tenant or a cluster name could not be taken or let go.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenancyError {
+    #[error("tenant {0:?} does not exist")]
+    NoSuchTenant(String),
+    #[error("tenant {0:?} already exists")]
+    TenantExists(String),
+    /// Says nothing of who holds the name.
+    #[error("cluster name {0:?} is already taken on this hub; choose another")]
+    ClusterTaken(String),
+    #[error("tenant {tenant:?} still holds {clusters} cluster(s); delete its links first")]
+    NotEmpty { tenant: String, clusters: usize },
+}
+
+impl TenancyError {
+    pub fn status(&self) -> tonic::Status {
+        let text = self.to_string();
+        match self {
+            TenancyError::NoSuchTenant(_) => tonic::Status::not_found(text),
+            TenancyError::TenantExists(_) | TenancyError::ClusterTaken(_) => {
+                tonic::Status::already_exists(text)
+            }
+            TenancyError::NotEmpty { .. } => tonic::Status::failed_precondition(text),
+        }
+    }
+}
+
+/// Tenant names are DNS labels, like cluster names: they appear in the
+/// group names sent to clusters.
+pub fn validate_tenant_name(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "tenant name {:?} must be 1 to 63 lowercase letters, digits and '-', not starting or ending with '-'",
+            name.chars().take(64).collect::<String>()
+        ))
+    }
+}
+
+/// Creates a tenant; `TenantExists` when the name is taken.
+pub fn create_tenant(
+    store: &dyn Store,
+    name: &str,
+    by: &str,
+) -> Result<std::result::Result<TenantRecord, TenancyError>> {
+    let record = TenantRecord {
+        name: name.to_owned(),
+        created: unix_now(),
+        created_by: by.to_owned(),
+    };
+    let raw = serde_json::to_vec(&record).map_err(|e| HubError::Store(e.to_string()))?;
+    if store.compare_and_swap_raw(tree::TENANTS, name, None, Some(&raw))? {
+        Ok(Ok(record))
+    } else {
+        Ok(Err(TenancyError::TenantExists(name.to_owned())))
+    }
+}
+
+pub fn tenant(store: &dyn Store, name: &str) -> Result<Option<TenantRecord>> {
+    store.get(tree::TENANTS, name)
+}
+
+pub fn list_tenants(store: &dyn Store) -> Result<Vec<TenantRecord>> {
+    store.scan(tree::TENANTS)
+}
+
+/// The clusters a tenant holds.
+pub fn clusters_of(store: &dyn Store, tenant: &str) -> Result<Vec<String>> {
+    Ok(store
+        .scan_raw(tree::CLUSTER_TENANTS)?
+        .into_iter()
+        .filter_map(|(cluster, raw)| {
+            let claim: ClusterClaim = serde_json::from_slice(&raw).ok()?;
+            (claim.tenant == tenant).then_some(cluster)
+        })
+        .collect())
+}
+
+/// Deletes an empty tenant. Its tokens stop reaching anything: their
+/// membership names a tenant that holds no cluster, and a tenant made
+/// again later under the name does not revive them (see
+/// `tokens::verify_api_token`).
+pub fn delete_tenant(
+    store: &dyn Store,
+    name: &str,
+) -> Result<std::result::Result<(), TenancyError>> {
+    let Some(record) = tenant(store, name)? else {
+        return Ok(Err(TenancyError::NoSuchTenant(name.to_owned())));
+    };
+    let clusters = clusters_of(store, name)?.len();
+    if clusters > 0 {
+        return Ok(Err(TenancyError::NotEmpty {
+            tenant: name.to_owned(),
+            clusters,
+        }));
+    }
+    let raw = serde_json::to_vec(&record).map_err(|e| HubError::Store(e.to_string()))?;
+    let _ = store.compare_and_swap_raw(tree::TENANTS, name, Some(&raw), None)?;
+    Ok(Ok(()))
+}
+
+/// The tenant a cluster name belongs to, if any tenant claimed it.
+pub fn tenant_of(store: &dyn Store, cluster: &str) -> Result<Option<String>> {
+    Ok(store
+        .get::<ClusterClaim>(tree::CLUSTER_TENANTS, cluster)?
+        .map(|c| c.tenant))
+}
+
+/// Claims `cluster` for `tenant`: done when it is free or already the
+/// tenant's; `ClusterTaken` when another tenant holds it. A compare-and-
+/// swap, so two tenants racing for one name cannot both win.
+pub fn claim_cluster(
+    store: &dyn Store,
+    cluster: &str,
+    tenant: &str,
+) -> Result<std::result::Result<(), TenancyError>> {
+    let claim = ClusterClaim {
+        tenant: tenant.to_owned(),
+        claimed: unix_now(),
+    };
+    let raw = serde_json::to_vec(&claim).map_err(|e| HubError::Store(e.to_string()))?;
+    if store.compare_and_swap_raw(tree::CLUSTER_TENANTS, cluster, None, Some(&raw))? {
+        return Ok(Ok(()));
+    }
+    match tenant_of(store, cluster)? {
+        Some(holder) if holder == tenant => Ok(Ok(())),
+        _ => Ok(Err(TenancyError::ClusterTaken(cluster.to_owned()))),
+    }
+}
+
+/// Lets a cluster name go (its link was deleted).
+pub fn release_cluster(store: &dyn Store, cluster: &str) -> Result<()> {
+    store.delete(tree::CLUSTER_TENANTS, cluster)
+}
+
+/// Brings a store of a hub from before tenancy into the model: tenant
+/// `default` exists, and every link without a claim belongs to it. API
+/// tokens are migrated where they are read (`tokens`).
+pub fn migrate(store: &dyn Store) -> Result<()> {
+    if tenant(store, DEFAULT_TENANT)?.is_none() {
+        let _ = create_tenant(store, DEFAULT_TENANT, "hub")?;
+    }
+    for (cluster, _) in store.scan_raw(tree::LINKS)? {
+        if tenant_of(store, &cluster)?.is_none() {
+            let _ = claim_cluster(store, &cluster, DEFAULT_TENANT)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+
+    #[test]
+    fn a_cluster_name_belongs_to_one_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        create_tenant(&store, "acme", "op").unwrap().unwrap();
+        create_tenant(&store, "globex", "op").unwrap().unwrap();
+        assert_eq!(
+            create_tenant(&store, "acme", "op").unwrap().unwrap_err(),
+            TenancyError::TenantExists("acme".into())
+        );
+        assert_eq!(claim_cluster(&store, "edge-1", "acme").unwrap(), Ok(()));
+        assert_eq!(claim_cluster(&store, "edge-1", "acme").unwrap(), Ok(()));
+        let taken = claim_cluster(&store, "edge-1", "globex")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(taken, TenancyError::ClusterTaken("edge-1".into()));
+        assert!(!taken.to_string().contains("acme"));
+        assert_eq!(
+            tenant_of(&store, "edge-1").unwrap().as_deref(),
+            Some("acme")
+        );
+        assert_eq!(
+            delete_tenant(&store, "acme").unwrap(),
+            Err(TenancyError::NotEmpty {
+                tenant: "acme".into(),
+                clusters: 1
+            })
+        );
+        release_cluster(&store, "edge-1").unwrap();
+        assert_eq!(delete_tenant(&store, "acme").unwrap(), Ok(()));
+        assert!(tenant(&store, "acme").unwrap().is_none());
+    }
+
+    #[test]
+    fn tenant_names_are_dns_labels() {
+        assert!(validate_tenant_name("acme-2").is_ok());
+        for bad in ["", "Acme", "a:b", "-a", "a-", &"x".repeat(64)] {
+            assert!(validate_tenant_name(bad).is_err(), "{bad}");
+        }
+    }
+}
