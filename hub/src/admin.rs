@@ -39,37 +39,82 @@ fn json(status: http::StatusCode, value: &serde_json::Value) -> http::Response<H
     resp
 }
 
-/// The verified caller (the front door authenticated it), if an operator.
-fn operator(req: &http::Request<Incoming>) -> Result<Principal, tonic::Status> {
-    let caller = crate::auth::verified(req.extensions())?;
-    crate::auth::require_operator(&caller)?;
-    Ok(caller)
-}
-
-/// Serves `/admin/v1/…`; the caller was authenticated before.
+/// Serves `/admin/v1/…`. The caller was authenticated by the front door;
+/// each endpoint's methods are checked here, and an answer that needs no
+/// body drains it ([`crate::server::unread_body`]).
 pub async fn route(
     state: Arc<HubState>,
     path: &str,
     req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    let rest = path.trim_start_matches("/admin/v1/");
-    let parts: Vec<&str> = rest.split('/').collect();
-    match parts.as_slice() {
-        ["ca"] => ca(state, None, req).await,
-        ["ca", step] => ca(state, Some(step), req).await,
-        ["tokens"] => tokens(&state, req).await,
-        ["tokens", id] => revoke_token(&state, id, req),
-        ["tenants"] => tenants(&state, req).await,
-        ["tenants", name] => delete_tenant(&state, name, req),
-        ["links", cluster, "re-enroll"] => re_enroll(state, cluster, req).await,
-        ["links", cluster] => delete_link(&state, cluster, req),
-        _ => crate::server::unread_body(
-            plain(
-                http::StatusCode::NOT_FOUND,
-                &format!("no such endpoint: {path}"),
-            ),
-            req,
-        ),
+    use http::Method as M;
+    let caller = match crate::auth::verified(req.extensions()) {
+        Ok(c) => c,
+        Err(s) => return crate::server::unread_body(refused(&s), req),
+    };
+    let parts: Vec<&str> = path.trim_start_matches("/admin/v1/").split('/').collect();
+    let endpoint = match parts.as_slice() {
+        ["ca"] => Endpoint::Ca(None),
+        ["ca", step] => Endpoint::Ca(Some(step)),
+        ["tokens"] => Endpoint::Tokens,
+        ["tokens", id] => Endpoint::Token(id),
+        ["tenants"] => Endpoint::Tenants,
+        ["tenants", name] => Endpoint::Tenant(name),
+        ["links", cluster, "re-enroll"] => Endpoint::ReEnroll(cluster),
+        ["links", cluster] => Endpoint::Link(cluster),
+        _ => {
+            let text = format!("no such endpoint: {path}");
+            return crate::server::unread_body(plain(http::StatusCode::NOT_FOUND, &text), req);
+        }
+    };
+    let allowed = endpoint.methods();
+    let method = req.method().clone();
+    if !allowed.contains(&method) {
+        let names: Vec<&str> = allowed.iter().map(M::as_str).collect();
+        let text = format!("use {}", names.join(" or "));
+        return crate::server::unread_body(plain(http::StatusCode::METHOD_NOT_ALLOWED, &text), req);
+    }
+    let (state, caller) = (&*state, &caller);
+    let resp = match (method, endpoint) {
+        (M::POST, Endpoint::Tokens) => return mint_token(state, caller, req).await,
+        (M::POST, Endpoint::Tenants) => return create_tenant(state, caller, req).await,
+        (_, Endpoint::Ca(step)) => {
+            let force = req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "force=true" || kv == "force=1"));
+            ca(state, caller, step, force)
+        }
+        (_, Endpoint::Tokens) => list_tokens(state, caller),
+        (_, Endpoint::Token(id)) => revoke_token(state, caller, id),
+        (_, Endpoint::Tenants) => list_tenants(state, caller),
+        (_, Endpoint::Tenant(name)) => delete_tenant(state, caller, name),
+        (_, Endpoint::ReEnroll(cluster)) => re_enroll(state, caller, cluster),
+        (_, Endpoint::Link(cluster)) => delete_link(state, caller, cluster),
+    };
+    crate::server::unread_body(resp, req)
+}
+
+/// An admin endpoint, from its path.
+enum Endpoint<'a> {
+    Ca(Option<&'a str>),
+    Tokens,
+    Token(&'a str),
+    Tenants,
+    Tenant(&'a str),
+    ReEnroll(&'a str),
+    Link(&'a str),
+}
+
+impl Endpoint<'_> {
+    fn methods(&self) -> &'static [http::Method] {
+        use http::Method as M;
+        match self {
+            Endpoint::Ca(None) => &[M::GET],
+            Endpoint::Ca(Some(_)) | Endpoint::ReEnroll(_) => &[M::POST],
+            Endpoint::Tokens | Endpoint::Tenants => &[M::GET, M::POST],
+            Endpoint::Token(_) | Endpoint::Tenant(_) | Endpoint::Link(_) => &[M::DELETE],
+        }
     }
 }
 
@@ -111,12 +156,15 @@ async fn json_body<T: serde::de::DeserializeOwned>(
 }
 
 /// `POST /admin/v1/tokens`: mints a hub API token (the token is in the
-/// answer and nowhere else); `GET`: the tokens the caller manages, without
-/// their secrets.
+/// answer and nowhere else).
 ///
 /// A tenant admin mints members and admins of its tenant; an operator
 /// mints operators and a tenant's first admins (any membership).
-async fn tokens(state: &HubState, req: http::Request<Incoming>) -> http::Response<HttpBody> {
+async fn mint_token(
+    state: &HubState,
+    caller: &Principal,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
@@ -131,19 +179,6 @@ async fn tokens(state: &HubState, req: http::Request<Incoming>) -> http::Respons
         operator: bool,
         #[serde(default)]
         ttl_secs: Option<u64>,
-    }
-    let caller = match crate::auth::verified(req.extensions()) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    if req.method() == http::Method::GET {
-        return list_tokens(state, &caller);
-    }
-    if req.method() != http::Method::POST {
-        return crate::server::unread_body(
-            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST or GET"),
-            req,
-        );
     }
     let body: Body = match json_body(
         req,
@@ -186,7 +221,7 @@ async fn tokens(state: &HubState, req: http::Request<Incoming>) -> http::Respons
         ..Default::default()
     };
     if body.operator {
-        if let Err(s) = crate::auth::require_operator(&caller) {
+        if let Err(s) = crate::auth::require_operator(caller) {
             return refused(&s);
         }
         if body.tenant.is_some() || body.role.is_some() {
@@ -201,7 +236,7 @@ async fn tokens(state: &HubState, req: http::Request<Incoming>) -> http::Respons
             Ok(r) => r,
             Err(e) => return plain(http::StatusCode::BAD_REQUEST, &e),
         };
-        let tenant = match crate::auth::admin_tenant(&caller, body.tenant.as_deref(), true) {
+        let tenant = match crate::auth::admin_tenant(caller, body.tenant.as_deref(), true) {
             Ok(t) => t,
             Err(s) => return refused(&s),
         };
@@ -268,6 +303,8 @@ fn manages(caller: &Principal, rec: &crate::tokens::ApiTokenRecord) -> bool {
             && rec.tenants.keys().all(|t| caller.is_admin_of(t)))
 }
 
+/// `GET /admin/v1/tokens`: the tokens the caller manages, without their
+/// secrets.
 fn list_tokens(state: &HubState, caller: &Principal) -> http::Response<HttpBody> {
     let records = match state
         .store
@@ -291,28 +328,14 @@ fn list_tokens(state: &HubState, caller: &Principal) -> http::Response<HttpBody>
 }
 
 /// `DELETE /admin/v1/tokens/<id>`: the token fails from its next call on.
-fn revoke_token(
-    state: &HubState,
-    id: &str,
-    req: http::Request<Incoming>,
-) -> http::Response<HttpBody> {
-    let caller = match crate::auth::verified(req.extensions()) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    if req.method() != http::Method::DELETE {
-        return crate::server::unread_body(
-            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use DELETE"),
-            req,
-        );
-    }
+fn revoke_token(state: &HubState, caller: &Principal, id: &str) -> http::Response<HttpBody> {
     // A token the caller does not manage is as unknown as one that is not.
     let not_found = || plain(http::StatusCode::NOT_FOUND, &format!("no token {id:?}"));
     let rec = match state
         .store
         .get::<crate::tokens::ApiTokenRecord>(crate::store::tree::API_TOKENS, id)
     {
-        Ok(Some(r)) if manages(&caller, &r) => r,
+        Ok(Some(r)) if manages(caller, &r) => r,
         Ok(_) => return not_found(),
         Err(e) => return refused(&e.into_status()),
     };
@@ -328,49 +351,44 @@ fn revoke_token(
     }
 }
 
-/// `POST /admin/v1/tenants {"name": …}` (operators) creates a tenant;
-/// `GET` lists the tenants the caller sees (operators: all).
-async fn tenants(state: &HubState, req: http::Request<Incoming>) -> http::Response<HttpBody> {
+/// `GET /admin/v1/tenants`: the tenants the caller sees (operators: all).
+fn list_tenants(state: &HubState, caller: &Principal) -> http::Response<HttpBody> {
+    let all = match crate::tenancy::list_tenants(&*state.store) {
+        Ok(all) => all,
+        Err(e) => return refused(&e.into_status()),
+    };
+    let mut list = Vec::new();
+    for t in all {
+        let role = caller.role_in(&t.name);
+        if !caller.operator && role.is_none() {
+            continue;
+        }
+        let clusters = crate::tenancy::clusters_of(&*state.store, &t.name)
+            .map(|c| c.len())
+            .unwrap_or_default();
+        list.push(serde_json::json!({
+            "name": t.name, "created": t.created, "clusters": clusters,
+            "role": role.map(Role::as_str),
+        }));
+    }
+    json(
+        http::StatusCode::OK,
+        &serde_json::json!({ "tenants": list }),
+    )
+}
+
+/// `POST /admin/v1/tenants {"name": …}` (operators) creates a tenant.
+async fn create_tenant(
+    state: &HubState,
+    caller: &Principal,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
         name: String,
     }
-    let caller = match crate::auth::verified(req.extensions()) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    if req.method() == http::Method::GET {
-        let all = match crate::tenancy::list_tenants(&*state.store) {
-            Ok(all) => all,
-            Err(e) => return refused(&e.into_status()),
-        };
-        let mut list = Vec::new();
-        for t in all {
-            let role = caller.role_in(&t.name);
-            if !caller.operator && role.is_none() {
-                continue;
-            }
-            let clusters = crate::tenancy::clusters_of(&*state.store, &t.name)
-                .map(|c| c.len())
-                .unwrap_or_default();
-            list.push(serde_json::json!({
-                "name": t.name, "created": t.created, "clusters": clusters,
-                "role": role.map(Role::as_str),
-            }));
-        }
-        return json(
-            http::StatusCode::OK,
-            &serde_json::json!({ "tenants": list }),
-        );
-    }
-    if req.method() != http::Method::POST {
-        return crate::server::unread_body(
-            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST or GET"),
-            req,
-        );
-    }
-    if let Err(s) = crate::auth::require_operator(&caller) {
+    if let Err(s) = crate::auth::require_operator(caller) {
         return crate::server::unread_body(refused(&s), req);
     }
     let body: Body = match json_body(req, r#"{"name": …}"#).await {
@@ -394,20 +412,9 @@ async fn tenants(state: &HubState, req: http::Request<Incoming>) -> http::Respon
 }
 
 /// `DELETE /admin/v1/tenants/<name>` (operators): an empty tenant only.
-fn delete_tenant(
-    state: &HubState,
-    name: &str,
-    req: http::Request<Incoming>,
-) -> http::Response<HttpBody> {
-    let caller = match operator(&req) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    if req.method() != http::Method::DELETE {
-        return crate::server::unread_body(
-            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use DELETE"),
-            req,
-        );
+fn delete_tenant(state: &HubState, caller: &Principal, name: &str) -> http::Response<HttpBody> {
+    if let Err(s) = crate::auth::require_operator(caller) {
+        return refused(&s);
     }
     match crate::tenancy::delete_tenant(&*state.store, name) {
         Ok(Ok(())) => {
@@ -445,22 +452,8 @@ fn administered_cluster(
 /// closed, the link, its certificate serial and the cluster's name are
 /// forgotten; the old certificate is refused at the tunnel and at renewal
 /// from then on, as it names no link.
-fn delete_link(
-    state: &HubState,
-    cluster: &str,
-    req: http::Request<Incoming>,
-) -> http::Response<HttpBody> {
-    let caller = match crate::auth::verified(req.extensions()) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    if req.method() != http::Method::DELETE {
-        return crate::server::unread_body(
-            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use DELETE"),
-            req,
-        );
-    }
-    let tenant = match administered_cluster(state, &caller, cluster) {
+fn delete_link(state: &HubState, caller: &Principal, cluster: &str) -> http::Response<HttpBody> {
+    let tenant = match administered_cluster(state, caller, cluster) {
         Ok(t) => t,
         Err(s) => return refused(&s),
     };
@@ -503,31 +496,22 @@ pub fn status(state: &HubState) -> crate::Result<serde_json::Value> {
 }
 
 /// Serves `/admin/v1/ca` and its steps.
-pub async fn ca(
-    state: Arc<HubState>,
+fn ca(
+    state: &HubState,
+    caller: &Principal,
     step: Option<&str>,
-    req: http::Request<Incoming>,
+    force: bool,
 ) -> http::Response<HttpBody> {
-    let caller = match operator(&req) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    let force = req
-        .uri()
-        .query()
-        .is_some_and(|q| q.split('&').any(|kv| kv == "force=true" || kv == "force=1"));
-    let result = match (req.method().clone(), step) {
-        (http::Method::GET, None) => None,
-        (http::Method::POST, Some("stage")) => Some(state.authority.stage(&*state.store).map(Ok)),
-        (http::Method::POST, Some("activate")) => {
-            Some(state.authority.activate(&*state.store, force))
-        }
-        (http::Method::POST, Some("finish")) => Some(state.authority.finish(&*state.store, force)),
-        (_, None) => return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use GET"),
-        (_, Some("stage" | "activate" | "finish")) => {
-            return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST");
-        }
-        (_, Some(other)) => {
+    if let Err(s) = crate::auth::require_operator(caller) {
+        return refused(&s);
+    }
+    // The methods were checked: GET for the status, POST for a step.
+    let result = match step {
+        None => None,
+        Some("stage") => Some(state.authority.stage(&*state.store).map(Ok)),
+        Some("activate") => Some(state.authority.activate(&*state.store, force)),
+        Some("finish") => Some(state.authority.finish(&*state.store, force)),
+        Some(other) => {
             return plain(
                 http::StatusCode::NOT_FOUND,
                 &format!("no CA step {other:?}: stage, activate or finish"),
@@ -549,10 +533,10 @@ pub async fn ca(
         }
         Some(Ok(Ok(()))) => {
             tracing::info!(by = %caller.user, step = step.unwrap_or_default(), "CA rotation step");
-            ask_agents_to_renew(&state);
+            ask_agents_to_renew(state);
         }
     }
-    match status(&state) {
+    match status(state) {
         Ok(v) => json(http::StatusCode::OK, &v),
         Err(e) => plain(http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
@@ -562,7 +546,7 @@ pub async fn ca(
 /// certificate now: after staging it learns the new CA, after activation it
 /// gets a certificate the new CA signed. A few at a time, so hundreds of
 /// clusters do not all register in the same instant.
-pub fn ask_agents_to_renew(state: &Arc<HubState>) {
+pub fn ask_agents_to_renew(state: &HubState) {
     let tunnels = state.registry.all();
     let limit = Arc::new(tokio::sync::Semaphore::new(RENEW_FAN_OUT));
     for entry in tunnels {
@@ -585,23 +569,9 @@ pub fn ask_agents_to_renew(state: &Arc<HubState>) {
 }
 
 /// Serves `POST /admin/v1/links/<cluster>/re-enroll`.
-pub async fn re_enroll(
-    state: Arc<HubState>,
-    cluster: &str,
-    req: http::Request<Incoming>,
-) -> http::Response<HttpBody> {
-    let caller = match crate::auth::verified(req.extensions()) {
-        Ok(c) => c,
-        Err(s) => return crate::server::unread_body(refused(&s), req),
-    };
-    if req.method() != http::Method::POST {
-        return crate::server::unread_body(
-            plain(http::StatusCode::METHOD_NOT_ALLOWED, "use POST"),
-            req,
-        );
-    }
-    if let Err(s) = administered_cluster(&state, &caller, cluster) {
-        return crate::server::unread_body(refused(&s), req);
+fn re_enroll(state: &HubState, caller: &Principal, cluster: &str) -> http::Response<HttpBody> {
+    if let Err(s) = administered_cluster(state, caller, cluster) {
+        return refused(&s);
     }
     let now = match crate::link_service::open_for_reenrollment(&*state.store, cluster) {
         Ok(Some(now)) => now,
