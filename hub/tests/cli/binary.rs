@@ -158,3 +158,140 @@ async fn login_tokens_manifests_and_links() {
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// Runs `otter`, which must succeed; its output.
+fn ok(dir: &std::path::Path, args: &[&str]) -> String {
+    let (code, out, err) = run(dir, args);
+    assert_eq!(code, 0, "otter {args:?}: {err}");
+    out
+}
+
+/// Tenants through the CLI: an operator makes a tenant and names its
+/// first admin; that admin mints a member, a manifest for its tenant, lists
+/// and revokes tokens, and deletes its link; the member sees only its
+/// tenant's links; nobody else sees the tenant's cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_tokens_and_links_through_the_cli() {
+    let hub = TestHub::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (d, url, tok, ca) = (
+        dir.path().to_owned(),
+        hub.api_url().to_string(),
+        hub.data_dir().join("admin-token").display().to_string(),
+        hub.data_dir().join("ca.crt").display().to_string(),
+    );
+    let (admin_token, member_token) = tokio::task::spawn_blocking({
+        let d = d.clone();
+        move || {
+            let ok = |args: &[&str]| ok(&d, args);
+            let login = |token_file: &str| {
+                ok(&[
+                    "login",
+                    "--hub",
+                    &url,
+                    "--token-file",
+                    token_file,
+                    "--ca-file",
+                    &ca,
+                ]);
+            };
+            let save = |name: &str, token: &str| {
+                let path = d.join(name);
+                std::fs::write(&path, token).unwrap();
+                path.display().to_string()
+            };
+            login(&tok);
+            ok(&["tenant", "create", "acme"]);
+            let (code, _, err) = run(&d, &["tenant", "create", "Not_A_Name"]);
+            assert_ne!(code, 0);
+            assert!(err.contains("lowercase"), "{err}");
+            let list = ok(&["tenant", "list"]);
+            assert!(list.contains("acme") && list.contains("default"), "{list}");
+            let ann = ok(&[
+                "token", "create", "ann", "--tenant", "acme", "--role", "admin",
+            ]);
+            let ann = ann.trim().to_owned();
+            // A second admin is for ann to name, not the operator.
+            let (code, _, err) = run(
+                &d,
+                &[
+                    "token", "create", "x", "--tenant", "acme", "--role", "admin",
+                ],
+            );
+            assert_ne!(code, 0);
+            assert!(err.contains("first admins"), "{err}");
+
+            login(&save("ann", &ann));
+            let mel = ok(&["token", "create", "mel", "--group", "devs", "--ttl", "30d"]);
+            let list = ok(&["token", "list"]);
+            assert!(
+                list.contains("acme:admin") && list.contains("acme:member"),
+                "{list}"
+            );
+            assert!(list.contains("in 29d") || list.contains("in 30d"), "{list}");
+            let url = ok(&["agent-manifest", "--cluster", "acme-1"]);
+            assert!(url.contains("/link/manifest/"), "{url}");
+            let (code, _, err) = run(
+                &d,
+                &[
+                    "agent-manifest",
+                    "--cluster",
+                    "acme-1",
+                    "--tenant",
+                    "default",
+                ],
+            );
+            assert_ne!(code, 0);
+            assert!(err.contains("not an admin of tenant"), "{err}");
+            (ann, mel.trim().to_owned())
+        }
+    })
+    .await
+    .unwrap();
+
+    let join = hub.hub.mint_join_token_in("acme-1", "acme").unwrap();
+    let agent = start_agent(&hub, "acme-1", "a1", &join, TransportKind::H2);
+    wait_connected(&hub.channel().await, &admin_token, 1).await;
+    let root = hub.admin_token.clone();
+    tokio::task::spawn_blocking(move || {
+        let ok = |args: &[&str]| ok(&d, args);
+        let links = |token: &str| ok(&["links", "-o", "json", "--token", token]);
+        let mel_sees: serde_json::Value = serde_json::from_str(&links(&member_token)).unwrap();
+        assert_eq!(mel_sees.as_array().map(Vec::len), Some(1), "{mel_sees}");
+        assert_eq!(mel_sees[0]["cluster"], "acme-1");
+        assert!(mel_sees[0]["agentId"].is_null(), "{mel_sees}");
+        // The operator holds no standing access.
+        let root_sees: serde_json::Value = serde_json::from_str(&links(&root)).unwrap();
+        assert_eq!(root_sees, serde_json::json!([]));
+        let (code, _, err) = run(&d, &["get", "pods", "-c", "acme-1", "--token", &root]);
+        assert_ne!(code, 0);
+        assert!(err.contains("acme-1 is not registered"), "{err}");
+
+        // Revoking mel's token; deleting the link.
+        let listed = ok(&["token", "list", "-o", "json", "--token", &admin_token]);
+        let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        let id = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "mel")
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        ok(&["token", "revoke", &id, "--token", &admin_token]);
+        let (code, _, err) = run(&d, &["links", "--token", &member_token]);
+        assert_ne!(code, 0);
+        assert!(err.contains("revoked"), "{err}");
+        let out = ok(&["links", "delete", "acme-1", "--token", &admin_token]);
+        assert!(out.contains("deleted"), "{out}");
+        let left: serde_json::Value = serde_json::from_str(&links(&admin_token)).unwrap();
+        assert_eq!(left, serde_json::json!([]));
+        // An empty tenant can go.
+        ok(&["tenant", "delete", "acme", "--token", &root]);
+    })
+    .await
+    .unwrap();
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
