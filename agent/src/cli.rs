@@ -38,6 +38,24 @@ pub struct Cli {
     /// Namespace of that Secret: the agent's own.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub state_namespace: String,
+    /// User name prefixes the agent impersonates (the ceiling: never a
+    /// `system:` name, whatever the hub sends).
+    #[arg(
+        long = "allow-user-prefix",
+        env = "OTTER_ALLOW_USER_PREFIXES",
+        value_delimiter = ',',
+        default_values_t = ["otter:".to_owned(), "oidc:".to_owned()]
+    )]
+    pub allow_user_prefixes: Vec<String>,
+    /// Group name prefixes the agent impersonates; the manifest sets its
+    /// tenant's, `otter:<tenant>:`.
+    #[arg(
+        long = "allow-group-prefix",
+        env = "OTTER_ALLOW_GROUP_PREFIXES",
+        value_delimiter = ',',
+        default_values_t = ["otter:".to_owned()]
+    )]
+    pub allow_group_prefixes: Vec<String>,
     /// Transports to try, in order.
     #[arg(
         long,
@@ -185,7 +203,14 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     let kube_config = crate::kube::load_config(single_file.as_deref())
         .await
         .map_err(anyhow::Error::msg)?;
-    let access = crate::kube::KubeAccess::new(kube_config).map_err(anyhow::Error::msg)?;
+    let ceiling = crate::impersonation::Ceiling::new(
+        cli.allow_user_prefixes.clone(),
+        cli.allow_group_prefixes.clone(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let access = crate::kube::KubeAccess::new(kube_config)
+        .map_err(anyhow::Error::msg)?
+        .with_ceiling(ceiling);
     if let Some(name) = &cli.state_secret {
         config.state = Some(crate::identity::IdentityStore::secret(
             access.agent().clone(),
@@ -202,7 +227,7 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     services.runtime.gauges = config.gauges.clone();
     // kubectl's requests through the hub use the agent's own client; the
     // proxy adds the caller's impersonation headers itself.
-    let proxy = crate::kube_proxy::KubeProxy::new(access.agent().clone());
+    let proxy = crate::kube_proxy::KubeProxy::for_access(&access);
     let routes = crate::services(access, &config.cluster, services);
     Ok(Agent::start_with_proxy(config, routes, Some(proxy))?)
 }

@@ -14,15 +14,16 @@ use std::{
     time::Duration,
 };
 
-use http::{HeaderName, HeaderValue};
 use otter_tunnel::Caller;
+
+use crate::impersonation::Ceiling;
 use tonic::Status;
 
 /// How many impersonating clients are kept.
 pub const DEFAULT_CLIENT_CACHE: usize = 256;
 
 /// The group every authenticated caller belongs to.
-pub const AUTHENTICATED: &str = "system:authenticated";
+pub use crate::impersonation::AUTHENTICATED;
 
 /// Builds the agent's own client configuration: the kubeconfig file when
 /// given, else `KUBECONFIG` / `~/.kube/config`, else the in-cluster
@@ -96,6 +97,7 @@ fn apply_proxy_rules(config: &mut kube::Config) -> Result<(), String> {
 pub struct KubeAccess {
     agent: kube::Client,
     cache: Arc<Mutex<ClientCache>>,
+    ceiling: Ceiling,
 }
 
 impl std::fmt::Debug for KubeAccess {
@@ -117,7 +119,19 @@ impl KubeAccess {
         KubeAccess {
             agent,
             cache: Arc::new(Mutex::new(ClientCache::new(cache.max(1)))),
+            ceiling: Ceiling::default(),
         }
+    }
+
+    /// Acts only as callers within `ceiling` (the manifest's).
+    pub fn with_ceiling(mut self, ceiling: Ceiling) -> KubeAccess {
+        self.ceiling = ceiling;
+        self
+    }
+
+    /// What this access agrees to impersonate.
+    pub fn ceiling(&self) -> &Ceiling {
+        &self.ceiling
     }
 
     /// The agent's own client: only for what the agent itself needs
@@ -137,21 +151,15 @@ impl KubeAccess {
         if let Some(c) = self.cache.lock().map_err(poisoned)?.get(caller) {
             return Ok(c);
         }
-        let headers = Arc::new(impersonation_headers(caller)?);
+        let headers =
+            Arc::new(crate::impersonation::headers(&self.ceiling, caller).map_err(|r| r.status())?);
         let base = self.agent.clone();
         let service = tower::service_fn(move |mut req: http::Request<kube::client::Body>| {
             let (base, headers) = (base.clone(), headers.clone());
             async move {
                 let h = req.headers_mut();
                 // Nothing upstream may choose the identity but us.
-                let stale: Vec<HeaderName> = h
-                    .keys()
-                    .filter(|n| n.as_str().starts_with("impersonate-"))
-                    .cloned()
-                    .collect();
-                for n in stale {
-                    h.remove(n);
-                }
+                crate::impersonation::strip(h);
                 for (name, value) in headers.iter() {
                     h.append(name.clone(), value.clone());
                 }
@@ -169,80 +177,6 @@ impl KubeAccess {
 
 fn poisoned<T>(_: T) -> Status {
     Status::internal("client cache lock poisoned")
-}
-
-/// The `Impersonate-*` headers for a caller: user; groups =
-/// `system:authenticated` plus the caller's; uid and extra when present.
-pub fn impersonation_headers(caller: &Caller) -> Result<Vec<(HeaderName, HeaderValue)>, Status> {
-    let value = |v: &str, what: &str| {
-        HeaderValue::from_str(v).map_err(|_| {
-            Status::invalid_argument(format!("caller {what} {v:?} is not a valid header value"))
-        })
-    };
-    let mut out = vec![(
-        HeaderName::from_static("impersonate-user"),
-        value(&caller.user, "user")?,
-    )];
-    if !caller.uid.is_empty() {
-        out.push((
-            HeaderName::from_static("impersonate-uid"),
-            value(&caller.uid, "uid")?,
-        ));
-    }
-    let mut groups: Vec<&str> = vec![AUTHENTICATED];
-    for g in &caller.groups {
-        if !groups.contains(&g.as_str()) {
-            groups.push(g);
-        }
-    }
-    for g in groups {
-        out.push((
-            HeaderName::from_static("impersonate-group"),
-            value(g, "group")?,
-        ));
-    }
-    for extra in &caller.extra {
-        let name = HeaderName::from_bytes(
-            format!("impersonate-extra-{}", encode_extra_key(&extra.key)).as_bytes(),
-        )
-        .map_err(|_| Status::invalid_argument(format!("caller extra key {:?}", extra.key)))?;
-        for v in &extra.values {
-            out.push((name.clone(), value(v, "extra value")?));
-        }
-    }
-    Ok(out)
-}
-
-/// Extra keys travel in the header name: lower case, percent-encoded where
-/// a header name cannot hold the character (header names are lower case,
-/// so the hex digits are too; the apiserver decodes either).
-fn encode_extra_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.to_lowercase().bytes() {
-        if b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'_'
-                    | b'.'
-                    | b'~'
-                    | b'!'
-                    | b'#'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'*'
-                    | b'+'
-                    | b'^'
-                    | b'`'
-                    | b'|'
-            )
-        {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02x}"));
-        }
-    }
-    out
 }
 
 /// A small least-recently-used map of clients.
@@ -289,51 +223,17 @@ impl ClientCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use otter_tunnel::frame::Extra;
-
-    #[test]
-    fn headers_carry_user_groups_uid_and_extra() {
-        let caller = Caller {
-            user: "jane".into(),
-            groups: vec!["devs".into(), AUTHENTICATED.into()],
-            uid: "42".into(),
-            extra: vec![Extra {
-                key: "Scopes/Read".into(),
-                values: vec!["a".into(), "b".into()],
-            }],
-        };
-        let h = impersonation_headers(&caller).unwrap();
-        let pairs: Vec<(String, String)> = h
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
-            .collect();
-        let want = [
-            ("impersonate-user", "jane"),
-            ("impersonate-uid", "42"),
-            ("impersonate-group", AUTHENTICATED),
-            ("impersonate-group", "devs"),
-            ("impersonate-extra-scopes%2fread", "a"),
-            ("impersonate-extra-scopes%2fread", "b"),
-        ];
-        assert_eq!(
-            pairs,
-            want.iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect::<Vec<_>>()
-        );
-        let bad = Caller {
-            user: "a\nb".into(),
-            ..Default::default()
-        };
-        assert!(impersonation_headers(&bad).is_err());
-    }
 
     #[tokio::test]
     async fn cache_is_bounded_and_keeps_recent_callers() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let access = KubeAccess::from_client(kube::Client::try_from(config).unwrap(), 2);
         let who = |u: &str| Caller {
-            user: u.into(),
+            user: if u.is_empty() {
+                String::new()
+            } else {
+                format!("otter:{u}")
+            },
             ..Default::default()
         };
         for u in ["a", "b", "a", "c"] {

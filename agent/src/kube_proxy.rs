@@ -17,21 +17,18 @@ use futures::StreamExt;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use otter_tunnel::{BoxError, Caller, http::RequestBody};
+
+use crate::impersonation::{self, Ceiling};
 use tokio::io::AsyncWriteExt;
 
 /// Largest request body forwarded (a manifest, a patch).
 pub const MAX_REQUEST_BODY: usize = 16 * 1024 * 1024;
 
-/// Characters kept as they are in `Impersonate-Extra-<key>` names.
-const EXTRA_KEY: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.');
-
 /// The proxy: one kube client, shared by all requests.
 #[derive(Clone)]
 pub struct KubeProxy {
     client: kube::Client,
+    ceiling: Ceiling,
 }
 
 impl std::fmt::Debug for KubeProxy {
@@ -45,15 +42,29 @@ pub type ProxyBody =
     http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 impl KubeProxy {
+    /// Sends with the agent's own `client`, acting as callers within the
+    /// default ceiling.
     pub fn new(client: kube::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            ceiling: Ceiling::default(),
+        }
     }
 
-    /// From in-cluster config, `KUBECONFIG` or `~/.kube/config`.
+    /// Sends with the agent's own client and the ceiling of `access`: the
+    /// same rules as the gRPC services.
+    pub fn for_access(access: &crate::kube::KubeAccess) -> Self {
+        Self {
+            client: access.agent().clone(),
+            ceiling: access.ceiling().clone(),
+        }
+    }
+
     /// The tower service the tunnel serves requests with.
     pub fn service(&self) -> ProxyService {
         ProxyService {
             client: self.client.clone(),
+            ceiling: self.ceiling.clone(),
         }
     }
 }
@@ -62,6 +73,7 @@ impl KubeProxy {
 #[derive(Clone)]
 pub struct ProxyService {
     client: kube::Client,
+    ceiling: Ceiling,
 }
 
 impl std::fmt::Debug for ProxyService {
@@ -81,8 +93,8 @@ impl tower::Service<http::Request<RequestBody>> for ProxyService {
     }
 
     fn call(&mut self, req: http::Request<RequestBody>) -> Self::Future {
-        let client = self.client.clone();
-        Box::pin(async move { Ok(proxy(client, req).await) })
+        let (client, ceiling) = (self.client.clone(), self.ceiling.clone());
+        Box::pin(async move { Ok(proxy(client, ceiling, req).await) })
     }
 }
 
@@ -106,54 +118,31 @@ pub fn status(code: u16, reason: &str, message: &str) -> http::Response<ProxyBod
     resp
 }
 
-/// Sets the impersonation headers for `caller`, after removing whatever
-/// identity headers the request carried.
-pub fn impersonate(headers: &mut http::HeaderMap, caller: &Caller) -> Result<(), String> {
-    let drop: Vec<http::HeaderName> = headers
-        .keys()
-        .filter(|n| {
-            let n = n.as_str();
-            n == "authorization"
-                || n.starts_with("impersonate-")
-                || matches!(
-                    n,
-                    "host"
-                        | "connection"
-                        | "keep-alive"
-                        | "transfer-encoding"
-                        | "te"
-                        | "proxy-connection"
-                )
-        })
-        .cloned()
-        .collect();
-    for n in drop {
-        headers.remove(n);
+/// Drops the hop-by-hop headers a request carried and replaces its
+/// identity headers with the caller's (see [`crate::impersonation`]).
+fn prepare(
+    headers: &mut http::HeaderMap,
+    ceiling: &Ceiling,
+    caller: &Caller,
+) -> Result<(), impersonation::Refusal> {
+    for hop in [
+        "host",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "proxy-connection",
+    ] {
+        headers.remove(hop);
     }
-    let value = |v: &str| {
-        http::HeaderValue::from_str(v)
-            .map_err(|_| format!("identity value {v:?} is not a valid header"))
-    };
-    headers.insert("impersonate-user", value(&caller.user)?);
-    for g in &caller.groups {
-        headers.append("impersonate-group", value(g)?);
-    }
-    if !caller.uid.is_empty() {
-        headers.insert("impersonate-uid", value(&caller.uid)?);
-    }
-    for extra in &caller.extra {
-        let key = percent_encoding::utf8_percent_encode(&extra.key.to_ascii_lowercase(), EXTRA_KEY)
-            .to_string();
-        let name = http::HeaderName::from_bytes(format!("impersonate-extra-{key}").as_bytes())
-            .map_err(|_| format!("extra key {:?} is not usable", extra.key))?;
-        for v in &extra.values {
-            headers.append(name.clone(), value(v)?);
-        }
-    }
-    Ok(())
+    impersonation::impersonate(headers, ceiling, caller)
 }
 
-async fn proxy(client: kube::Client, req: http::Request<RequestBody>) -> http::Response<ProxyBody> {
+async fn proxy(
+    client: kube::Client,
+    ceiling: Ceiling,
+    req: http::Request<RequestBody>,
+) -> http::Response<ProxyBody> {
     let Some(caller) = req.extensions().get::<Caller>().cloned() else {
         return status(
             401,
@@ -170,8 +159,9 @@ async fn proxy(client: kube::Client, req: http::Request<RequestBody>) -> http::R
     }
     let upgrade = req.headers().get(http::header::UPGRADE).cloned();
     let (mut parts, body) = req.into_parts();
-    if let Err(e) = impersonate(&mut parts.headers, &caller) {
-        return status(400, "BadRequest", &e);
+    if let Err(refusal) = prepare(&mut parts.headers, &ceiling, &caller) {
+        let (code, reason) = refusal.http();
+        return status(code, reason, &refusal.to_string());
     }
     if let Some(protocol) = upgrade {
         // exec, attach, port-forward: WebSocket or SPDY, relayed byte for byte.
@@ -287,45 +277,28 @@ impl Body for Passthrough {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use otter_tunnel::frame::Extra;
 
     #[test]
-    fn client_identity_headers_are_replaced_by_the_verified_caller() {
+    fn hop_and_identity_headers_are_replaced_and_the_ceiling_holds() {
         let mut h = http::HeaderMap::new();
         h.insert("authorization", "Bearer stolen".parse().unwrap());
         h.insert("impersonate-user", "system:admin".parse().unwrap());
-        h.append("impersonate-group", "system:masters".parse().unwrap());
+        h.insert("connection", "close".parse().unwrap());
         h.insert("accept", "application/json".parse().unwrap());
         let caller = Caller {
-            user: "alice".into(),
-            groups: vec!["system:authenticated".into(), "devs".into()],
-            uid: "u-1".into(),
-            extra: vec![Extra {
-                key: "Scopes/Team".into(),
-                values: vec!["a".into(), "b".into()],
-            }],
-        };
-        impersonate(&mut h, &caller).unwrap();
-        assert!(h.get("authorization").is_none());
-        assert_eq!(h["impersonate-user"], "alice");
-        let groups: Vec<_> = h
-            .get_all("impersonate-group")
-            .iter()
-            .map(|v| v.to_str().unwrap())
-            .collect();
-        assert_eq!(groups, ["system:authenticated", "devs"]);
-        assert_eq!(h["impersonate-uid"], "u-1");
-        let extra: Vec<_> = h
-            .get_all("impersonate-extra-scopes%2fteam")
-            .iter()
-            .map(|v| v.to_str().unwrap())
-            .collect();
-        assert_eq!(extra, ["a", "b"]);
-        assert_eq!(h["accept"], "application/json");
-        let bad = Caller {
-            user: "a\nb".into(),
+            user: "otter:alice".into(),
+            groups: vec!["otter:acme:devs".into()],
             ..Default::default()
         };
-        assert!(impersonate(&mut http::HeaderMap::new(), &bad).is_err());
+        prepare(&mut h, &Ceiling::default(), &caller).unwrap();
+        assert!(h.get("authorization").is_none() && h.get("connection").is_none());
+        assert_eq!(h["impersonate-user"], "otter:alice");
+        assert_eq!(h["accept"], "application/json");
+        let masters = Caller {
+            groups: vec!["system:masters".into()],
+            ..caller
+        };
+        let refused = prepare(&mut h, &Ceiling::default(), &masters).unwrap_err();
+        assert_eq!(refused.http(), (403, "Forbidden"));
     }
 }

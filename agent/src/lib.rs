@@ -9,6 +9,8 @@
 //! - [`tunnel`] — the dial loop: transport order, fallback, backoff with
 //!   full jitter, serving streams, renewal before expiry.
 //! - [`backoff`] — the reconnect schedule, sans IO.
+//! - [`impersonation`] — who the agent acts as: the caller's
+//!   `Impersonate-*` headers, within the ceiling the manifest set.
 //! - [`kube_proxy`] — kubectl's requests, forwarded by the hub, sent to the
 //!   local apiserver as the caller (impersonation).
 //! - [`health`] — `/healthz` and `/readyz` for the kubelet, `/metrics`.
@@ -32,6 +34,7 @@ pub mod enroll;
 pub mod gauges;
 pub mod health;
 pub mod identity;
+pub mod impersonation;
 pub mod kube;
 pub mod kube_proxy;
 pub mod resource;

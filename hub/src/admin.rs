@@ -199,7 +199,8 @@ async fn mint_token(
     // No tenant, and no identity provider, names a Kubernetes built-in
     // identity or the hub's own operator group.
     let reserved = |g: &str| {
-        g.starts_with("system:")
+        crate::auth::is_role_name(g)
+            || g.starts_with("system:")
             || g.starts_with("otter:")
             || g.starts_with("oidc:")
             || g == state.config.admin_group
@@ -208,7 +209,7 @@ async fn mint_token(
         return plain(
             http::StatusCode::BAD_REQUEST,
             &format!(
-                "user names may not start with \"system:\", group names not with \"system:\", \"otter:\" or \"oidc:\" nor be {:?} (make an operator with \"operator\": true)",
+                "user names may not start with \"system:\", group names not with \"system:\", \"otter:\" or \"oidc:\" nor be \"admins\", \"members\" (roles) or {:?} (make an operator with \"operator\": true)",
                 state.config.admin_group
             ),
         );

@@ -23,7 +23,12 @@ pub struct Verified(pub Principal);
 /// identity provider gave it, and what it may do here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Principal {
+    /// The name it authenticated as (hub token user, identity provider
+    /// subject): for logs and the hub's own bounds.
     pub user: String,
+    /// The name clusters know it by: `otter:<user>` for hub tokens, the
+    /// identity provider's prefix and subject otherwise.
+    pub cluster_user: String,
     pub groups: Vec<String>,
     /// A hub operator: creates and deletes tenants and names their first
     /// admins. Reaches no cluster by this alone.
@@ -49,16 +54,19 @@ impl Principal {
             .map(|(t, _)| t.as_str())
     }
 
-    /// The identity a cluster of `tenant` sees for this caller: its user,
-    /// its groups, `system:authenticated`, and its role in the tenant as a
-    /// group ([`role_group`]), which the manifest's RBAC binds.
+    /// The identity a cluster of `tenant` sees for this caller, namespaced
+    /// so that no tenant or identity provider can name a built-in one:
+    /// its cluster user name, `system:authenticated`, each of its groups
+    /// as `otter:<tenant>:<group>`, and its role in the tenant as a group
+    /// ([`role_group`]), which the manifest's RBAC binds.
     pub fn identity_in(&self, tenant: &str) -> Caller {
         let mut groups = vec!["system:authenticated".to_owned()];
         groups.extend(
             self.groups
                 .iter()
-                .filter(|g| *g != "system:authenticated")
-                .cloned(),
+                // The role groups come from the role alone.
+                .filter(|g| !g.starts_with("system:") && !is_role_name(g))
+                .map(|g| format!("otter:{tenant}:{g}")),
         );
         match self.role_in(tenant) {
             Some(Role::Admin) => {
@@ -69,12 +77,20 @@ impl Principal {
             None => {}
         }
         Caller {
-            user: self.user.clone(),
+            user: self.cluster_user.clone(),
             groups,
             ..Default::default()
         }
     }
 }
+
+/// `admins` and `members`: within a tenant's group names, the roles'.
+pub fn is_role_name(group: &str) -> bool {
+    matches!(group, "admins" | "members")
+}
+
+/// Prefix of the names clusters know hub token users by.
+pub const HUB_USER_PREFIX: &str = "otter:";
 
 /// The group a cluster sees for a role in its tenant:
 /// `otter:<tenant>:admins` or `otter:<tenant>:members` (admins are in
@@ -150,6 +166,7 @@ async fn authenticate_value(
     }
     match tokens::verify_api_token(&*state.store, token) {
         Ok(Some(rec)) => Ok(Principal {
+            cluster_user: format!("{HUB_USER_PREFIX}{}", rec.name),
             user: rec.name,
             groups: rec.groups,
             operator: rec.operator,

@@ -184,6 +184,19 @@ impl HubConfig {
                 self.kube_proxy_prefix
             )));
         }
+        if let Some(oidc) = &self.oidc {
+            let p = &oidc.username_prefix;
+            // Identity provider users must stay apart from hub users and
+            // from Kubernetes' own.
+            if p.is_empty()
+                || p.starts_with(crate::auth::HUB_USER_PREFIX)
+                || p.starts_with("system:")
+            {
+                return Err(HubError::Config(format!(
+                    "OIDC username prefix {p:?} must be non-empty and not start with \"otter:\" or \"system:\""
+                )));
+            }
+        }
         otter_pki::validate_cluster_name(&self.agent_namespace).map_err(|_| {
             HubError::Config(format!(
                 "agent namespace {:?} is not a valid name",

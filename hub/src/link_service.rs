@@ -441,8 +441,14 @@ impl LinkService for LinkSvc {
                 "rancher_project_id is too long or not printable",
             ));
         }
-        let mut admins = vec![caller.user.clone()];
-        for u in req.extra_users {
+        // The tenant's admins group is bound in every manifest of the
+        // tenant; further users by the name clusters know them by.
+        let mut admins: Vec<String> = Vec::new();
+        for u in req
+            .extra_users
+            .iter()
+            .map(|u| manifest::cluster_user_name(u))
+        {
             if !admins.contains(&u) {
                 admins.push(u);
             }
@@ -529,9 +535,15 @@ fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Res
         state.config.join_token_ttl,
         claims.issued,
     )?;
+    let mut user_prefixes = vec![crate::auth::HUB_USER_PREFIX.to_owned()];
+    if let Some(oidc) = &state.config.oidc {
+        user_prefixes.push(oidc.username_prefix.clone());
+    }
     Ok(manifest::render(&manifest::ManifestSpec {
         cluster: claims.cluster.clone(),
+        tenant: claims.tenant.clone(),
         admins: claims.admins.clone(),
+        user_prefixes,
         rancher_project_id: claims.rancher_project_id.clone(),
         join_token,
         hub_url: state.external_url.as_str().trim_end_matches('/').to_owned(),

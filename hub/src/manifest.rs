@@ -34,8 +34,16 @@ pub const MAX_EXTRA_USERS: usize = 32;
 #[derive(Debug, Clone)]
 pub struct ManifestSpec {
     pub cluster: String,
-    /// Users made cluster-admin of the member cluster (the caller first).
+    /// The tenant the cluster joins: its admins group is made
+    /// cluster-admin, its members group may read nodes and storage
+    /// classes, and the agent impersonates only its groups.
+    pub tenant: String,
+    /// Further users made cluster-admin of the member cluster, as the hub
+    /// names them to clusters ([`cluster_user_name`]).
     pub admins: Vec<String>,
+    /// User name prefixes the agent may impersonate (hub users, and the
+    /// identity provider's when the hub has one).
+    pub user_prefixes: Vec<String>,
     pub rancher_project_id: String,
     pub join_token: String,
     pub hub_url: String,
@@ -243,12 +251,25 @@ pub fn admin_binding_name(user: &str) -> String {
     }
 }
 
+/// The name a cluster knows a hub user by: `otter:<name>`; a name that
+/// already carries a prefix (an identity provider's `oidc:…`) as it is.
+pub fn cluster_user_name(user: &str) -> String {
+    if user.contains(':') {
+        user.to_owned()
+    } else {
+        format!("otter:{user}")
+    }
+}
+
 /// Checks what goes into a manifest that the caller supplied.
 pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
     if users.len() > MAX_EXTRA_USERS {
         return Err(format!("at most {MAX_EXTRA_USERS} extra users"));
     }
     for u in users {
+        if u.starts_with("system:") {
+            return Err("a manifest binds no system: user".to_owned());
+        }
         if u.is_empty() || u.len() > 253 || u.chars().any(char::is_control) {
             // Only the start of the name goes back: the answer carries it in
             // a header, and an echo of a huge name would be refused as too
@@ -266,6 +287,8 @@ pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
 /// Renders the multi-document YAML.
 pub fn render(spec: &ManifestSpec) -> String {
     let ns = spec.namespace.as_str();
+    let members_group = format!("otter:{}:members", spec.tenant);
+    let admins_group = format!("otter:{}:admins", spec.tenant);
     let labels = json!({ "app.kubernetes.io/name": "otter-agent", "app.kubernetes.io/part-of": "otterscale" });
     let mut docs: Vec<Value> = vec![
         json!({
@@ -295,9 +318,11 @@ pub fn render(spec: &ManifestSpec) -> String {
             "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "otterscale:agent" },
             "subjects": [{ "kind": "ServiceAccount", "name": "otter-agent", "namespace": ns }],
         }),
+        // What every member of the tenant may read; nothing is granted to
+        // `system:authenticated`, which every caller of every tenant has.
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": { "name": "otterscale:authenticated-read", "labels": labels },
+            "metadata": { "name": "otterscale:members-read", "labels": labels },
             "rules": [
                 { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"] },
                 { "apiGroups": ["storage.k8s.io"], "resources": ["storageclasses"], "verbs": ["get", "list", "watch"] },
@@ -305,9 +330,16 @@ pub fn render(spec: &ManifestSpec) -> String {
         }),
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": { "name": "otterscale:authenticated-read", "labels": labels },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "otterscale:authenticated-read" },
-            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated" }],
+            "metadata": { "name": "otterscale:members-read", "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "otterscale:members-read" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": members_group }],
+        }),
+        // The tenant's admins at the hub are the cluster's admins.
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": { "name": "otterscale:tenant-admins", "labels": labels },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": admins_group }],
         }),
     ];
     for user in &spec.admins {
@@ -348,6 +380,10 @@ pub fn render(spec: &ManifestSpec) -> String {
         { "name": "OTTER_HUB_CA_FILE", "value": "/etc/otter/join/hub-ca.crt" },
         { "name": "OTTER_STATE_SECRET", "value": AGENT_SECRET },
         { "name": "OTTER_HEALTH_LISTEN", "value": "0.0.0.0:8080" },
+        // The ceiling: whom the agent agrees to impersonate. The customer
+        // owns it (it is in what they applied); the hub cannot widen it.
+        { "name": "OTTER_ALLOW_USER_PREFIXES", "value": spec.user_prefixes.join(",") },
+        { "name": "OTTER_ALLOW_GROUP_PREFIXES", "value": format!("otter:{}:", spec.tenant) },
         { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
         { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
     ]);
@@ -420,7 +456,9 @@ mod tests {
     fn spec(cluster: &str, admins: &[&str]) -> ManifestSpec {
         ManifestSpec {
             cluster: cluster.into(),
+            tenant: "acme".into(),
             admins: admins.iter().map(|s| s.to_string()).collect(),
+            user_prefixes: vec!["otter:".into(), "oidc:".into()],
             rancher_project_id: String::new(),
             join_token: "otj_0123456789abcdef_secret".into(),
             hub_url: "https://hub.example:8443".into(),
@@ -435,7 +473,7 @@ mod tests {
     /// manifest shows in review. `OTTER_MANIFEST_REGEN=1` rewrites it.
     #[test]
     fn golden_manifest() {
-        let yaml = render(&spec("edge-1", &["alice@example.com", "bob"]));
+        let yaml = render(&spec("edge-1", &["otter:alice@example.com", "oidc:bob"]));
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../manifests/agent-example.yaml");
         if std::env::var_os("OTTER_MANIFEST_REGEN").is_some() {
@@ -456,7 +494,7 @@ mod tests {
             .split("\n---\n")
             .map(|d| serde_saphyr::from_str(d).expect("each document parses"))
             .collect();
-        assert_eq!(docs.len(), 12, "no document was injected");
+        assert_eq!(docs.len(), 13, "no document was injected");
         let subjects: Vec<&str> = docs
             .iter()
             .filter(|d| d["roleRef"]["name"] == "cluster-admin")
@@ -464,7 +502,7 @@ mod tests {
             .collect();
         assert_eq!(
             subjects,
-            vec![evil, "bob: [1]"],
+            vec!["otter:acme:admins", evil, "bob: [1]"],
             "names arrive verbatim as data"
         );
         // One binding per user, never shared.

@@ -64,6 +64,10 @@ pub struct OidcConfig {
     pub tenant_group_prefix: String,
     /// The groups-claim value that makes a user a hub operator.
     pub operator_group: String,
+    /// Put before the user claim in the name clusters see, like
+    /// kube-apiserver's `--oidc-username-prefix`: no identity provider
+    /// user can be a hub user or a built-in one.
+    pub username_prefix: String,
     /// Clock skew allowed on `exp` and `nbf`.
     pub leeway: Duration,
     /// How often the JWKS is refetched.
@@ -84,6 +88,7 @@ impl OidcConfig {
             ca_pem: None,
             tenant_group_prefix: "otterscale:tenant:".into(),
             operator_group: crate::tokens::ADMIN_GROUP.into(),
+            username_prefix: "oidc:".into(),
             leeway: Duration::from_secs(60),
             jwks_refresh: Duration::from_secs(600),
             unknown_kid_refetch: UNKNOWN_KID_REFETCH,
@@ -408,6 +413,7 @@ impl OidcVerifier {
             })?;
         let mut principal = Principal {
             user: user.to_owned(),
+            cluster_user: format!("{}{user}", self.config.username_prefix),
             ..Default::default()
         };
         let mut add = |g: &str| {

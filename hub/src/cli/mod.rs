@@ -581,6 +581,10 @@ pub struct HubArgs {
     /// `admin`) makes the user that in the tenant.
     #[arg(long, default_value = "otterscale:tenant:")]
     pub oidc_tenant_group_prefix: String,
+    /// Put before the identity provider's user name in the name clusters
+    /// see (like kube-apiserver's `--oidc-username-prefix`).
+    #[arg(long, default_value = "oidc:")]
+    pub oidc_username_prefix: String,
     /// Extra CA (PEM file) to trust for the issuer.
     #[arg(long)]
     pub oidc_ca_file: Option<PathBuf>,
@@ -657,6 +661,7 @@ impl HubArgs {
             oidc.user_claim = self.oidc_user_claim;
             oidc.groups_claim = self.oidc_groups_claim;
             oidc.tenant_group_prefix = self.oidc_tenant_group_prefix;
+            oidc.username_prefix = self.oidc_username_prefix;
             // The groups-claim value that makes an operator is the admin
             // group's name.
             oidc.operator_group = c.admin_group.clone();

@@ -30,7 +30,7 @@ fn admins_and_bob() -> kube_sim::SimConfig {
     kube_sim::SimConfig::default_with_admin()
         .allow("group:otter:default:admins", &["*"], &["*"], &["*"])
         .allow(
-            "user:bob",
+            "user:otter:bob",
             &["get", "list", "watch"],
             &["pods"],
             &["default"],
@@ -210,7 +210,7 @@ async fn kubectl_through_the_hub() {
         assert_ne!(code, 0);
         assert!(
             err.contains("Forbidden")
-                && err.contains("User \"bob\" cannot list resource \"secrets\""),
+                && err.contains("User \"otter:bob\" cannot list resource \"secrets\""),
             "{err}"
         );
         let (code, out, _) = run(&["--token", &bob, "get", "pods"]);
@@ -514,8 +514,8 @@ async fn upgraded_connections_are_bounded_and_idle_ones_closed() {
     .await;
     let cfg = kube_sim::SimConfig::default_with_admin()
         .allow("group:otter:default:admins", &["*"], &["*"], &["*"])
-        .allow("user:carol", &["*"], &["*"], &["*"])
-        .allow("user:dave", &["*"], &["*"], &["*"])
+        .allow("user:otter:carol", &["*"], &["*"], &["*"])
+        .allow("user:otter:dave", &["*"], &["*"], &["*"])
         .pod("default", "web-0", &["web"]);
     let (sim, agent) = start_edge(&hub, cfg).await;
     let carol = hub.hub.mint_api_token("carol", &[]).unwrap();

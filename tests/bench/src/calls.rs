@@ -278,7 +278,7 @@ async fn setup() -> anyhow::Result<Setup> {
     .map_err(anyhow::Error::msg)?;
     let real = otter_agent::services(access, "real", Default::default());
     let admin = otter_tunnel::Caller {
-        user: "admin".into(),
+        user: "otter:admin".into(),
         groups: vec!["system:authenticated".into(), HUB_ADMINS.into()],
         ..Default::default()
     };

@@ -94,14 +94,22 @@ impl KubeEnv {
         let kube_config = otter_agent::kube::load_config(Some(&kubeconfig))
             .await
             .expect("kubeconfig loads");
-        let access = otter_agent::kube::KubeAccess::new(kube_config).expect("kube client");
+        // The ceiling a manifest of tenant `default` sets.
+        let ceiling = otter_agent::impersonation::Ceiling::new(
+            vec!["otter:".into(), "oidc:".into()],
+            vec!["otter:default:".into()],
+        )
+        .expect("ceiling");
+        let access = otter_agent::kube::KubeAccess::new(kube_config)
+            .expect("kube client")
+            .with_ceiling(ceiling);
         let mut config = AgentConfig::new(hub.api_url(), &cluster, "agent-0", hub.hub.ca_pem());
         let mut services = ServicesConfig::default();
         // One place counts the agent's streams and its sessions.
         services.runtime.gauges = config.gauges.clone();
         tweak(&mut services);
         // The Kubernetes API proxy as the agent binary runs it.
-        let proxy = otter_agent::kube_proxy::KubeProxy::new(access.agent().clone());
+        let proxy = otter_agent::kube_proxy::KubeProxy::for_access(&access);
         let routes = otter_agent::services(access, &cluster, services);
 
         let token = hub.hub.mint_join_token(&cluster).expect("join token");

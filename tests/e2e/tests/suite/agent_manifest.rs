@@ -161,16 +161,27 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
 
     // The manifest's bindings take effect: the named admins may do anything,
     // anyone else may not.
-    for (user, allowed) in [("carol@example.com", true), ("mallory", false)] {
+    for (user, group, allowed) in [
+        ("otter:carol@example.com", "otter:default:devs", true),
+        ("otter:anyone", "otter:default:admins", true),
+        ("otter:mallory", "otter:default:members", false),
+        ("otter:mallory", "otter:other:admins", false),
+    ] {
         let mut cmd = std::process::Command::new(kubectl_133().unwrap());
-        cmd.arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["get", "secrets", "-A", "--as", user]);
+        cmd.arg("--kubeconfig").arg(&kubeconfig).args([
+            "get",
+            "secrets",
+            "-A",
+            "--as",
+            user,
+            "--as-group",
+            group,
+        ]);
         let (code, out, err) =
             tokio::task::spawn_blocking(move || run_bounded(&mut cmd, Duration::from_secs(60)))
                 .await
                 .unwrap();
-        assert_eq!(code == 0, allowed, "{user}: {out}{err}");
+        assert_eq!(code == 0, allowed, "{user} in {group}: {out}{err}");
     }
 
     // Every object reads back.
@@ -194,7 +205,10 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
         )
         .is_some()
     );
-    let admins = ["admin", "carol@example.com"].map(otter_hub::manifest::admin_binding_name);
+    let admins = [
+        "otterscale:tenant-admins".to_owned(),
+        otter_hub::manifest::admin_binding_name("otter:carol@example.com"),
+    ];
     for name in &admins {
         let b = sim
             .object("rbac.authorization.k8s.io", "clusterrolebindings", "", name)

@@ -525,7 +525,7 @@ async fn crud_list_describe_and_errors() {
 async fn impersonation_lets_rbac_decide() {
     let cfg = sim_config()
         .allow(
-            "group:devs",
+            "group:otter:default:devs",
             &["get", "list", "watch"],
             &["pods"],
             &["default"],

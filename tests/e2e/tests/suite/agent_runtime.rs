@@ -385,7 +385,7 @@ async fn exec_stdin_resize_and_exit_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_belong_to_their_user_and_are_bounded() {
     let cfg = sim_config().pod("default", "web", &["app"]).allow(
-        "group:devs",
+        "group:otter:default:devs",
         &["*"],
         &["pods", "pods/exec", "pods/portforward"],
         &["default"],

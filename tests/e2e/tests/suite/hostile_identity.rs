@@ -43,7 +43,12 @@ fn claiming<T>(msg: T, token: &str, admin_token: &str) -> tonic::Request<T> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claimed_identity_headers_are_dropped_on_every_path() {
     let cfg = sim_config()
-        .allow("group:devs", &["get", "list"], &["pods"], &["default"])
+        .allow(
+            "group:otter:default:devs",
+            &["get", "list"],
+            &["pods"],
+            &["default"],
+        )
         .pod("default", "web", &["app"]);
     let env = KubeEnv::start(cfg).await;
     let c = env.cluster.clone();
@@ -76,7 +81,7 @@ async fn claimed_identity_headers_are_dropped_on_every_path() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
-    assert!(e.message().contains("User \"alice\""), "{e:?}");
+    assert!(e.message().contains("User \"otter:alice\""), "{e:?}");
 
     // Connect (JSON over HTTP/1.1), the same headers.
     let mut req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
@@ -100,7 +105,10 @@ async fn claimed_identity_headers_are_dropped_on_every_path() {
     let err: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(err["code"], "permission_denied");
     assert!(
-        err["message"].as_str().unwrap().contains("User \"alice\""),
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("User \"otter:alice\""),
         "{err}"
     );
 
@@ -126,14 +134,14 @@ async fn claimed_identity_headers_are_dropped_on_every_path() {
     assert_eq!(status, 201, "{:?}", String::from_utf8_lossy(&body));
     let review: serde_json::Value = serde_json::from_slice(&body).unwrap();
     let info = &review["status"]["userInfo"];
-    assert_eq!(info["username"], "alice", "{review}");
+    assert_eq!(info["username"], "otter:alice", "{review}");
     let groups: Vec<&str> = info["groups"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|g| g.as_str())
         .collect();
-    assert!(groups.contains(&"devs"), "{groups:?}");
+    assert!(groups.contains(&"otter:default:devs"), "{groups:?}");
     assert!(!groups.contains(&"system:masters"), "{groups:?}");
     assert!(info["uid"].as_str().is_none_or(|u| u != "0"), "{info}");
     assert!(info["extra"].get("scopes").is_none(), "{info}");
@@ -161,7 +169,7 @@ async fn echo_server() -> std::net::SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_forward_belongs_to_its_opener() {
     let cfg = sim_config().pod("default", "web", &["app"]).allow(
-        "group:devs",
+        "group:otter:default:devs",
         &["*"],
         &["pods", "pods/portforward"],
         &["default"],
@@ -313,5 +321,117 @@ async fn the_agent_health_listener_serves_no_rpcs() {
     assert_ne!(e.code(), Code::Ok);
     assert_ne!(e.code(), Code::PermissionDenied, "reached a service: {e:?}");
     assert_ne!(e.code(), Code::NotFound, "reached a service: {e:?}");
+    env.shutdown().await;
+}
+
+/// A hub that is compromised sends the agent a stream head naming whom it
+/// likes. The agent's ceiling, from the manifest the customer applied
+/// (here tenant `default`'s), refuses every identity outside it, on the
+/// gRPC services and on the kubectl proxy, before the apiserver hears of
+/// it; the identities the hub does send pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_refuses_identities_outside_its_ceiling() {
+    use http_body_util::BodyExt;
+    use prost::Message;
+    let env = KubeEnv::start(sim_config().pod("default", "web", &["app"])).await;
+    let hub = &env.hub.hub;
+    let insider = otter_hub::auth::Principal {
+        tenants: [("default".to_owned(), otter_hub::tenancy::Role::Admin)].into(),
+        ..Default::default()
+    };
+    let who = |user: &str, groups: &[&str]| otter_tunnel::Caller {
+        user: user.into(),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        ..Default::default()
+    };
+    let get = res::GetRequest {
+        cluster: Some(env.cluster.clone()),
+        group: Some(String::new()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        namespace: Some("default".into()),
+        name: Some("web".into()),
+    };
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(get.encoded_len() as u32).to_be_bytes());
+    framed.extend_from_slice(&get.encode_to_vec());
+    // (gRPC status, kubectl proxy HTTP status) the agent answers `caller`.
+    let cluster = env.cluster.clone();
+    let ask = |caller: otter_tunnel::Caller| {
+        let (framed, insider, cluster) = (framed.clone(), insider.clone(), cluster.clone());
+        async move {
+            let call = hub
+                .state
+                .registry
+                .open_call(&insider, &cluster, &*hub.state.store)
+                .await
+                .unwrap();
+            let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(http_body_util::Full::new(Bytes::from(framed)))
+                .unwrap();
+            let resp = otter_tunnel::http::forward(
+                call.stream,
+                Some(caller.clone()),
+                req,
+                Default::default(),
+                None,
+            )
+            .await
+            .unwrap();
+            let in_head = resp.headers().get("grpc-status").cloned();
+            let body = resp.into_body().collect().await.unwrap();
+            let grpc = in_head
+                .or_else(|| body.trailers().and_then(|t| t.get("grpc-status").cloned()))
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            let call = hub
+                .state
+                .registry
+                .open_call(&insider, &cluster, &*hub.state.store)
+                .await
+                .unwrap();
+            let req = http::Request::get("/api/v1/namespaces/default/pods/web")
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap();
+            let resp = otter_tunnel::http::forward_to(
+                otter_tunnel::frame::TARGET_KUBE,
+                call.stream,
+                Some(caller),
+                req,
+                Default::default(),
+                None,
+            )
+            .await
+            .unwrap();
+            (grpc, resp.status().as_u16())
+        }
+    };
+    let ok = (Code::Ok as i32).to_string();
+    let denied = (Code::PermissionDenied as i32).to_string();
+    // What the hub sends for the first-start admin passes.
+    assert_eq!(
+        ask(who(
+            "otter:admin",
+            &["otter:default:members", "otter:default:admins"]
+        ))
+        .await,
+        (ok, 200)
+    );
+    for (user, groups) in [
+        ("otter:admin", &["system:masters"][..]),
+        ("system:admin", &[][..]),
+        ("system:serviceaccount:kube-system:default", &[][..]),
+        ("admin", &["otter:default:admins"][..]),
+        ("otter:admin", &["otter:other:admins"][..]),
+        ("otter:admin", &["cluster-admins"][..]),
+    ] {
+        assert_eq!(
+            ask(who(user, groups)).await,
+            (denied.clone(), 403),
+            "{user} {groups:?}"
+        );
+    }
     env.shutdown().await;
 }

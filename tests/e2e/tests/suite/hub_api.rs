@@ -108,7 +108,7 @@ async fn connect_unary_json_and_binary_over_http1_and_http2() {
         let v = json_of(&body);
         assert_eq!(v["object"]["cluster"], "edge-1");
         assert_eq!(v["object"]["name"], "web");
-        assert_eq!(v["object"]["user"], "admin");
+        assert_eq!(v["object"]["user"], "otter:admin");
 
         // Binary.
         let (status, headers, body) = call(
@@ -951,7 +951,7 @@ async fn grpc_and_grpc_web_with_the_json_codec() {
         assert_eq!(code, "0", "{ct}");
         assert_eq!(messages.len(), 1);
         assert_eq!(messages[0]["object"]["name"], "web", "{ct}");
-        assert_eq!(messages[0]["object"]["user"], "admin", "{ct}");
+        assert_eq!(messages[0]["object"]["user"], "otter:admin", "{ct}");
 
         // Forwarded, server-streaming: three events, then the deadline.
         let req = grpc(

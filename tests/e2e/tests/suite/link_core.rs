@@ -62,7 +62,7 @@ async fn link_core(transport: TransportKind) {
             .into_inner();
         assert_eq!(field(&r, "cluster"), *c);
         assert_eq!(field(&r, "agent"), format!("agent-{i}"));
-        assert_eq!(field(&r, "user"), "admin");
+        assert_eq!(field(&r, "user"), "otter:admin");
         assert!(field(&r, "groups").contains("system:authenticated"));
     }
 

@@ -322,14 +322,39 @@ async fn oidc_tokens_es256_rs256_and_rejections() {
     let (ec, rsa) = (ec_key("ec-1"), rsa_key("rsa-1"));
     let issuer = TestIssuer::start(&[&ec, &rsa]).await;
     let (hub, agent) = hub_trusting(&issuer).await;
-    let groups = "system:authenticated,oidc:devs,oidc:viewer,otter:default:members";
+    let groups = "system:authenticated,otter:default:oidc:devs,otter:default:oidc:viewer,otter:default:members";
 
     for (key, sub) in [(&ec, "alice"), (&rsa, "bob")] {
         let seen = identity_seen(&hub, &sign(key, &issuer.claims(sub)))
             .await
             .unwrap_or_else(|s| panic!("{:?} token refused: {s:?}", key.alg));
-        assert_eq!(seen, (sub.to_owned(), groups.to_owned()), "{:?}", key.alg);
+        assert_eq!(
+            seen,
+            (format!("oidc:{sub}"), groups.to_owned()),
+            "{:?}",
+            key.alg
+        );
     }
+    // Membership comes from the groups claim: none, and the cluster is as
+    // absent; `…:admin`, and the tenant's admins group is sent; a value
+    // naming a Kubernetes group reaches the cluster only namespaced.
+    let mut outsider = issuer.claims("dora");
+    outsider["groups"] = json!(["devs", "system:masters"]);
+    let refused = identity_seen(&hub, &sign(&ec, &outsider))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    let mut admin = issuer.claims("erin");
+    admin["groups"] = json!(["system:masters", "otterscale:tenant:default:admin"]);
+    let seen = identity_seen(&hub, &sign(&ec, &admin)).await.unwrap();
+    assert_eq!(
+        seen,
+        (
+            "oidc:erin".to_owned(),
+            "system:authenticated,otter:default:oidc:system:masters,otter:default:oidc:viewer,otter:default:members,otter:default:admins"
+                .to_owned()
+        )
+    );
 
     let mut expired = issuer.claims("alice");
     expired["exp"] = json!(now() - 3600);
@@ -391,12 +416,12 @@ async fn oidc_key_rotation_needs_no_restart() {
     // not wait out the default.
     let (hub, agent) =
         hub_trusting_with(&issuer, |c| c.unknown_kid_refetch = Duration::from_secs(2)).await;
-    let groups = "system:authenticated,oidc:devs,oidc:viewer,otter:default:members".to_owned();
+    let groups = "system:authenticated,otter:default:oidc:devs,otter:default:oidc:viewer,otter:default:members".to_owned();
 
     let seen = identity_seen(&hub, &sign(&old, &issuer.claims("alice")))
         .await
         .unwrap();
-    assert_eq!(seen, ("alice".to_owned(), groups.clone()));
+    assert_eq!(seen, ("oidc:alice".to_owned(), groups.clone()));
     let fetched = issuer.jwks_fetches.load(Ordering::SeqCst);
     assert_eq!(fetched, 1, "the first token fetches the key set once");
 
@@ -419,7 +444,7 @@ async fn oidc_key_rotation_needs_no_restart() {
             }
         }
     };
-    assert_eq!(seen, ("carol".to_owned(), groups));
+    assert_eq!(seen, ("oidc:carol".to_owned(), groups));
     assert!(issuer.jwks_fetches.load(Ordering::SeqCst) > fetched);
 
     // The retired key is gone with the refresh.
@@ -467,7 +492,7 @@ async fn oidc_unknown_kid_burst_on_a_slow_issuer_fetches_once() {
     let seen = identity_seen(&hub, &sign(&key, &issuer.claims("alice")))
         .await
         .unwrap();
-    assert_eq!(seen.0, "alice");
+    assert_eq!(seen.0, "oidc:alice");
     let (jwks_after, discovery_after) = issuer.fetches();
     eprintln!("after a warm burst and a real token: {jwks_after} JWKS fetches");
     assert!(
@@ -520,7 +545,7 @@ async fn oidc_burst_while_the_issuer_is_down_is_backed_off() {
             }
         }
     };
-    assert_eq!(seen.0, "alice");
+    assert_eq!(seen.0, "oidc:alice");
     let (_, total) = issuer.fetches();
     eprintln!("after recovery: {total} fetch attempts in all");
     // One attempt that succeeds, and perhaps one more for the lone token

@@ -124,7 +124,7 @@ async fn typescript_connect_node_over_connect_grpc_and_grpc_web() {
         assert_eq!(got["cluster"], "edge-1", "{protocol}: {got}");
         assert_eq!(got["agent"], "a1", "{protocol}: {got}");
         assert_eq!(got["name"], "web", "{protocol}: {got}");
-        assert_eq!(got["user"], "admin", "{protocol}: {got}");
+        assert_eq!(got["user"], "otter:admin", "{protocol}: {got}");
         let events: Vec<(&str, &str, &str)> = r["watch"]
             .as_array()
             .unwrap_or_else(|| panic!("{protocol}: no watch events: {r}"))
@@ -300,7 +300,7 @@ async fn buf_curl_with_reflection_over_connect_grpc_and_grpc_web() {
                 &v["object"]["name"],
                 &v["object"]["user"]
             ),
-            (&json!("edge-1"), &json!("db"), &json!("admin")),
+            (&json!("edge-1"), &json!("db"), &json!("otter:admin")),
             "{protocol}: {v}"
         );
 

@@ -203,11 +203,11 @@ async fn tenants_reach_only_their_own_clusters() {
     // A member reaches its tenant's cluster, as itself.
     assert_eq!(
         grpc_get(&channel, &mel, "acme-1").await,
-        Ok("mel".to_owned())
+        Ok("otter:mel".to_owned())
     );
     assert_eq!(
         grpc_get(&channel, &gus, "globex-1").await,
-        Ok("gus".to_owned())
+        Ok("otter:gus".to_owned())
     );
 
     // Every way to the other tenant's cluster answers as for no cluster.
@@ -294,7 +294,7 @@ async fn tenants_reach_only_their_own_clusters() {
     // The clusters are still there for their own tenants.
     assert_eq!(
         grpc_get(&channel, &gus, "globex-1").await,
-        Ok("gus".to_owned())
+        Ok("otter:gus".to_owned())
     );
 
     // Tokens stay inside their tenant, and name no built-in identity.
@@ -406,7 +406,7 @@ async fn tenants_reach_only_their_own_clusters() {
     assert_eq!(status, 404, "another tenant's admin cannot revoke it");
     assert_eq!(
         grpc_get(&channel, &mel, "acme-1").await,
-        Ok("mel".to_owned())
+        Ok("otter:mel".to_owned())
     );
     let (status, text) = admin(&hub, &ann, http::Method::DELETE, &path, None).await;
     assert_eq!(status, 200, "{text}");
@@ -416,7 +416,7 @@ async fn tenants_reach_only_their_own_clusters() {
     let brief = mint(&hub, &ann, json!({"name": "temp", "ttl_secs": 1})).await;
     assert_eq!(
         grpc_get(&channel, &brief, "acme-1").await,
-        Ok("temp".to_owned())
+        Ok("otter:temp".to_owned())
     );
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let expired = grpc_get(&channel, &brief, "acme-1").await.unwrap_err();
