@@ -5,8 +5,8 @@
 # for member clusters edge-1 and edge-2 (SIMULATED: no real kubelet behind
 # them), and joins one agent to each the real way: manifest URL -> join token
 # -> Register -> tunnel. Then shows links, pods, an exec and a port-forward
-# round trip, and keeps running until Ctrl-C, cleaning up everything it
-# started.
+# round trip, a second tenant that sees none of it, and keeps running until
+# Ctrl-C, cleaning up everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -117,6 +117,20 @@ printf 'ping through the tunnel\n' >&3
 IFS= read -r -t 10 reply <&3 || reply="(no reply)"
 exec 3>&-
 echo "sent 'ping through the tunnel', got back '$reply'"
+
+echo
+echo "== tenants: edge-1 and edge-2 belong to tenant 'default'; a second customer sees none of it"
+run "$bin/otter" tenant create globex
+echo
+echo "\$ otter token create gil --tenant globex --role admin   (the operator names globex's first admin)"
+gil=$("$bin/otter" token create gil --tenant globex --role admin)
+run "$bin/otter" tenant list
+echo
+echo "\$ otter links --token <gil's token>"
+"$bin/otter" links --token "$gil"
+echo
+echo "\$ otter get pods -A -c edge-1 --token <gil's token>   (answered as for a cluster that does not exist)"
+"$bin/otter" get pods -A -c edge-1 --token "$gil" || true
 
 if [ -n "$kubectl_133" ]; then
     echo

@@ -41,6 +41,12 @@ pub struct LinkRecord {
     #[serde(default)]
     pub rancher_project_id: String,
     pub cert_serial: String,
+    /// The certificate the agent renewed with, accepted beside
+    /// `cert_serial` until a tunnel on the new one is admitted (the agent
+    /// may not have received it). Any other certificate of the cluster, a
+    /// copy of an older one say, is refused at the tunnel and at renewal.
+    #[serde(default)]
+    pub prev_serial: Option<String>,
     /// Unix seconds.
     pub cert_not_after: i64,
     pub first_seen: i64,
@@ -63,6 +69,14 @@ pub struct LinkRecord {
 
 fn default_tenant() -> String {
     crate::tenancy::DEFAULT_TENANT.to_owned()
+}
+
+impl LinkRecord {
+    /// Whether a certificate with `serial` is this link's: the one last
+    /// issued, or the one its agent renewed with.
+    pub fn holds(&self, serial: &str) -> bool {
+        self.cert_serial == serial || self.prev_serial.as_deref() == Some(serial)
+    }
 }
 
 /// Renewals of one cluster are at least this far apart.
@@ -154,6 +168,8 @@ impl LinkSvc {
             .store
             .get::<LinkRecord>(tree::LINKS, &cluster)
             .map_err(|e| e.into_status())?;
+        // The certificate a renewal proved possession of.
+        let mut renewed_with = None;
         let join_token = match req.join_token.as_deref().filter(|t| !t.is_empty()) {
             Some(token) => {
                 let checked = match tokens::check_join_token(&*self.state.store, token, &cluster)
@@ -223,6 +239,12 @@ impl LinkSvc {
                         "this certificate's agent has been replaced; register with a join token",
                     ));
                 }
+                if !current.as_ref().is_some_and(|l| l.holds(&peer.serial)) {
+                    return Err(Status::permission_denied(
+                        "this certificate was superseded by a renewal; an agent renews with its newest certificate",
+                    ));
+                }
+                renewed_with = Some(peer.serial.clone());
                 // However wrong an agent's clock, its renewals cannot
                 // keep the hub signing.
                 if let Err(after) = self.state.renewals.try_renew(&cluster) {
@@ -277,6 +299,7 @@ impl LinkSvc {
             agent_version,
             rancher_project_id,
             cert_serial: issued.serial.clone(),
+            prev_serial: renewed_with,
             cert_not_after: issued.not_after,
             first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
             last_seen: now,

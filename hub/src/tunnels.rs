@@ -62,6 +62,17 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
             peer.identity.agent_id, link.agent_id
         ));
     }
+    // The serial is pinned: a copy of an older certificate of this very
+    // agent is refused once the agent renewed and moved on.
+    if !link.holds(&peer.serial) {
+        return refuse(format!(
+            "certificate {} of cluster {cluster} was superseded by a renewal",
+            peer.serial
+        ));
+    }
+    if link.cert_serial == peer.serial && link.prev_serial.is_some() {
+        forget_previous_serial(state, &cluster, &peer.serial);
+    }
     let max_calls = state.config.max_calls_per_tunnel;
     let entry = Arc::new(TunnelEntry {
         id: state.registry.next_id(),
@@ -119,6 +130,31 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         tracing::info!(cluster = %entry.cluster, agent_id = %entry.agent_id, %reason, "tunnel down");
     });
     Ok(())
+}
+
+/// The agent is on its newest certificate: the one it renewed with is
+/// accepted no more. A compare-and-swap, so a renewal landing meanwhile
+/// keeps what it wrote.
+fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
+    let update = || -> crate::Result<()> {
+        loop {
+            let Some(raw) = state.store.get_raw(tree::LINKS, cluster)? else {
+                return Ok(());
+            };
+            let mut link: LinkRecord = serde_json::from_slice(&raw)
+                .map_err(|e| crate::HubError::Store(format!("links/{cluster}: {e}")))?;
+            if link.cert_serial != current || link.prev_serial.is_none() {
+                return Ok(());
+            }
+            link.prev_serial = None;
+            if state.store.replace(tree::LINKS, cluster, &raw, &link)? {
+                return Ok(());
+            }
+        }
+    };
+    if let Err(e) = update() {
+        tracing::warn!(%cluster, error = %e, "could not retire the certificate renewed with");
+    }
 }
 
 /// Records that the cluster was seen now (and on which transport).

@@ -373,3 +373,98 @@ async fn a_live_tunnel_is_closed_when_its_certificate_expires() {
     }
     hub.hub.shutdown().await;
 }
+
+/// The certificate serial is pinned: once an agent renewed and its new
+/// certificate carried a tunnel, a copy of the old certificate (and key)
+/// is refused at the tunnel and at renewal. Until then the old one still
+/// works, in case the agent never received the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
+    use otter_hub::store::StoreExt;
+    let hub = TestHub::start().await;
+    let channel = hub.channel().await;
+    let token = hub.hub.mint_join_token("edge-c").unwrap();
+    let register = |token: &str, csr: &str| RegisterRequest {
+        cluster: Some("edge-c".into()),
+        csr: Some(csr.as_bytes().to_vec()),
+        agent_id: Some("c1".into()),
+        agent_version: Some("v0.1.0".into()),
+        rancher_project_id: None,
+        join_token: Some(token.into()),
+    };
+    let (key1, csr) = otter_pki::csr::generate("edge-c", "c1").unwrap();
+    let cert1 = LinkServiceClient::new(channel.clone())
+        .register(register(&token, &csr))
+        .await
+        .unwrap()
+        .into_inner()
+        .certificate
+        .unwrap();
+    let cert1 = String::from_utf8(cert1).unwrap();
+    // Renews with it (a copy of it is kept: the attacker's).
+    let renew = |cert: String, key: String| {
+        let channel_ca = hub.hub.ca_pem().to_owned();
+        let addr = hub.hub.api_addr;
+        async move {
+            let mtls = otter_e2e::client_channel(addr, &channel_ca, Some((&cert, &key))).await;
+            let (key, csr) = otter_pki::csr::generate("edge-c", "c1").unwrap();
+            LinkServiceClient::new(mtls)
+                .register(register("", &csr))
+                .await
+                .map(|r| {
+                    (
+                        String::from_utf8(r.into_inner().certificate.unwrap()).unwrap(),
+                        key,
+                    )
+                })
+        }
+    };
+    let (cert2, key2) = renew(cert1.clone(), key1.clone()).await.unwrap();
+    // The agent may not have the new certificate yet: the old one still
+    // opens a tunnel.
+    let old = serve(
+        dial(&hub, TransportKind::H2, &cert1, &key1).await.unwrap(),
+        "edge-c",
+        "c1",
+    );
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    old.abort();
+    // The new one carries a tunnel: from now on the old one is refused.
+    let new = serve(
+        dial(&hub, TransportKind::H2, &cert2, &key2).await.unwrap(),
+        "edge-c",
+        "c1",
+    );
+    otter_e2e::double::wait_until(
+        async || {
+            hub.hub
+                .state
+                .store
+                .get::<otter_hub::link_service::LinkRecord>("links", "edge-c")
+                .unwrap()
+                .is_some_and(|l| l.prev_serial.is_none())
+        },
+        "the old serial retired",
+    )
+    .await;
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        let why = refusal(&hub, transport, &cert1, &key1).await;
+        assert!(!why.is_empty(), "{transport:?}");
+    }
+    tokio::time::sleep(otter_hub::link_service::MIN_RENEWAL_GAP).await;
+    let e = renew(cert1.clone(), key1.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("superseded"), "{e:?}");
+    // The real agent renews on.
+    renew(cert2, key2)
+        .await
+        .expect("the current certificate renews");
+    // And its tunnel was never disturbed.
+    let r = ResourceServiceClient::new(channel.clone())
+        .get(with_token(get("edge-c", "x"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "agent"), "c1");
+    new.abort();
+    hub.hub.shutdown().await;
+}

@@ -554,15 +554,26 @@ async fn renewals_follow_the_hubs_clock_and_are_paced_per_cluster() {
     assert_eq!(renewed.renewals, 1);
     agent.agent.shutdown().await;
 
-    // The same agent's certificate, renewing twice in a row.
-    let cas = hub.hub.state.authority.current();
+    // A certificate of the link (the serial is pinned, so one the hub
+    // issued: re-enrolled with a join token), renewing twice in a row.
+    assert!(hub.hub.re_enroll("edge-1").unwrap());
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
     let (key, csr) = otter_pki::csr::generate("edge-1", "a1").unwrap();
-    let id = otter_pki::AgentIdentity::new("edge-1", "a1").unwrap();
-    let cert = cas
-        .active
-        .sign_agent_csr(&csr, &id, Duration::from_secs(60))
-        .unwrap()
-        .pem;
+    let cert = LinkServiceClient::new(hub.channel().await)
+        .register(otter_proto::link::v1::RegisterRequest {
+            cluster: Some("edge-1".into()),
+            csr: Some(csr.into_bytes()),
+            agent_id: Some("a1".into()),
+            agent_version: Some("test/1".into()),
+            join_token: Some(token),
+            ..Default::default()
+        })
+        .await
+        .expect("re-enrolled")
+        .into_inner()
+        .certificate
+        .unwrap();
+    let cert = String::from_utf8(cert).unwrap();
     let channel =
         otter_e2e::client_channel(hub.hub.api_addr, hub.hub.ca_pem(), Some((&cert, &key))).await;
     let renew = || {
