@@ -62,6 +62,7 @@ pub async fn route(
         ["tenants", name] => Endpoint::Tenant(name),
         ["links", cluster, "re-enroll"] => Endpoint::ReEnroll(cluster),
         ["links", cluster] => Endpoint::Link(cluster),
+        ["audit"] => Endpoint::Audit,
         _ => {
             let text = format!("no such endpoint: {path}");
             return crate::server::unread_body(plain(http::StatusCode::NOT_FOUND, &text), req);
@@ -75,9 +76,41 @@ pub async fn route(
         return crate::server::unread_body(plain(http::StatusCode::METHOD_NOT_ALLOWED, &text), req);
     }
     let (state, caller) = (&*state, &caller);
+    let timer = crate::audit::Timer::start();
+    // A tenant admin's actions are its tenant's (with one tenant: the one
+    // it acts in); an operator's belong to no tenant.
+    let mut admin_of = caller.admin_tenants();
+    let tenant = match (caller.operator, admin_of.next(), admin_of.next()) {
+        (false, Some(only), None) => only.to_owned(),
+        _ => String::new(),
+    };
+    let event = crate::audit::Event {
+        kind: "admin",
+        action: format!("{method} {path}"),
+        tenant,
+        user: caller.user.clone(),
+        groups: caller.groups.clone(),
+        remote: req
+            .extensions()
+            .get::<Arc<crate::server::ConnInfo>>()
+            .map(|c| c.remote.to_string())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    let record = |resp: http::Response<HttpBody>| {
+        let mut event = event.clone();
+        event.code = resp.status().as_u16().to_string();
+        event.duration_ms = timer.millis();
+        state.audit.record(event);
+        resp
+    };
     let resp = match (method, endpoint) {
-        (M::POST, Endpoint::Tokens) => return mint_token(state, caller, req).await,
-        (M::POST, Endpoint::Tenants) => return create_tenant(state, caller, req).await,
+        (M::POST, Endpoint::Tokens) => return record(mint_token(state, caller, req).await),
+        (M::POST, Endpoint::Tenants) => return record(create_tenant(state, caller, req).await),
+        (_, Endpoint::Audit) => {
+            let query = req.uri().query().unwrap_or_default().to_owned();
+            read_audit(state, caller, &query)
+        }
         (_, Endpoint::Ca(step)) => {
             let force = req
                 .uri()
@@ -92,7 +125,7 @@ pub async fn route(
         (_, Endpoint::ReEnroll(cluster)) => re_enroll(state, caller, cluster),
         (_, Endpoint::Link(cluster)) => delete_link(state, caller, cluster),
     };
-    crate::server::unread_body(resp, req)
+    record(crate::server::unread_body(resp, req))
 }
 
 /// An admin endpoint, from its path.
@@ -104,13 +137,14 @@ enum Endpoint<'a> {
     Tenant(&'a str),
     ReEnroll(&'a str),
     Link(&'a str),
+    Audit,
 }
 
 impl Endpoint<'_> {
     fn methods(&self) -> &'static [http::Method] {
         use http::Method as M;
         match self {
-            Endpoint::Ca(None) => &[M::GET],
+            Endpoint::Ca(None) | Endpoint::Audit => &[M::GET],
             Endpoint::Ca(Some(_)) | Endpoint::ReEnroll(_) => &[M::POST],
             Endpoint::Tokens | Endpoint::Tenants => &[M::GET, M::POST],
             Endpoint::Token(_) | Endpoint::Tenant(_) | Endpoint::Link(_) => &[M::DELETE],
@@ -281,6 +315,54 @@ async fn mint_token(
                 }),
             )
         }
+        Err(e) => refused(&e.into_status()),
+    }
+}
+
+/// `GET /admin/v1/audit[?tenant=T][&since=SECONDS]`: the audit lines of a
+/// tenant (its admins; operators any, or all), newest last, the last
+/// [`crate::audit::MAX_READ_LINES`] at most.
+fn read_audit(state: &HubState, caller: &Principal, query: &str) -> http::Response<HttpBody> {
+    let mut tenant = None;
+    let mut since = std::time::Duration::from_secs(3600);
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "tenant" => tenant = Some(v.into_owned()),
+            "since" => match v.parse() {
+                Ok(secs) => since = std::time::Duration::from_secs(secs),
+                Err(_) => return plain(http::StatusCode::BAD_REQUEST, "since: whole seconds"),
+            },
+            _ => {}
+        }
+    }
+    // Operators read any tenant's lines, or all; an admin its own tenant's.
+    let tenant = match (tenant, caller.operator) {
+        (t, true) => t,
+        (t, false) => match crate::auth::admin_tenant(caller, t.as_deref(), false) {
+            Ok(t) => Some(t),
+            Err(s) => return refused(&s),
+        },
+    };
+    let path = match state.audit.target() {
+        Some(crate::audit::Target::File { path, .. }) => path.clone(),
+        Some(crate::audit::Target::Stdout) => {
+            return plain(
+                http::StatusCode::CONFLICT,
+                "this hub writes its audit log to stdout; read it from there",
+            );
+        }
+        None => {
+            return plain(
+                http::StatusCode::CONFLICT,
+                "this hub keeps no audit log (start it with --audit-log)",
+            );
+        }
+    };
+    match crate::audit::read(&path, tenant.as_deref(), since) {
+        Ok(lines) => json(
+            http::StatusCode::OK,
+            &serde_json::json!({ "events": lines }),
+        ),
         Err(e) => refused(&e.into_status()),
     }
 }

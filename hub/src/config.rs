@@ -73,6 +73,8 @@ pub struct HubConfig {
     pub admin_group: String,
     /// OpenID Connect issuer for user tokens, if any.
     pub oidc: Option<crate::oidc::OidcConfig>,
+    /// Where audit lines go; none: no audit log.
+    pub audit_log: Option<crate::audit::Target>,
     /// How long a manifest URL serves its YAML.
     pub manifest_ttl: Duration,
     /// Namespace the agent manifest installs into.
@@ -141,6 +143,7 @@ impl HubConfig {
             health_listen: None,
             admin_group: crate::tokens::ADMIN_GROUP.to_owned(),
             oidc: None,
+            audit_log: None,
             manifest_ttl: Duration::from_secs(3600),
             agent_namespace: crate::manifest::DEFAULT_NAMESPACE.to_owned(),
             agent_image: format!("{}:v{}", crate::manifest::DEFAULT_IMAGE, crate::VERSION),

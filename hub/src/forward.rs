@@ -51,13 +51,35 @@ pub fn status_response(status: Status) -> http::Response<HttpBody> {
     status.into_http()
 }
 
-/// Forwards one call; every failure becomes a gRPC status.
+/// Forwards one call; every failure becomes a gRPC status. Each call is
+/// one audit line, written when it ends.
 pub async fn handle(
     state: Arc<HubState>,
     req: http::Request<HttpBody>,
 ) -> http::Response<HttpBody> {
-    match route(state, req).await {
+    let timer = crate::audit::Timer::start();
+    // Without an audit log, no line is built (the hot path stays lean).
+    let mut event = match state.audit.enabled() {
+        true => crate::audit::Event {
+            kind: "call",
+            action: req.uri().path().to_owned(),
+            remote: req
+                .extensions()
+                .get::<Arc<crate::server::ConnInfo>>()
+                .map(|c| c.remote.to_string())
+                .unwrap_or_default(),
+            ..Default::default()
+        },
+        false => Default::default(),
+    };
+    match route(state.clone(), req, &mut event).await {
         Ok(resp) => resp,
+        Err(status) if state.audit.enabled() => {
+            event.code = format!("{:?}", status.code());
+            event.duration_ms = timer.millis();
+            state.audit.record(event);
+            status_response(status)
+        }
         Err(status) => status_response(status),
     }
 }
@@ -65,8 +87,15 @@ pub async fn handle(
 async fn route(
     state: Arc<HubState>,
     req: http::Request<HttpBody>,
+    event: &mut crate::audit::Event,
 ) -> Result<http::Response<HttpBody>, Status> {
+    let timer = crate::audit::Timer::start();
     let caller = auth::verified(req.extensions())?;
+    let auditing = state.audit.enabled();
+    if auditing {
+        event.user = caller.user.clone();
+        event.groups = caller.groups.clone();
+    }
     let (mut parts, body) = req.into_parts();
     let (prefix, rest) = read_first_message(body, state.config.max_request_message).await?;
     if prefix[0] != 0 {
@@ -94,12 +123,18 @@ async fn route(
     if cluster.is_empty() {
         return Err(Status::invalid_argument("cluster is required"));
     }
+    if auditing {
+        event.cluster = cluster.clone();
+    }
 
     let call = state
         .registry
         .open_call(&caller, &cluster, &*state.store)
         .await
         .map_err(crate::registry::RouteError::status)?;
+    if auditing {
+        event.tenant = call.tunnel.tenant.clone();
+    }
 
     strip_client_headers(&mut parts.headers);
     let metrics = state.metrics.clone();
@@ -125,15 +160,56 @@ async fn route(
     )
     .await
     .map_err(|e| Status::unavailable(format!("cluster {cluster}: {e}")))?;
+    // The call's line is written when its body ends (or is dropped): a
+    // Watch is audited with its whole duration and final code.
+    let code = resp
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .map(code_name);
+    let audit = auditing.then(|| CallAudit {
+        audit: state.audit.clone(),
+        event: std::mem::take(event),
+        timer,
+        code,
+    });
     Ok(resp.map(|body| {
         GrpcTunnelBody {
             inner: body,
             cluster,
             failed: false,
             metrics,
+            audit,
         }
         .boxed_unsync()
     }))
+}
+
+/// A gRPC status code's name, from its number.
+fn code_name(number: &str) -> String {
+    let code = number.trim().parse::<i32>().map(tonic::Code::from_i32);
+    match code {
+        Ok(code) => format!("{code:?}"),
+        Err(_) => number.to_owned(),
+    }
+}
+
+/// A forwarded call's audit line, written once when the call ends: with
+/// the code of its trailers, or `Cancelled` when the caller left first.
+struct CallAudit {
+    audit: crate::audit::Audit,
+    event: crate::audit::Event,
+    timer: crate::audit::Timer,
+    code: Option<String>,
+}
+
+impl Drop for CallAudit {
+    fn drop(&mut self) {
+        let mut event = std::mem::take(&mut self.event);
+        event.code = self.code.take().unwrap_or_else(|| "Cancelled".to_owned());
+        event.duration_ms = self.timer.millis();
+        self.audit.record(event);
+    }
 }
 
 /// Drops what a client must not pass to an agent: its credentials, anything
@@ -285,6 +361,7 @@ struct GrpcTunnelBody {
     cluster: String,
     failed: bool,
     metrics: Arc<Metrics>,
+    audit: Option<CallAudit>,
 }
 
 impl Body for GrpcTunnelBody {
@@ -301,6 +378,9 @@ impl Body for GrpcTunnelBody {
         match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
             Some(Err(e)) => {
                 self.failed = true;
+                if let Some(audit) = &mut self.audit {
+                    audit.code = Some("Unavailable".to_owned());
+                }
                 let status =
                     Status::unavailable(format!("tunnel to cluster {} lost: {e}", self.cluster));
                 let mut trailers = http::HeaderMap::new();
@@ -308,10 +388,17 @@ impl Body for GrpcTunnelBody {
                 Poll::Ready(Some(Ok(Frame::trailers(trailers))))
             }
             other => {
-                if let Some(Ok(f)) = &other
-                    && let Some(d) = f.data_ref()
-                {
-                    count_bytes(&self.metrics, "from_agent", d.len());
+                if let Some(Ok(f)) = &other {
+                    if let Some(d) = f.data_ref() {
+                        count_bytes(&self.metrics, "from_agent", d.len());
+                    } else if let Some(code) = f
+                        .trailers_ref()
+                        .and_then(|t| t.get("grpc-status"))
+                        .and_then(|v| v.to_str().ok())
+                        && let Some(audit) = &mut self.audit
+                    {
+                        audit.code = Some(code_name(code));
+                    }
                 }
                 Poll::Ready(other.map(|r| r.map_err(Into::into)))
             }

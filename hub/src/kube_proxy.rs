@@ -64,12 +64,44 @@ pub fn status(code: u16, reason: &str, message: &str) -> http::Response<HttpBody
     resp
 }
 
-/// Serves one request of the proxy.
+/// Serves one request of the proxy; each is one audit line (verb, path
+/// without its query, status) written when its answer starts.
 pub async fn handle(
     state: Arc<HubState>,
     cluster: String,
     tail: String,
+    req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let timer = crate::audit::Timer::start();
+    let mut event = crate::audit::Event {
+        kind: "kube",
+        action: format!(
+            "{} {}",
+            req.method(),
+            tail.split_once('?').map_or(tail.as_str(), |(p, _)| p)
+        ),
+        cluster: cluster.clone(),
+        remote: req
+            .extensions()
+            .get::<Arc<crate::server::ConnInfo>>()
+            .map(|c| c.remote.to_string())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    let audit = state.audit.clone();
+    let resp = serve(state, cluster, tail, req, &mut event).await;
+    event.code = resp.status().as_u16().to_string();
+    event.duration_ms = timer.millis();
+    audit.record(event);
+    resp
+}
+
+async fn serve(
+    state: Arc<HubState>,
+    cluster: String,
+    tail: String,
     mut req: http::Request<Incoming>,
+    event: &mut crate::audit::Event,
 ) -> http::Response<HttpBody> {
     let caller = match auth::verified(req.extensions()) {
         Ok(c) => c,
@@ -78,6 +110,8 @@ pub async fn handle(
     let Ok(uri) = tail.parse::<http::Uri>() else {
         return crate::server::unread_body(status(400, "BadRequest", "bad request path"), req);
     };
+    event.user = caller.user.clone();
+    event.groups = caller.groups.clone();
     let call = match state
         .registry
         .open_call(&caller, &cluster, &*state.store)
@@ -89,6 +123,7 @@ pub async fn handle(
             return crate::server::unread_body(status(code, reason, &e.to_string()), req);
         }
     };
+    event.tenant = call.tunnel.tenant.clone();
     // kubectl exec, attach, port-forward (and cp): an HTTP/1.1 Upgrade to
     // WebSocket or SPDY. Counted against the caller's and the cluster's
     // bounds before anything is relayed (after the authorization, so

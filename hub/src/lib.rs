@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - [`config`] — typed settings of `otter hub`.
+//! - [`audit`] — one JSON line per call, request and admin action.
 //! - [`store`] — what survives a restart (sled by default, behind a trait).
 //! - [`authority`] — the CA kept in the store; the hub's server certificate.
 //! - [`tenancy`] — tenants, the cluster names they hold, roles.
@@ -23,6 +24,7 @@
 //! - [`cli`] — the `otter` command line (`main.rs` only calls it).
 
 pub mod admin;
+pub mod audit;
 pub mod auth;
 pub mod authority;
 pub mod chart;

@@ -415,6 +415,23 @@ impl LinkService for LinkSvc {
             .join_token
             .as_deref()
             .is_none_or(str::is_empty);
+        let timer = crate::audit::Timer::start();
+        let mut event = crate::audit::Event {
+            kind: "register",
+            action: if renewal { "renew" } else { "enroll" }.to_owned(),
+            cluster: request.get_ref().cluster.clone().unwrap_or_default(),
+            // The agent is who asks.
+            user: format!(
+                "agent:{}",
+                request.get_ref().agent_id.as_deref().unwrap_or_default()
+            ),
+            remote: request
+                .extensions()
+                .get::<Arc<ConnInfo>>()
+                .map(|c| c.remote.to_string())
+                .unwrap_or_default(),
+            ..Default::default()
+        };
         // Signing is the costly part: at most so many at once, the others
         // are told when to come back (agents honour the hint).
         let result = match self.state.register_pacer.try_enter() {
@@ -438,6 +455,21 @@ impl LinkService for LinkSvc {
             },
         };
         self.state.metrics.register_outcome(outcome);
+        // Names the peer sent are audited only once they proved valid.
+        if otter_pki::validate_cluster_name(&event.cluster).is_ok() {
+            event.tenant = crate::tenancy::tenant_of(&*self.state.store, &event.cluster)
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+        } else {
+            event.cluster.clear();
+        }
+        if event.user.len() > 80 || event.user.chars().any(char::is_control) {
+            event.user = "agent:?".to_owned();
+        }
+        event.code = outcome.to_owned();
+        event.duration_ms = timer.millis();
+        self.state.audit.record(event);
         result
     }
 

@@ -67,6 +67,8 @@ pub struct Metrics {
     pub registration_refusals: Gauge<i64, AtomicI64>,
     /// kubectl exec / attach / port-forward connections relayed right now.
     pub kube_upgraded: Gauge<i64, AtomicI64>,
+    /// Audit lines dropped because the writer fell behind.
+    pub audit_dropped: Counter<u64, AtomicU64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -151,6 +153,12 @@ impl Default for Metrics {
             "Upgraded connections (exec, attach, port-forward) of the Kubernetes API proxy",
             kube_upgraded.clone(),
         );
+        let audit_dropped = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "audit_dropped",
+            "Audit lines dropped because the audit writer fell behind",
+            audit_dropped.clone(),
+        );
         Self {
             registry,
             requests,
@@ -166,6 +174,7 @@ impl Default for Metrics {
             registrations_peak,
             registration_refusals,
             kube_upgraded,
+            audit_dropped,
         }
     }
 }

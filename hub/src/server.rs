@@ -55,6 +55,8 @@ pub struct HubState {
     /// gRPC health: SERVING only while the store takes writes.
     pub health: tonic_health::server::HealthReporter,
     pub metrics: Arc<Metrics>,
+    /// The audit log (or none).
+    pub audit: crate::audit::Audit,
     /// Signs and verifies manifest URLs.
     pub manifest_key: ring::hmac::Key,
     /// How many tunnels are set up at once (paced reconnects).
@@ -209,6 +211,11 @@ impl Hub {
             config.max_concurrent_registrations,
             config.admission_retry_after,
         );
+        let metrics = Arc::new(Metrics::default());
+        let audit = match &config.audit_log {
+            Some(target) => crate::audit::Audit::start(target.clone(), metrics.clone())?,
+            None => crate::audit::Audit::off(metrics.clone()),
+        };
         let state = Arc::new(HubState {
             config,
             store,
@@ -220,7 +227,8 @@ impl Hub {
             methods,
             oidc,
             health,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
+            audit,
             manifest_key,
             rancher,
             pacer: pacer.clone(),
@@ -803,6 +811,7 @@ async fn route(
     conn: Arc<ConnInfo>,
     mut req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
+    req.extensions_mut().insert(conn);
     let path = req.uri().path().to_owned();
     if req.method() == http::Method::GET
         && let Some(resp) = crate::ops::probe(&state, &path)
@@ -891,7 +900,6 @@ async fn route(
         Endpoint::Admin => return crate::admin::route(state, &path, req).await,
         Endpoint::Api { method, proto } => (method, proto),
     };
-    req.extensions_mut().insert(conn);
     // Only the endpoints that need no token take a body from an anonymous
     // client, and a small one.
     let max = if public {

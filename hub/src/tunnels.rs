@@ -39,7 +39,19 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
     // The tunnel's slot among those being set up: held until the agent
     // has answered on the tunnel (its diagnosis), freed at once on refusal.
     let admission = a.admission.take();
+    let audit = |cluster: &str, tenant: &str, code: &str| {
+        state.audit.record(crate::audit::Event {
+            kind: "tunnel",
+            action: format!("admit {}", a.transport.as_str()),
+            cluster: cluster.to_owned(),
+            tenant: tenant.to_owned(),
+            code: code.to_owned(),
+            remote: a.remote.to_string(),
+            ..Default::default()
+        })
+    };
     let refuse = |why: String| {
+        audit("", "", &format!("refused: {why}"));
         a.opener.close(&why);
         Err(why)
     };
@@ -73,6 +85,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
     if link.cert_serial == peer.serial && link.prev_serial.is_some() {
         forget_previous_serial(state, &cluster, &peer.serial);
     }
+    audit(&cluster, &link.tenant, "admitted");
     let max_calls = state.config.max_calls_per_tunnel;
     let entry = Arc::new(TunnelEntry {
         id: state.registry.next_id(),

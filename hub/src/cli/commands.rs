@@ -218,6 +218,60 @@ pub async fn tenant(hub: &Hub, action: &super::TenantCommand) -> anyhow::Result<
     Ok(())
 }
 
+/// `otter audit`.
+pub async fn audit(
+    hub: &Hub,
+    tenant: Option<&str>,
+    since: std::time::Duration,
+    output: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut query = format!("since={}", since.as_secs());
+    if let Some(t) = tenant {
+        query.push_str(&format!("&tenant={t}"));
+    }
+    let text = admin_http(
+        hub,
+        http::Method::GET,
+        &format!("/admin/v1/audit?{query}"),
+        None,
+    )
+    .await?;
+    let v: Json = serde_json::from_slice(&text)?;
+    let events = v["events"].as_array().cloned().unwrap_or_default();
+    if output == Some("json") {
+        for e in &events {
+            println!("{e}");
+        }
+        return Ok(());
+    }
+    let field = |e: &Json, k: &str| output::printable(e[k].as_str().unwrap_or("-")).into_owned();
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            vec![
+                field(e, "time"),
+                field(e, "kind"),
+                field(e, "tenant"),
+                field(e, "user"),
+                field(e, "cluster"),
+                field(e, "action"),
+                field(e, "code"),
+                format!("{:.1}", e["duration_ms"].as_f64().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        output::table(
+            &[
+                "TIME", "KIND", "TENANT", "USER", "CLUSTER", "ACTION", "CODE", "MS"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
 /// `otter links delete <cluster>`.
 pub async fn link_delete(hub: &Hub, cluster: &str) -> anyhow::Result<()> {
     admin_http(

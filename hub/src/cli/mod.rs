@@ -58,6 +58,23 @@ pub enum Command {
     /// Hub API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The audit log: calls, kubectl requests, registrations, tunnels and
+    /// admin actions (a tenant's admins see their tenant's; operators any).
+    ///
+    /// Example: otter audit --tenant acme --since 2h
+    Audit {
+        /// The tenant; an admin's only tenant by default, all for operators.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// How far back, like 30m, 2h or 7d.
+        #[arg(long, value_parser = parse_ttl, default_value = "1h")]
+        since: Duration,
+        /// `json` for the lines as they are.
+        #[arg(short, long)]
+        output: Option<String>,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
     /// Tenants: the customers of this hub.
     ///
     /// Example: otter tenant create acme && otter token create alice --tenant acme --role admin
@@ -592,6 +609,14 @@ pub struct HubArgs {
     /// ListRancherProjects lists the `management.cattle.io/v3` projects there.
     #[arg(long, env = "OTTER_RANCHER_KUBECONFIG")]
     pub rancher_kubeconfig: Option<PathBuf>,
+    /// Audit log: a file (rotated by size, 3 old ones kept, owner-only) or
+    /// `-` for stdout. One JSON line per call, kubectl request,
+    /// registration, tunnel and admin action.
+    #[arg(long, env = "OTTER_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    /// Size at which the audit file is rotated, in MiB.
+    #[arg(long, default_value_t = 100)]
+    pub audit_log_max_mb: u64,
     /// Agent image the manifests run.
     #[arg(long, env = "OTTER_AGENT_IMAGE")]
     pub agent_image: Option<String>,
@@ -651,6 +676,16 @@ impl HubArgs {
         c.health_listen = self.health_listen;
         c.admin_group = self.admin_group;
         c.rancher_kubeconfig = self.rancher_kubeconfig;
+        c.audit_log = self.audit_log.map(|path| {
+            if path.as_os_str() == "-" {
+                crate::audit::Target::Stdout
+            } else {
+                crate::audit::Target::File {
+                    path,
+                    max_bytes: self.audit_log_max_mb.max(1) * 1024 * 1024,
+                }
+            }
+        });
         if let Some(image) = self.agent_image {
             c.agent_image = image;
         }
@@ -735,6 +770,20 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         }
         Command::Token(TokenCommand::Revoke { id, hub }) => {
             commands::token_revoke(&hub.connect().await?, &id).await?
+        }
+        Command::Audit {
+            tenant,
+            since,
+            output,
+            hub,
+        } => {
+            commands::audit(
+                &hub.connect().await?,
+                tenant.as_deref(),
+                since,
+                output.as_deref(),
+            )
+            .await?
         }
         Command::Tenant(action) => {
             commands::tenant(&action.hub().connect().await?, &action).await?

@@ -289,6 +289,10 @@ async fn tenants_tokens_and_links_through_the_cli() {
         assert_eq!(left, serde_json::json!([]));
         // An empty tenant can go.
         ok(&["tenant", "delete", "acme", "--token", &root]);
+        // This hub keeps no audit log, and says how to get one.
+        let (code, _, err) = run(&d, &["audit", "--since", "2h", "--token", &root]);
+        assert_ne!(code, 0);
+        assert!(err.contains("--audit-log"), "{err}");
     })
     .await
     .unwrap();

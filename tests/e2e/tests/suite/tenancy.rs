@@ -291,6 +291,55 @@ async fn tenants_reach_only_their_own_clusters() {
         refusals += 6;
     }
     assert_eq!(refusals, 36);
+    // Real kubectl tells another tenant's cluster from an absent one no
+    // better.
+    match otter_e2e::kubectl_133() {
+        None => {
+            otter_e2e::tool_missing("kubectl 1.33");
+        }
+        Some(kubectl) => {
+            let dir = tempfile::tempdir().unwrap();
+            let ca = dir.path().join("hub-ca.pem");
+            std::fs::write(&ca, hub.hub.ca_pem()).unwrap();
+            let port = hub.hub.api_addr.port();
+            let kubectl_get = |cluster: &str| {
+                let config = dir.path().join(format!("{cluster}.kubeconfig"));
+                std::fs::write(
+                    &config,
+                    format!(
+                        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+                         clusters: [{{name: c, cluster: {{server: \"https://localhost:{port}/clusters/{cluster}\", certificate-authority: {}}}}}]\n\
+                         users: [{{name: u, user: {{token: {mel}}}}}]\n\
+                         contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n",
+                        ca.display()
+                    ),
+                )
+                .unwrap();
+                let (code, out, err) = otter_e2e::run_bounded(
+                    std::process::Command::new(&kubectl)
+                        .arg("--kubeconfig")
+                        .arg(&config)
+                        .args(["get", "namespaces"]),
+                    Duration::from_secs(60),
+                );
+                // klog lines start with a time and a process id: compared
+                // without them.
+                let err: Vec<String> = err
+                    .lines()
+                    .map(|l| match l.split_once(".go:") {
+                        Some((_, rest)) => rest.to_owned(),
+                        None => l.to_owned(),
+                    })
+                    .collect();
+                (code, out, without(&err.join("\n"), cluster))
+            };
+            let absent = tokio::task::block_in_place(|| kubectl_get("no-such-cluster"));
+            let other = tokio::task::block_in_place(|| kubectl_get("globex-1"));
+            assert_ne!(absent.0, 0, "{absent:?}");
+            assert!(absent.2.contains("NotFound"), "{absent:?}");
+            assert_eq!(other, absent, "kubectl 1.33, mel → globex-1");
+        }
+    }
     // The clusters are still there for their own tenants.
     assert_eq!(
         grpc_get(&channel, &gus, "globex-1").await,
@@ -444,5 +493,129 @@ async fn tenants_reach_only_their_own_clusters() {
         .await
         .expect("the name is free again");
 
+    hub.hub.shutdown().await;
+}
+
+/// Every registration, tunnel admission, forwarded call, kubectl request
+/// and admin action is one audit line in an owner-only file; a tenant's
+/// admin reads its tenant's lines only, an operator any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_lines_for_every_path_read_per_tenant() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let log = dir.path().join("audit.log");
+    let target = otter_hub::audit::Target::File {
+        path: log.clone(),
+        max_bytes: 1 << 20,
+    };
+    let hub = TestHub::start_with(dir, None, |c| c.audit_log = Some(target)).await;
+    let root = hub.admin_token.clone();
+    let channel = hub.channel().await;
+    for name in ["acme", "globex"] {
+        let body = Some(json!({"name": name}));
+        let (status, _) = admin(&hub, &root, http::Method::POST, "/admin/v1/tenants", body).await;
+        assert_eq!(status, 200);
+    }
+    let ann = mint(
+        &hub,
+        &root,
+        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
+    )
+    .await;
+    let gil = mint(
+        &hub,
+        &root,
+        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
+    )
+    .await;
+    let mel = mint(&hub, &ann, json!({"name": "mel"})).await;
+    let join = hub.hub.mint_join_token_in("acme-1", "acme").unwrap();
+    let _agent = start_agent(&hub, "acme-1", "a1", &join, TransportKind::H2);
+    wait_connected(&channel, &ann, 1).await;
+    assert_eq!(
+        grpc_get(&channel, &mel, "acme-1").await,
+        Ok("otter:mel".to_owned())
+    );
+    let (code, _) = grpc_get(&channel, &mel, "no-such-cluster")
+        .await
+        .unwrap_err();
+    assert_eq!(code, tonic::Code::NotFound);
+    kube_get(&hub, &mel, "acme-1").await;
+
+    // The writer is asynchronous: wait for the kubectl line.
+    let read = |token: String, query: &'static str| {
+        let hub = &hub;
+        async move {
+            let (status, text) = admin(
+                hub,
+                &token,
+                http::Method::GET,
+                &format!("/admin/v1/audit{query}"),
+                None,
+            )
+            .await;
+            let v: Value = serde_json::from_str(&text).unwrap_or(json!({"raw": text}));
+            (status, v["events"].as_array().cloned().unwrap_or_default())
+        }
+    };
+    otter_e2e::double::wait_until(
+        async || {
+            read(ann.clone(), "")
+                .await
+                .1
+                .iter()
+                .any(|e| e["kind"] == "kube")
+        },
+        "the kubectl request's audit line",
+    )
+    .await;
+    let (status, lines) = read(ann.clone(), "?since=600").await;
+    assert_eq!(status, 200);
+    assert!(lines.iter().all(|e| e["tenant"] == "acme"), "{lines:?}");
+    let has = |kind: &str, pred: &dyn Fn(&Value) -> bool| {
+        lines.iter().any(|e| e["kind"] == kind && pred(e))
+    };
+    assert!(has("register", &|e| e["action"] == "enroll"
+        && e["cluster"] == "acme-1"
+        && e["code"] == "registered"));
+    assert!(has("tunnel", &|e| e["code"] == "admitted"
+        && e["cluster"] == "acme-1"));
+    assert!(has("call", &|e| e["user"] == "mel"
+        && e["action"] == "/otterscale.resource.v1.ResourceService/Get"
+        && e["code"] == "Ok"
+        && e["remote"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("127.0.0.1:"))));
+    assert!(has("kube", &|e| e["user"] == "mel"
+        && e["action"] == "GET /api/v1/namespaces"
+        && e["code"].as_str().is_some()));
+    assert!(has("admin", &|e| e["user"] == "ann"
+        && e["action"] == "POST /admin/v1/tokens"
+        && e["code"] == "200"));
+    // No line leaks another tenant's, or a refused name's.
+    assert!(!lines.iter().any(|e| e["cluster"] == "no-such-cluster"));
+    // Another tenant's admin sees none of it, and may not ask.
+    let (status, theirs) = read(gil.clone(), "").await;
+    assert_eq!(status, 200);
+    assert!(theirs.iter().all(|e| e["tenant"] == "globex"), "{theirs:?}");
+    assert!(!theirs.iter().any(|e| e["cluster"] == "acme-1"));
+    let (status, _) = read(gil.clone(), "?tenant=acme").await;
+    assert_eq!(status, 403);
+    let (status, _) = read(mel.clone(), "").await;
+    assert_eq!(status, 403, "members do not read the audit log");
+    // The operator reads everything, the refused call included.
+    let (status, all) = read(root.clone(), "").await;
+    assert_eq!(status, 200);
+    assert!(
+        all.iter()
+            .any(|e| e["cluster"] == "no-such-cluster" && e["code"] == "NotFound")
+    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&log).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    // No token reaches the file.
+    let text = std::fs::read_to_string(&log).unwrap();
+    for secret in [&ann, &gil, &mel, &root] {
+        assert!(!text.contains(secret.as_str()));
+    }
     hub.hub.shutdown().await;
 }
