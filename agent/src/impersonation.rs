@@ -79,8 +79,13 @@ impl Ceiling {
         Ok(Ceiling { users, groups })
     }
 
-    /// Whether the agent may act as `caller`.
+    /// Whether the agent may act as `caller`. The hub sends no uid and no
+    /// extras, so none are taken: they would reach past the names the
+    /// ceiling checks.
     pub fn check(&self, caller: &Caller) -> Result<(), Refusal> {
+        if !caller.uid.is_empty() || !caller.extra.is_empty() {
+            return Err(Refusal::Ceiling("a uid or extra attributes".to_owned()));
+        }
         let allowed = |name: &str, prefixes: &[String]| {
             !name.starts_with("system:") && prefixes.iter().any(|p| name.starts_with(p.as_str()))
         };
@@ -103,7 +108,7 @@ pub fn is_identity_header(name: &str) -> bool {
 }
 
 /// The `Impersonate-*` headers for a caller within the ceiling: its user,
-/// `system:authenticated` and its groups, its uid and extras.
+/// `system:authenticated` and its groups.
 pub fn headers(
     ceiling: &Ceiling,
     caller: &Caller,
@@ -116,12 +121,6 @@ pub fn headers(
         HeaderName::from_static("impersonate-user"),
         value(&caller.user, "user")?,
     )];
-    if !caller.uid.is_empty() {
-        out.push((
-            HeaderName::from_static("impersonate-uid"),
-            value(&caller.uid, "uid")?,
-        ));
-    }
     let mut groups: Vec<&str> = vec![AUTHENTICATED];
     for g in &caller.groups {
         if !groups.contains(&g.as_str()) {
@@ -133,15 +132,6 @@ pub fn headers(
             HeaderName::from_static("impersonate-group"),
             value(g, "group")?,
         ));
-    }
-    for extra in &caller.extra {
-        let name = HeaderName::from_bytes(
-            format!("impersonate-extra-{}", encode_extra_key(&extra.key)).as_bytes(),
-        )
-        .map_err(|_| Refusal::Invalid(format!("extra key {:?}", extra.key)))?;
-        for v in &extra.values {
-            out.push((name.clone(), value(v, "extra value")?));
-        }
     }
     Ok(out)
 }
@@ -166,38 +156,6 @@ pub fn strip(map: &mut HeaderMap) {
     for n in stale {
         map.remove(n);
     }
-}
-
-/// Extra keys travel in the header name: lower case, percent-encoded where
-/// a header name cannot hold the character (header names are lower case,
-/// so the hex digits are too; the apiserver decodes either).
-fn encode_extra_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.to_lowercase().bytes() {
-        if b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'_'
-                    | b'.'
-                    | b'~'
-                    | b'!'
-                    | b'#'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'*'
-                    | b'+'
-                    | b'^'
-                    | b'`'
-                    | b'|'
-            )
-        {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02x}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -242,25 +200,27 @@ mod tests {
         h.insert("impersonate-user", "otter:mallory".parse().unwrap());
         h.append("impersonate-group", "otter:acme:admins".parse().unwrap());
         h.insert("accept", "application/json".parse().unwrap());
-        let caller = Caller {
-            uid: "u-1".into(),
-            extra: vec![otter_tunnel::frame::Extra {
-                key: "Scopes/Full".into(),
-                values: vec!["a".into(), "b".into()],
-            }],
-            ..who("otter:ann", &["otter:acme:devs"])
-        };
+        let caller = who("otter:ann", &["otter:acme:devs"]);
         impersonate(&mut h, &Ceiling::default(), &caller).unwrap();
         assert!(h.get("authorization").is_none());
         assert_eq!(h["impersonate-user"], "otter:ann");
         let groups: Vec<_> = h.get_all("impersonate-group").iter().collect();
         assert_eq!(groups, [AUTHENTICATED, "otter:acme:devs"]);
-        assert_eq!(h["impersonate-uid"], "u-1");
-        let extras: Vec<_> = h
-            .get_all("impersonate-extra-scopes%2ffull")
-            .iter()
-            .collect();
-        assert_eq!(extras, ["a", "b"]);
+        assert!(h.get("impersonate-uid").is_none());
+        // A uid or extras are beyond the ceiling.
+        let with_uid = Caller {
+            uid: "0".into(),
+            ..caller.clone()
+        };
+        assert!(impersonate(&mut h, &Ceiling::default(), &with_uid).is_err());
+        let with_extra = Caller {
+            extra: vec![otter_tunnel::frame::Extra {
+                key: "scopes".into(),
+                values: vec!["everything".into()],
+            }],
+            ..caller
+        };
+        assert!(impersonate(&mut h, &Ceiling::default(), &with_extra).is_err());
         assert_eq!(h["accept"], "application/json");
     }
 }

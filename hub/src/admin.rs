@@ -88,7 +88,7 @@ pub async fn route(
         kind: "admin",
         action: format!("{method} {path}"),
         tenant,
-        user: caller.user.clone(),
+        user: caller.cluster_user.clone(),
         groups: caller.groups.clone(),
         remote: req
             .extensions()
@@ -109,7 +109,7 @@ pub async fn route(
         (M::POST, Endpoint::Tenants) => return record(create_tenant(state, caller, req).await),
         (_, Endpoint::Audit) => {
             let query = req.uri().query().unwrap_or_default().to_owned();
-            read_audit(state, caller, &query)
+            read_audit(state, caller, &query).await
         }
         (_, Endpoint::Ca(step)) => {
             let force = req
@@ -175,10 +175,16 @@ async fn json_body<T: serde::de::DeserializeOwned>(
         .collect()
         .await
         .map_err(|_| {
-            plain(
+            // The rest is not read: the connection cannot carry more.
+            let mut resp = plain(
                 http::StatusCode::PAYLOAD_TOO_LARGE,
                 "request body over 64 KiB",
-            )
+            );
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            resp
         })?
         .to_bytes();
     serde_json::from_slice(&body).map_err(|e| {
@@ -280,19 +286,20 @@ async fn mint_token(
             Ok(None) => return refused(&TenancyError::NoSuchTenant(tenant).status()),
             Err(e) => return refused(&e.into_status()),
         }
-        // An operator names a tenant's first admins and nothing else: it
-        // cannot make itself, or anyone, a member of a tenant that has
-        // admins of its own.
+        // An operator names a tenant's first admin and nothing else, once:
+        // it cannot make itself, or anyone, a member of a tenant later
+        // (revoking the tenant's admins first does not reopen it).
         if !caller.is_admin_of(&tenant) {
-            let has_admin = match has_admin(state, &tenant) {
-                Ok(h) => h,
-                Err(e) => return refused(&e.into_status()),
-            };
-            if role != Role::Admin || has_admin {
+            let first = role == Role::Admin
+                && match crate::tenancy::mark_admins_named(&*state.store, &tenant) {
+                    Ok(first) => first,
+                    Err(e) => return refused(&e.into_status()),
+                };
+            if !first {
                 return plain(
                     http::StatusCode::FORBIDDEN,
                     &format!(
-                        "{} is not an admin of tenant {tenant:?}; an operator only names a tenant's first admins",
+                        "{} is not an admin of tenant {tenant:?}; an operator only names a tenant's first admin",
                         caller.user
                     ),
                 );
@@ -322,7 +329,7 @@ async fn mint_token(
 /// `GET /admin/v1/audit[?tenant=T][&since=SECONDS]`: the audit lines of a
 /// tenant (its admins; operators any, or all), newest last, the last
 /// [`crate::audit::MAX_READ_LINES`] at most.
-fn read_audit(state: &HubState, caller: &Principal, query: &str) -> http::Response<HttpBody> {
+async fn read_audit(state: &HubState, caller: &Principal, query: &str) -> http::Response<HttpBody> {
     let mut tenant = None;
     let mut since = std::time::Duration::from_secs(3600);
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
@@ -358,23 +365,29 @@ fn read_audit(state: &HubState, caller: &Principal, query: &str) -> http::Respon
             );
         }
     };
-    match crate::audit::read(&path, tenant.as_deref(), since) {
-        Ok(lines) => json(
+    let Some(permit) = state.audit.reader() else {
+        return plain(
+            http::StatusCode::TOO_MANY_REQUESTS,
+            "the audit log is being read by others; retry in a moment",
+        );
+    };
+    // Streaming the files blocks: off the async workers.
+    let read = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        crate::audit::read(&path, tenant.as_deref(), since)
+    })
+    .await;
+    match read {
+        Ok(Ok(lines)) => json(
             http::StatusCode::OK,
             &serde_json::json!({ "events": lines }),
         ),
-        Err(e) => refused(&e.into_status()),
+        Ok(Err(e)) => refused(&e.into_status()),
+        Err(_) => plain(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "reading the audit log failed; see the hub's log",
+        ),
     }
-}
-
-/// Whether a live token makes someone an admin of `tenant`.
-fn has_admin(state: &HubState, tenant: &str) -> crate::Result<bool> {
-    let now = crate::unix_now();
-    Ok(state
-        .store
-        .scan::<crate::tokens::ApiTokenRecord>(crate::store::tree::API_TOKENS)?
-        .iter()
-        .any(|r| r.tenants.get(tenant) == Some(&Role::Admin) && r.expires.is_none_or(|e| e > now)))
 }
 
 /// May `caller` see and revoke this token: operators every one, a tenant

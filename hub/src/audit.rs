@@ -25,6 +25,8 @@ use crate::{Result, metrics::Metrics};
 const QUEUE: usize = 16 * 1024;
 /// Rotated files kept beside the current one (`PATH.1` … `PATH.3`).
 const KEEP: usize = 3;
+/// Readers of the audit log at once; more are told to come back.
+const READERS: usize = 2;
 /// Lines a reader gets back at most.
 pub const MAX_READ_LINES: usize = 10_000;
 
@@ -65,6 +67,8 @@ pub struct Audit {
     tx: Option<mpsc::Sender<Event>>,
     metrics: Arc<Metrics>,
     target: Option<Target>,
+    /// Readers at once: each streams up to every file.
+    readers: Arc<tokio::sync::Semaphore>,
 }
 
 impl Audit {
@@ -74,6 +78,7 @@ impl Audit {
             tx: None,
             metrics,
             target: None,
+            readers: Arc::new(tokio::sync::Semaphore::new(READERS)),
         }
     }
 
@@ -98,12 +103,18 @@ impl Audit {
             tx: Some(tx),
             metrics,
             target: Some(target),
+            readers: Arc::new(tokio::sync::Semaphore::new(READERS)),
         })
     }
 
     /// Whether lines are written at all: callers skip building them if not.
     pub fn enabled(&self) -> bool {
         self.tx.is_some()
+    }
+
+    /// A place to read the log, if one is free now.
+    pub fn reader(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.readers.clone().try_acquire_owned().ok()
     }
 
     /// Where lines go, if anywhere.
@@ -232,10 +243,19 @@ fn rotate(path: &Path) -> std::io::Result<()> {
     std::fs::rename(path, numbered(1))
 }
 
+/// The longest look back a reader may ask for.
+pub const MAX_SINCE: Duration = Duration::from_secs(400 * 24 * 3600);
+
 /// The audit lines of files at `path` (oldest first), those of `tenant`
-/// when given, from `since` on, the last [`MAX_READ_LINES`] at most.
+/// when given, from `since` on, the last [`MAX_READ_LINES`] at most. Files
+/// are streamed line by line: memory stays bounded by the lines kept,
+/// however large the files.
 pub fn read(path: &Path, tenant: Option<&str>, since: Duration) -> Result<Vec<serde_json::Value>> {
-    let cutoff = time::OffsetDateTime::now_utc() - since;
+    use std::io::BufRead;
+    let since = time::Duration::try_from(since.min(MAX_SINCE)).unwrap_or(time::Duration::ZERO);
+    let cutoff = time::OffsetDateTime::now_utc()
+        .checked_sub(since)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     let mut files: Vec<PathBuf> = (1..=KEEP)
         .rev()
         .map(|n| PathBuf::from(format!("{}.{n}", path.display())))
@@ -244,11 +264,19 @@ pub fn read(path: &Path, tenant: Option<&str>, since: Duration) -> Result<Vec<se
     files.push(path.to_owned());
     let mut out = std::collections::VecDeque::new();
     for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else {
+        let Ok(f) = std::fs::File::open(&file) else {
             continue;
         };
-        for line in text.lines() {
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+        let mut lines = std::io::BufReader::new(f);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            // One line at most 64 KiB (the hub writes far shorter ones).
+            match std::io::Read::take(&mut lines, 64 * 1024).read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else {
                 continue;
             };
             if tenant.is_some_and(|t| v["tenant"].as_str() != Some(t)) {
@@ -314,5 +342,10 @@ mod tests {
         // Oldest first, the newest last.
         assert_eq!(acme.last().unwrap()["user"], "u18");
         assert!(read(&path, None, Duration::ZERO).unwrap().is_empty());
+        // However far back one asks: capped, no overflow.
+        assert_eq!(
+            read(&path, None, Duration::MAX).unwrap().len(),
+            read(&path, None, MAX_SINCE).unwrap().len()
+        );
     }
 }

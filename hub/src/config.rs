@@ -191,10 +191,11 @@ impl HubConfig {
             let p = &oidc.username_prefix;
             // Identity provider users must stay apart from hub users and
             // from Kubernetes' own.
-            if p.is_empty()
-                || p.starts_with(crate::auth::HUB_USER_PREFIX)
-                || p.starts_with("system:")
-            {
+            // Either prefix of the other would let a subject land on a
+            // hub name ("otter" + ":alice"), or on a built-in one.
+            let overlaps =
+                |reserved: &str| reserved.starts_with(p.as_str()) || p.starts_with(reserved);
+            if p.is_empty() || overlaps(crate::auth::HUB_USER_PREFIX) || overlaps("system:") {
                 return Err(HubError::Config(format!(
                     "OIDC username prefix {p:?} must be non-empty and not start with \"otter:\" or \"system:\""
                 )));

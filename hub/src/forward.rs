@@ -93,7 +93,7 @@ async fn route(
     let caller = auth::verified(req.extensions())?;
     let auditing = state.audit.enabled();
     if auditing {
-        event.user = caller.user.clone();
+        event.user = caller.cluster_user.clone();
         event.groups = caller.groups.clone();
     }
     let (mut parts, body) = req.into_parts();

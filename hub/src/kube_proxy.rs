@@ -110,7 +110,7 @@ async fn serve(
     let Ok(uri) = tail.parse::<http::Uri>() else {
         return crate::server::unread_body(status(400, "BadRequest", "bad request path"), req);
     };
-    event.user = caller.user.clone();
+    event.user = caller.cluster_user.clone();
     event.groups = caller.groups.clone();
     let call = match state
         .registry
@@ -135,7 +135,7 @@ async fn serve(
         // tenant is someone else.
         Some(_) => match state.upgrades.try_acquire(
             &state.config.kube_upgrades,
-            &format!("{}/{}", call.tunnel.tenant, caller.user),
+            &format!("{}/{}", call.tunnel.tenant, caller.cluster_user),
             &cluster,
             &state.metrics,
         ) {
@@ -162,8 +162,11 @@ async fn serve(
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
             (body.boxed_unsync(), Some((on_upgrade, to_agent, guard)))
         }
+        // Drained if the agent answers before the end (HTTP/1.1 keeps
+        // the connection; see `limits::RequestBody`).
         _ => (
-            body.map_err(|e| std::io::Error::other(e.to_string()))
+            crate::limits::RequestBody::new(body, parts.version)
+                .map_err(|e| std::io::Error::other(e.to_string()))
                 .boxed_unsync(),
             None,
         ),

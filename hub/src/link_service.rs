@@ -200,6 +200,18 @@ impl LinkSvc {
                         }
                     }
                 }
+                // The token's tenant must still be the one it was minted
+                // in: not deleted, nor deleted and made again.
+                let tenant_alive =
+                    crate::tenancy::tenant(&*self.state.store, &checked.record.tenant)
+                        .map_err(|e| e.into_status())?
+                        .is_some_and(|t| t.created <= checked.record.created);
+                // Nor from before the cluster's link was deleted.
+                let released = crate::tenancy::released_at(&*self.state.store, &cluster)
+                    .map_err(|e| e.into_status())?;
+                if !tenant_alive || released.is_some_and(|at| checked.record.authorized <= at) {
+                    return Err(Status::unauthenticated(JoinTokenError::Unknown.to_string()));
+                }
                 // The token's tenant holds the name (a claim made when its
                 // manifest was minted); one released since is claimed again.
                 match crate::tenancy::claim_cluster(
@@ -455,17 +467,19 @@ impl LinkService for LinkSvc {
             },
         };
         self.state.metrics.register_outcome(outcome);
-        // Names the peer sent are audited only once they proved valid.
-        if otter_pki::validate_cluster_name(&event.cluster).is_ok() {
+        // Anyone may call Register: a line lands in a tenant's view only
+        // for a registration that succeeded (an anonymous caller cannot
+        // write into it), and names the peer sent are kept only when valid.
+        let agent_id = event.user.trim_start_matches("agent:").to_owned();
+        if AgentIdentity::new(&event.cluster, &agent_id).is_err() {
+            event.cluster.clear();
+            event.user = "agent:?".to_owned();
+        }
+        if result.is_ok() {
             event.tenant = crate::tenancy::tenant_of(&*self.state.store, &event.cluster)
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-        } else {
-            event.cluster.clear();
-        }
-        if event.user.len() > 80 || event.user.chars().any(char::is_control) {
-            event.user = "agent:?".to_owned();
         }
         event.code = outcome.to_owned();
         event.duration_ms = timer.millis();
@@ -540,14 +554,9 @@ impl LinkService for LinkSvc {
         request: Request<ListRancherProjectsRequest>,
     ) -> Result<Response<ListRancherProjectsResponse>, Status> {
         let caller = auth::verified(request.extensions())?;
-        // The projects of the hub's Rancher are for those who mint
-        // manifests with them.
-        if !caller.operator && caller.admin_tenants().next().is_none() {
-            return Err(Status::permission_denied(format!(
-                "{} is not an admin of any tenant",
-                caller.user
-            )));
-        }
+        // The hub's Rancher lists every customer's projects: operators
+        // only, until projects are mapped to tenants.
+        auth::require_operator(&caller)?;
         let rancher = self.state.rancher.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "no Rancher management cluster configured (start the hub with --rancher-kubeconfig)",

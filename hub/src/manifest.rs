@@ -306,10 +306,10 @@ pub fn render(spec: &ManifestSpec) -> String {
         json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": { "name": "otterscale:agent", "labels": labels },
-            // The agent acts only as its callers: impersonation is all it needs.
+            // The agent acts only as its callers (users and groups; never
+            // a uid or extras): impersonation is all it needs.
             "rules": [
-                { "apiGroups": [""], "resources": ["users", "groups", "serviceaccounts"], "verbs": ["impersonate"] },
-                { "apiGroups": ["authentication.k8s.io"], "resources": ["uids", "userextras/*"], "verbs": ["impersonate"] },
+                { "apiGroups": [""], "resources": ["users", "groups"], "verbs": ["impersonate"] },
             ],
         }),
         json!({

@@ -821,7 +821,7 @@ async fn route(
     // The manifest URL is its own credential.
     if let Some(token) = path.strip_prefix("/link/manifest/") {
         if req.method() != http::Method::GET {
-            return plain(http::StatusCode::METHOD_NOT_ALLOWED, "use GET");
+            return unread_body(plain(http::StatusCode::METHOD_NOT_ALLOWED, "use GET"), req);
         }
         return match crate::link_service::manifest_from_url(&state, token) {
             Ok(yaml) => {

@@ -27,6 +27,9 @@ pub mod tree {
     pub const TENANTS: &str = "tenants";
     /// `ClusterClaim` (the tenant a cluster name belongs to) by cluster.
     pub const CLUSTER_TENANTS: &str = "cluster_tenants";
+    /// When a cluster's link was deleted (unix seconds, JSON), by cluster:
+    /// join tokens authorized before then enroll nobody.
+    pub const RELEASED: &str = "released_clusters";
 }
 
 /// A transactional-enough key-value store: single-key writes are atomic and

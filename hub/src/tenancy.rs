@@ -63,6 +63,11 @@ pub struct TenantRecord {
     pub created: i64,
     /// The operator who created it.
     pub created_by: String,
+    /// Set, once and for good, when an operator named the tenant's first
+    /// admin: from then on only the tenant's admins make members and
+    /// admins, so no operator can make itself one.
+    #[serde(default)]
+    pub admins_named: bool,
 }
 
 /// Which tenant a cluster name belongs to, from its first manifest on.
@@ -129,6 +134,7 @@ pub fn create_tenant(
         name: name.to_owned(),
         created: unix_now(),
         created_by: by.to_owned(),
+        admins_named: false,
     };
     let raw = serde_json::to_vec(&record).map_err(|e| HubError::Store(e.to_string()))?;
     if store.compare_and_swap_raw(tree::TENANTS, name, None, Some(&raw))? {
@@ -181,6 +187,26 @@ pub fn delete_tenant(
     Ok(Ok(()))
 }
 
+/// Marks that an operator named `tenant`'s first admin; false when that
+/// was done before (or the tenant is gone). A compare-and-swap: of two
+/// operators racing, one names the first admin.
+pub fn mark_admins_named(store: &dyn Store, tenant: &str) -> Result<bool> {
+    loop {
+        let Some(raw) = store.get_raw(tree::TENANTS, tenant)? else {
+            return Ok(false);
+        };
+        let mut record: TenantRecord = serde_json::from_slice(&raw)
+            .map_err(|e| HubError::Store(format!("{}/{tenant}: {e}", tree::TENANTS)))?;
+        if record.admins_named {
+            return Ok(false);
+        }
+        record.admins_named = true;
+        if store.replace(tree::TENANTS, tenant, &raw, &record)? {
+            return Ok(true);
+        }
+    }
+}
+
 /// The tenant a cluster name belongs to, if any tenant claimed it.
 pub fn tenant_of(store: &dyn Store, cluster: &str) -> Result<Option<String>> {
     Ok(store
@@ -210,9 +236,23 @@ pub fn claim_cluster(
     }
 }
 
-/// Lets a cluster name go (its link was deleted).
+/// Lets a cluster name go (its link was deleted). Join tokens of the
+/// cluster not yet spent are deleted, and any authorized before now (a
+/// manifest URL minted earlier mints more) enrolls nobody: only a manifest
+/// made after the deletion brings the name back.
 pub fn release_cluster(store: &dyn Store, cluster: &str) -> Result<()> {
+    store.put(tree::RELEASED, cluster, &unix_now())?;
+    for rec in store.scan::<crate::tokens::JoinTokenRecord>(tree::JOIN_TOKENS)? {
+        if rec.cluster == cluster {
+            store.delete(tree::JOIN_TOKENS, &rec.id)?;
+        }
+    }
     store.delete(tree::CLUSTER_TENANTS, cluster)
+}
+
+/// When the cluster's link was last deleted, if ever.
+pub fn released_at(store: &dyn Store, cluster: &str) -> Result<Option<i64>> {
+    store.get(tree::RELEASED, cluster)
 }
 
 /// Brings a store of a hub from before tenancy into the model: tenant
@@ -221,6 +261,9 @@ pub fn release_cluster(store: &dyn Store, cluster: &str) -> Result<()> {
 pub fn migrate(store: &dyn Store) -> Result<()> {
     if tenant(store, DEFAULT_TENANT)?.is_none() {
         let _ = create_tenant(store, DEFAULT_TENANT, "hub")?;
+        // Its admins come from the hub's own tokens (the first-start one,
+        // those migrated): no operator names more.
+        mark_admins_named(store, DEFAULT_TENANT)?;
     }
     for (cluster, _) in store.scan_raw(tree::LINKS)? {
         if tenant_of(store, &cluster)?.is_none() {
@@ -245,6 +288,8 @@ mod tests {
             create_tenant(&store, "acme", "op").unwrap().unwrap_err(),
             TenancyError::TenantExists("acme".into())
         );
+        assert!(mark_admins_named(&store, "acme").unwrap());
+        assert!(!mark_admins_named(&store, "acme").unwrap(), "once only");
         assert_eq!(claim_cluster(&store, "edge-1", "acme").unwrap(), Ok(()));
         assert_eq!(claim_cluster(&store, "edge-1", "acme").unwrap(), Ok(()));
         let taken = claim_cluster(&store, "edge-1", "globex")

@@ -219,7 +219,7 @@ async fn tenants_tokens_and_links_through_the_cli() {
                 ],
             );
             assert_ne!(code, 0);
-            assert!(err.contains("first admins"), "{err}");
+            assert!(err.contains("first admin"), "{err}");
 
             login(&save("ann", &ann));
             let mel = ok(&["token", "create", "mel", "--group", "devs", "--ttl", "30d"]);

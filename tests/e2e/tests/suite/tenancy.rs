@@ -472,7 +472,9 @@ async fn tenants_reach_only_their_own_clusters() {
     assert_eq!(expired.0, tonic::Code::Unauthenticated, "{expired:?}");
 
     // Deleting a link: the tunnel closes, the agent's certificate names no
-    // link any more, and the name is free for anyone.
+    // link any more, and the name is free for anyone. A join token made
+    // before (a manifest handed out earlier) enrolls nobody.
+    let stale = hub.hub.mint_join_token_in("acme-1", "acme").unwrap();
     let (status, text) = admin(
         &hub,
         &ann,
@@ -489,9 +491,49 @@ async fn tenants_reach_only_their_own_clusters() {
     // The agent keeps trying with its certificate: refused every time.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(hub.hub.state.registry.get("acme-1").is_none());
+    let (_, csr) = otter_pki::csr::generate("acme-1", "a2").unwrap();
+    let enroll = LinkServiceClient::new(channel.clone())
+        .register(otter_proto::link::v1::RegisterRequest {
+            cluster: Some("acme-1".into()),
+            csr: Some(csr.into_bytes()),
+            agent_id: Some("a2".into()),
+            agent_version: Some("v0.1.0".into()),
+            join_token: Some(stale),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(enroll.code(), tonic::Code::Unauthenticated, "{enroll:?}");
     manifest(&gil, "acme-1")
         .await
         .expect("the name is free again");
+
+    // An operator cannot take a tenant over: revoking its admin does not
+    // let it name another (nor itself).
+    let (_, text) = admin(&hub, &root, http::Method::GET, "/admin/v1/tokens", None).await;
+    let listed: Value = serde_json::from_str(&text).unwrap();
+    let gil_id = listed["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "gil")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/admin/v1/tokens/{gil_id}");
+    let (status, _) = admin(&hub, &root, http::Method::DELETE, &path, None).await;
+    assert_eq!(status, 200);
+    let body = json!({"name": "opal2", "tenant": "globex", "role": "admin"});
+    let (status, text) = admin(
+        &hub,
+        &root,
+        http::Method::POST,
+        "/admin/v1/tokens",
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 403, "{text}");
 
     hub.hub.shutdown().await;
 }
@@ -541,6 +583,22 @@ async fn audit_lines_for_every_path_read_per_tenant() {
     assert_eq!(code, tonic::Code::NotFound);
     kube_get(&hub, &mel, "acme-1").await;
 
+    // Anyone may call Register: a refused one, naming acme's cluster, is
+    // not written into acme's view.
+    let (_, csr) = otter_pki::csr::generate("acme-1", "forged").unwrap();
+    let refused = LinkServiceClient::new(channel.clone())
+        .register(otter_proto::link::v1::RegisterRequest {
+            cluster: Some("acme-1".into()),
+            csr: Some(csr.into_bytes()),
+            agent_id: Some("forged".into()),
+            agent_version: Some("v0.1.0".into()),
+            join_token: Some("otj_0123456789abcdef_nope".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+
     // The writer is asynchronous: wait for the kubectl line.
     let read = |token: String, query: &'static str| {
         let hub = &hub;
@@ -579,18 +637,22 @@ async fn audit_lines_for_every_path_read_per_tenant() {
         && e["code"] == "registered"));
     assert!(has("tunnel", &|e| e["code"] == "admitted"
         && e["cluster"] == "acme-1"));
-    assert!(has("call", &|e| e["user"] == "mel"
+    assert!(has("call", &|e| e["user"] == "otter:mel"
         && e["action"] == "/otterscale.resource.v1.ResourceService/Get"
         && e["code"] == "Ok"
         && e["remote"]
             .as_str()
             .is_some_and(|r| r.starts_with("127.0.0.1:"))));
-    assert!(has("kube", &|e| e["user"] == "mel"
+    assert!(has("kube", &|e| e["user"] == "otter:mel"
         && e["action"] == "GET /api/v1/namespaces"
         && e["code"].as_str().is_some()));
-    assert!(has("admin", &|e| e["user"] == "ann"
+    assert!(has("admin", &|e| e["user"] == "otter:ann"
         && e["action"] == "POST /admin/v1/tokens"
         && e["code"] == "200"));
+    assert!(
+        !lines.iter().any(|e| e["user"] == "agent:forged"),
+        "{lines:?}"
+    );
     // No line leaks another tenant's, or a refused name's.
     assert!(!lines.iter().any(|e| e["cluster"] == "no-such-cluster"));
     // Another tenant's admin sees none of it, and may not ask.
@@ -609,6 +671,12 @@ async fn audit_lines_for_every_path_read_per_tenant() {
         all.iter()
             .any(|e| e["cluster"] == "no-such-cluster" && e["code"] == "NotFound")
     );
+    assert!(all.iter().any(|e| e["user"] == "agent:forged"
+        && e["code"] == "unauthenticated"
+        && e["tenant"].is_null()));
+    // However far back one asks, the answer is bounded, not an error.
+    let (status, _) = read(root.clone(), "?since=99999999999999").await;
+    assert_eq!(status, 200);
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&log).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
