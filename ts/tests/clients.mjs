@@ -41,6 +41,12 @@ const bearer = (next) => async (req) => {
   req.header.set("Authorization", `Bearer ${token}`);
   return next(req);
 };
+// A user of another tenant, when given: the cluster must look absent to it.
+const otherToken = process.env.OTTER_OTHER_TENANT_TOKEN;
+const otherBearer = (next) => async (req) => {
+  req.header.set("Authorization", `Bearer ${otherToken}`);
+  return next(req);
+};
 
 // Every protocol and codec connect-node offers, over the HTTP versions
 // each runs on. `rounds`: how many refused/served pairs the keep-alive
@@ -126,6 +132,15 @@ async function exercise(makeTransport, rounds) {
       callOptions,
     ),
   );
+
+  if (otherToken) {
+    const other = createClient(resourcev1.ResourceService, makeTransport([otherBearer]));
+    const ask = (c) =>
+      codeOf(() =>
+        other.get({ cluster: c, version: "v1", resource: "pods", name: "web" }, callOptions),
+      );
+    out.otherTenant = { theirs: await ask(cluster), absent: await ask("no-such-cluster") };
+  }
 
   const anonymous = createClient(linkv1.LinkService, makeTransport([]));
   out.noToken = await codeOf(() => anonymous.listLinks({}, callOptions));

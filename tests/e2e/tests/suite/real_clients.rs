@@ -82,12 +82,23 @@ async fn typescript_connect_node_over_connect_grpc_and_grpc_web() {
     let url = hub.api_url().to_string();
     let url = url.trim_end_matches('/');
 
+    // An admin of another tenant, for the cross-tenant check.
+    hub.hub.create_tenant("globex").unwrap();
+    let other = hub
+        .hub
+        .mint_token(&otter_hub::tokens::TokenSpec {
+            user: "gil".into(),
+            tenants: [("globex".to_owned(), otter_hub::tenancy::Role::Admin)].into(),
+            ..Default::default()
+        })
+        .unwrap();
     let out = run_ok(
         Command::new("node")
             .current_dir(pkg.path())
             .arg("tests/clients.mjs")
             .env("OTTER_HUB_URL", url)
             .env("OTTER_TOKEN", &hub.admin_token)
+            .env("OTTER_OTHER_TENANT_TOKEN", &other)
             .env("OTTER_CA_FILE", &ca)
             .env("OTTER_CLUSTER", "edge-1"),
         CLIENT_LIMIT,
@@ -154,6 +165,23 @@ async fn typescript_connect_node_over_connect_grpc_and_grpc_web() {
             "{protocol}: {r}"
         );
         assert_eq!(r["noToken"]["code"], "Unauthenticated", "{protocol}: {r}");
+        // To another tenant's user, edge-1 is as absent as a cluster that
+        // does not exist: same code, same message but for the name.
+        let other = &r["otherTenant"];
+        assert_eq!(other["absent"]["code"], "NotFound", "{protocol}: {other}");
+        assert_eq!(
+            other["theirs"]["code"], other["absent"]["code"],
+            "{protocol}: {other}"
+        );
+        assert_eq!(
+            other["theirs"]["message"]
+                .as_str()
+                .map(|m| m.replace("edge-1", "<cluster>")),
+            other["absent"]["message"]
+                .as_str()
+                .map(|m| m.replace("no-such-cluster", "<cluster>")),
+            "{protocol}: {other}"
+        );
         // Refused before the body was read, then served, over and over on
         // one keep-alive pool: no call sees a broken connection.
         let expected: Vec<&str> = ["Unauthenticated", "OK"].repeat(rounds);
