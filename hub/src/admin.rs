@@ -90,11 +90,7 @@ pub async fn route(
         tenant,
         user: caller.cluster_user.clone(),
         groups: caller.groups.clone(),
-        remote: req
-            .extensions()
-            .get::<Arc<crate::server::ConnInfo>>()
-            .map(|c| c.remote.to_string())
-            .unwrap_or_default(),
+        remote: crate::server::ConnInfo::remote_of(req.extensions()),
         ..Default::default()
     };
     let record = |resp: http::Response<HttpBody>| {

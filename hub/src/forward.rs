@@ -63,11 +63,7 @@ pub async fn handle(
         true => crate::audit::Event {
             kind: "call",
             action: req.uri().path().to_owned(),
-            remote: req
-                .extensions()
-                .get::<Arc<crate::server::ConnInfo>>()
-                .map(|c| c.remote.to_string())
-                .unwrap_or_default(),
+            remote: crate::server::ConnInfo::remote_of(req.extensions()),
             ..Default::default()
         },
         false => Default::default(),

@@ -81,11 +81,7 @@ pub async fn handle(
             tail.split_once('?').map_or(tail.as_str(), |(p, _)| p)
         ),
         cluster: cluster.clone(),
-        remote: req
-            .extensions()
-            .get::<Arc<crate::server::ConnInfo>>()
-            .map(|c| c.remote.to_string())
-            .unwrap_or_default(),
+        remote: crate::server::ConnInfo::remote_of(req.extensions()),
         ..Default::default()
     };
     let audit = state.audit.clone();

@@ -437,11 +437,7 @@ impl LinkService for LinkSvc {
                 "agent:{}",
                 request.get_ref().agent_id.as_deref().unwrap_or_default()
             ),
-            remote: request
-                .extensions()
-                .get::<Arc<ConnInfo>>()
-                .map(|c| c.remote.to_string())
-                .unwrap_or_default(),
+            remote: crate::server::ConnInfo::remote_of(request.extensions()),
             ..Default::default()
         };
         // Signing is the costly part: at most so many at once, the others

@@ -99,6 +99,17 @@ pub struct ConnInfo {
     pub peer_cert: Option<Vec<u8>>,
 }
 
+impl ConnInfo {
+    /// The remote address of the connection a request came on, as the
+    /// audit log writes it (empty when unknown).
+    pub fn remote_of(extensions: &http::Extensions) -> String {
+        extensions
+            .get::<Arc<ConnInfo>>()
+            .map(|c| c.remote.to_string())
+            .unwrap_or_default()
+    }
+}
+
 /// A running hub.
 #[derive(Debug)]
 pub struct Hub {

@@ -51,6 +51,19 @@ async fn mint(hub: &TestHub, by: &str, body: Value) -> String {
     v["token"].as_str().unwrap().to_owned()
 }
 
+/// Tenants acme and globex, made by the operator `root`, with their first
+/// admins ann and gil; their tokens.
+async fn acme_and_globex(hub: &TestHub, root: &str) -> (String, String) {
+    for name in ["acme", "globex"] {
+        let body = Some(json!({"name": name}));
+        let (status, text) = admin(hub, root, http::Method::POST, "/admin/v1/tenants", body).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let ann = json!({"name": "ann", "tenant": "acme", "role": "admin"});
+    let gil = json!({"name": "gil", "tenant": "globex", "role": "admin"});
+    (mint(hub, root, ann).await, mint(hub, root, gil).await)
+}
+
 /// A gRPC Get: the user the cluster saw, or (code, message).
 async fn grpc_get(
     channel: &tonic::transport::Channel,
@@ -122,29 +135,7 @@ async fn tenants_reach_only_their_own_clusters() {
 
     // The first-start token is an operator: it makes the tenants and
     // names their first admins.
-    for name in ["acme", "globex"] {
-        let (status, text) = admin(
-            &hub,
-            &root,
-            http::Method::POST,
-            "/admin/v1/tenants",
-            Some(json!({"name": name})),
-        )
-        .await;
-        assert_eq!(status, 200, "{text}");
-    }
-    let ann = mint(
-        &hub,
-        &root,
-        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
-    )
-    .await;
-    let gil = mint(
-        &hub,
-        &root,
-        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
-    )
-    .await;
+    let (ann, gil) = acme_and_globex(&hub, &root).await;
     // A tenant's admin mints its members (its tenant implied).
     let mel = mint(&hub, &ann, json!({"name": "mel", "groups": ["devs"]})).await;
     let gus = mint(&hub, &gil, json!({"name": "gus"})).await;
@@ -552,23 +543,7 @@ async fn audit_lines_for_every_path_read_per_tenant() {
     let hub = TestHub::start_with(dir, None, |c| c.audit_log = Some(target)).await;
     let root = hub.admin_token.clone();
     let channel = hub.channel().await;
-    for name in ["acme", "globex"] {
-        let body = Some(json!({"name": name}));
-        let (status, _) = admin(&hub, &root, http::Method::POST, "/admin/v1/tenants", body).await;
-        assert_eq!(status, 200);
-    }
-    let ann = mint(
-        &hub,
-        &root,
-        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
-    )
-    .await;
-    let gil = mint(
-        &hub,
-        &root,
-        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
-    )
-    .await;
+    let (ann, gil) = acme_and_globex(&hub, &root).await;
     let mel = mint(&hub, &ann, json!({"name": "mel"})).await;
     let join = hub.hub.mint_join_token_in("acme-1", "acme").unwrap();
     let _agent = start_agent(&hub, "acme-1", "a1", &join, TransportKind::H2);
