@@ -518,8 +518,14 @@ impl LinkService for LinkSvc {
                 admins.push(u);
             }
         }
-        match crate::tenancy::claim_cluster(&*self.state.store, &cluster, &tenant)
-            .map_err(|e| e.into_status())?
+        let stale_after = self.state.config.manifest_ttl + self.state.config.join_token_ttl;
+        match crate::tenancy::claim_cluster_for_manifest(
+            &*self.state.store,
+            &cluster,
+            &tenant,
+            stale_after,
+        )
+        .map_err(|e| e.into_status())?
         {
             Ok(()) => {}
             Err(e) => return Err(e.status()),

@@ -236,6 +236,42 @@ pub fn claim_cluster(
     }
 }
 
+/// Like [`claim_cluster`], for minting a manifest: a claim of another
+/// tenant that never enrolled a cluster lapses `stale_after` its last
+/// manifest (every join token it could have minted has expired by then),
+/// so nobody holds a name by minting manifests and never applying them.
+/// The tenant's own claim is renewed.
+pub fn claim_cluster_for_manifest(
+    store: &dyn Store,
+    cluster: &str,
+    tenant: &str,
+    stale_after: std::time::Duration,
+) -> Result<std::result::Result<(), TenancyError>> {
+    let fresh = ClusterClaim {
+        tenant: tenant.to_owned(),
+        claimed: unix_now(),
+    };
+    let fresh = serde_json::to_vec(&fresh).map_err(|e| HubError::Store(e.to_string()))?;
+    loop {
+        let Some(raw) = store.get_raw(tree::CLUSTER_TENANTS, cluster)? else {
+            if store.compare_and_swap_raw(tree::CLUSTER_TENANTS, cluster, None, Some(&fresh))? {
+                return Ok(Ok(()));
+            }
+            continue;
+        };
+        let held: ClusterClaim = serde_json::from_slice(&raw)
+            .map_err(|e| HubError::Store(format!("{}/{cluster}: {e}", tree::CLUSTER_TENANTS)))?;
+        let lapsed = held.claimed + (stale_after.as_secs() as i64) < unix_now()
+            && store.get_raw(tree::LINKS, cluster)?.is_none();
+        if held.tenant != tenant && !lapsed {
+            return Ok(Err(TenancyError::ClusterTaken(cluster.to_owned())));
+        }
+        if store.compare_and_swap_raw(tree::CLUSTER_TENANTS, cluster, Some(&raw), Some(&fresh))? {
+            return Ok(Ok(()));
+        }
+    }
+}
+
 /// Lets a cluster name go (its link was deleted). Join tokens of the
 /// cluster not yet spent are deleted, and any authorized before now (a
 /// manifest URL minted earlier mints more) enrolls nobody: only a manifest
@@ -311,6 +347,47 @@ mod tests {
         release_cluster(&store, "edge-1").unwrap();
         assert_eq!(delete_tenant(&store, "acme").unwrap(), Ok(()));
         assert!(tenant(&store, "acme").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_claim_that_never_enrolled_lapses() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let old = ClusterClaim {
+            tenant: "acme".into(),
+            claimed: unix_now() - 100,
+        };
+        store.put(tree::CLUSTER_TENANTS, "edge-1", &old).unwrap();
+        let wait = std::time::Duration::from_secs(1000);
+        let lapse = std::time::Duration::from_secs(10);
+        assert!(
+            claim_cluster_for_manifest(&store, "edge-1", "globex", wait)
+                .unwrap()
+                .is_err()
+        );
+        // An enrolled cluster's claim never lapses.
+        store.put_raw(tree::LINKS, "edge-1", b"{}").unwrap();
+        assert!(
+            claim_cluster_for_manifest(&store, "edge-1", "globex", lapse)
+                .unwrap()
+                .is_err()
+        );
+        store.delete(tree::LINKS, "edge-1").unwrap();
+        assert_eq!(
+            claim_cluster_for_manifest(&store, "edge-1", "globex", lapse).unwrap(),
+            Ok(())
+        );
+        assert_eq!(
+            tenant_of(&store, "edge-1").unwrap().as_deref(),
+            Some("globex")
+        );
+        // The holder renews its own claim; acme's old join tokens now fail
+        // their claim at Register.
+        assert_eq!(
+            claim_cluster_for_manifest(&store, "edge-1", "globex", lapse).unwrap(),
+            Ok(())
+        );
+        assert!(claim_cluster(&store, "edge-1", "acme").unwrap().is_err());
     }
 
     #[test]
