@@ -623,5 +623,7 @@ mod hub_manifest_tests {
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
         assert_eq!(c["startupProbe"]["grpc"]["port"], 9090);
         assert!(args_have(c, "--health-listen=0.0.0.0:9090"));
+        // The audit log lives on the hub's volume.
+        assert!(args_have(c, "--audit-log=/var/lib/otter/audit.log"));
     }
 }
