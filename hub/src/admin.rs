@@ -367,10 +367,19 @@ async fn read_audit(state: &HubState, caller: &Principal, query: &str) -> http::
             "the audit log is being read by others; retry in a moment",
         );
     };
+    // A tenant made again under a deleted one's name is someone else: it
+    // reads nothing from before its own creation.
+    let born = match &tenant {
+        Some(t) => match crate::tenancy::tenant(&*state.store, t) {
+            Ok(record) => record.map(|r| r.created),
+            Err(e) => return refused(&e.into_status()),
+        },
+        None => None,
+    };
     // Streaming the files blocks: off the async workers.
     let read = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        crate::audit::read(&path, tenant.as_deref(), since)
+        crate::audit::read(&path, tenant.as_deref(), since, born)
     })
     .await;
     match read {
@@ -434,6 +443,7 @@ fn revoke_token(state: &HubState, caller: &Principal, id: &str) -> http::Respons
     match crate::tokens::revoke_api_token(&*state.store, &rec.id) {
         Ok(_) => {
             tracing::info!(%id, user = %rec.name, by = %caller.user, "API token revoked");
+            state.live.revoke(&rec.id);
             json(
                 http::StatusCode::OK,
                 &serde_json::json!({ "id": id, "revoked": true }),

@@ -42,8 +42,13 @@ pub enum Target {
 pub struct Event {
     /// RFC 3339, milliseconds, UTC.
     pub time: String,
-    /// `call`, `kube`, `register`, `tunnel`, `admin`.
+    /// `call`, `kube`, `session`, `register`, `tunnel`, `admin`.
     pub kind: &'static str,
+    /// Of a session (exec, attach, port-forward: a gRPC session call or an
+    /// upgraded kubectl connection): `open` when it starts, `close` with
+    /// its whole duration when it ends.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub phase: &'static str,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub tenant: String,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -59,6 +64,10 @@ pub struct Event {
     pub duration_ms: f64,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub remote: String,
+    /// Why a session or stream ended, when the code does not say it
+    /// (`caller`, `cluster`, `idle`, `revoked`, `expired`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// The audit log's front: cheap to clone, never blocks.
@@ -135,7 +144,7 @@ impl Audit {
 }
 
 /// Times an event from its start.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Timer(Instant);
 
 impl Timer {
@@ -247,15 +256,24 @@ fn rotate(path: &Path) -> std::io::Result<()> {
 pub const MAX_SINCE: Duration = Duration::from_secs(400 * 24 * 3600);
 
 /// The audit lines of files at `path` (oldest first), those of `tenant`
-/// when given, from `since` on, the last [`MAX_READ_LINES`] at most. Files
-/// are streamed line by line: memory stays bounded by the lines kept,
-/// however large the files.
-pub fn read(path: &Path, tenant: Option<&str>, since: Duration) -> Result<Vec<serde_json::Value>> {
+/// when given, from `since` ago on and not before the Unix second
+/// `not_before`, the last [`MAX_READ_LINES`] at most. Files are streamed
+/// line by line: memory stays bounded by the lines kept, however large the
+/// files.
+pub fn read(
+    path: &Path,
+    tenant: Option<&str>,
+    since: Duration,
+    not_before: Option<i64>,
+) -> Result<Vec<serde_json::Value>> {
     use std::io::BufRead;
     let since = time::Duration::try_from(since.min(MAX_SINCE)).unwrap_or(time::Duration::ZERO);
-    let cutoff = time::OffsetDateTime::now_utc()
+    let mut cutoff = time::OffsetDateTime::now_utc()
         .checked_sub(since)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    if let Some(t) = not_before.and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok()) {
+        cutoff = cutoff.max(t);
+    }
     let mut files: Vec<PathBuf> = (1..=KEEP)
         .rev()
         .map(|n| PathBuf::from(format!("{}.{n}", path.display())))
@@ -336,16 +354,23 @@ mod tests {
             &std::fs::metadata(&path).unwrap().permissions(),
         );
         assert_eq!(mode & 0o777, 0o600);
-        let acme = read(&path, Some("acme"), Duration::from_secs(60)).unwrap();
+        let acme = read(&path, Some("acme"), Duration::from_secs(60), None).unwrap();
         assert!(!acme.is_empty());
         assert!(acme.iter().all(|v| v["tenant"] == "acme"));
         // Oldest first, the newest last.
         assert_eq!(acme.last().unwrap()["user"], "u18");
-        assert!(read(&path, None, Duration::ZERO).unwrap().is_empty());
+        assert!(read(&path, None, Duration::ZERO, None).unwrap().is_empty());
+        // A namesake made after these lines reads none of them.
+        let later = crate::unix_now() + 2;
+        assert!(
+            read(&path, Some("acme"), MAX_SINCE, Some(later))
+                .unwrap()
+                .is_empty()
+        );
         // However far back one asks: capped, no overflow.
         assert_eq!(
-            read(&path, None, Duration::MAX).unwrap().len(),
-            read(&path, None, MAX_SINCE).unwrap().len()
+            read(&path, None, Duration::MAX, None).unwrap().len(),
+            read(&path, None, MAX_SINCE, None).unwrap().len()
         );
     }
 }

@@ -35,6 +35,8 @@ pub struct Principal {
     pub operator: bool,
     /// The tenants whose clusters the caller reaches, with its role.
     pub tenants: Memberships,
+    /// The hub token it authenticated with: its streams end with it.
+    pub credential: Option<crate::credentials::Credential>,
 }
 
 impl Principal {
@@ -171,6 +173,10 @@ async fn authenticate_value(
             groups: rec.groups,
             operator: rec.operator,
             tenants: rec.tenants,
+            credential: Some(crate::credentials::Credential {
+                id: rec.id,
+                expires: rec.expires,
+            }),
         }),
         Ok(None) => Err(tonic::Status::unauthenticated(format!(
             "invalid, expired or revoked token: {HOW_TO_AUTHENTICATE}"

@@ -77,6 +77,9 @@ pub struct HubConfig {
     pub audit_log: Option<crate::audit::Target>,
     /// How long a manifest URL serves its YAML.
     pub manifest_ttl: Duration,
+    /// How often the tokens of live streams are checked against the store
+    /// (a revocation made on another replica ends them within this).
+    pub recheck_tokens_every: Duration,
     /// Namespace the agent manifest installs into.
     pub agent_namespace: String,
     /// Agent image the manifest runs.
@@ -145,6 +148,7 @@ impl HubConfig {
             oidc: None,
             audit_log: None,
             manifest_ttl: Duration::from_secs(3600),
+            recheck_tokens_every: Duration::from_secs(5),
             agent_namespace: crate::manifest::DEFAULT_NAMESPACE.to_owned(),
             agent_image: format!("{}:v{}", crate::manifest::DEFAULT_IMAGE, crate::VERSION),
             kube_proxy_prefix: "/clusters".to_owned(),

@@ -34,6 +34,12 @@ const SESSION_METHODS: [&str; 3] = [
     "/otterscale.runtime.v1.RuntimeService/WritePortForward",
 ];
 
+/// Methods that open a session: audited when they start and when they end.
+const SESSION_OPENERS: [&str; 2] = [
+    "/otterscale.runtime.v1.RuntimeService/ExecuteTTY",
+    "/otterscale.runtime.v1.RuntimeService/PortForward",
+];
+
 /// Field 1 of every forwarded request: the cluster, or the session id.
 #[derive(Clone, PartialEq, prost::Message)]
 struct RouteKey {
@@ -132,6 +138,8 @@ async fn route(
         event.tenant = call.tunnel.tenant.clone();
     }
 
+    let hold = crate::credentials::hold_for(&state.live, &caller);
+    let opens_session = SESSION_OPENERS.contains(&path.as_str());
     strip_client_headers(&mut parts.headers);
     let metrics = state.metrics.clone();
     let req = http::Request::from_parts(
@@ -163,6 +171,15 @@ async fn route(
         .get("grpc-status")
         .and_then(|v| v.to_str().ok())
         .map(code_name);
+    if auditing && opens_session {
+        event.kind = "session";
+        let mut open = event.clone();
+        open.phase = "open";
+        open.code = code.clone().unwrap_or_else(|| "OK".to_owned());
+        open.duration_ms = timer.millis();
+        state.audit.record(open);
+        event.phase = "close";
+    }
     let audit = auditing.then(|| CallAudit {
         audit: state.audit.clone(),
         event: std::mem::take(event),
@@ -176,6 +193,7 @@ async fn route(
             failed: false,
             metrics,
             audit,
+            hold,
         }
         .boxed_unsync()
     }))
@@ -358,6 +376,22 @@ struct GrpcTunnelBody {
     failed: bool,
     metrics: Arc<Metrics>,
     audit: Option<CallAudit>,
+    /// Ends the call when the caller's hub token is revoked or expires.
+    hold: Option<crate::credentials::Hold>,
+}
+
+impl GrpcTunnelBody {
+    /// Ends the call with `status` in its trailers.
+    fn fail(&mut self, status: Status, reason: &str) -> Frame<Bytes> {
+        self.failed = true;
+        if let Some(audit) = &mut self.audit {
+            audit.code = Some(format!("{:?}", status.code()));
+            audit.event.reason = reason.to_owned();
+        }
+        let mut trailers = http::HeaderMap::new();
+        let _ = status.add_header(&mut trailers);
+        Frame::trailers(trailers)
+    }
 }
 
 impl Body for GrpcTunnelBody {
@@ -371,17 +405,17 @@ impl Body for GrpcTunnelBody {
         if self.failed {
             return Poll::Ready(None);
         }
+        if let Some(hold) = &mut self.hold
+            && let Poll::Ready(ended) = hold.poll_ended(cx)
+        {
+            let frame = self.fail(Status::unauthenticated(ended.message()), ended.reason());
+            return Poll::Ready(Some(Ok(frame)));
+        }
         match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
             Some(Err(e)) => {
-                self.failed = true;
-                if let Some(audit) = &mut self.audit {
-                    audit.code = Some("Unavailable".to_owned());
-                }
                 let status =
                     Status::unavailable(format!("tunnel to cluster {} lost: {e}", self.cluster));
-                let mut trailers = http::HeaderMap::new();
-                let _ = status.add_header(&mut trailers);
-                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                Poll::Ready(Some(Ok(self.fail(status, "cluster"))))
             }
             other => {
                 if let Some(Ok(f)) = &other {

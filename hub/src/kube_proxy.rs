@@ -85,7 +85,7 @@ pub async fn handle(
         ..Default::default()
     };
     let audit = state.audit.clone();
-    let resp = serve(state, cluster, tail, req, &mut event).await;
+    let resp = serve(state, cluster, tail, req, &mut event, &timer).await;
     event.code = resp.status().as_u16().to_string();
     event.duration_ms = timer.millis();
     audit.record(event);
@@ -98,6 +98,7 @@ async fn serve(
     tail: String,
     mut req: http::Request<Incoming>,
     event: &mut crate::audit::Event,
+    timer: &crate::audit::Timer,
 ) -> http::Response<HttpBody> {
     let caller = match auth::verified(req.extensions()) {
         Ok(c) => c,
@@ -141,6 +142,7 @@ async fn serve(
             }
         },
     };
+    let hold = crate::credentials::hold_for(&state.live, &caller);
     let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     crate::forward::strip_client_headers(&mut parts.headers);
@@ -181,16 +183,39 @@ async fn serve(
             if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
         {
             let (parts, from_agent) = resp.into_parts();
+            // A session: this line opens it, the relay's last closes it.
+            event.kind = "session";
+            event.phase = "open";
+            let close = state.audit.enabled().then(|| SessionClose {
+                audit: state.audit.clone(),
+                event: crate::audit::Event {
+                    phase: "close",
+                    code: "101".to_owned(),
+                    ..event.clone()
+                },
+                timer: timer.clone(),
+            });
             let idle = state.config.kube_upgrades.idle_timeout;
             state.tasks.spawn(relay(
-                on_upgrade, to_agent, from_agent, idle, guard, cluster,
+                Relay {
+                    on_upgrade,
+                    to_agent,
+                    from_agent,
+                    idle,
+                    _guard: guard,
+                    hold,
+                    cluster,
+                },
+                close,
             ));
             http::Response::from_parts(parts, empty())
         }
         // Anything else, a refused upgrade included (RBAC, no such pod), is
-        // an ordinary response; a dropped sender ends the request body.
+        // an ordinary response; a dropped sender ends the request body. A
+        // long one (a watch) ends when the caller's token is revoked.
         (Ok(resp), _) => resp.map(|b| {
-            b.map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+            HeldBody { inner: b, hold }
+                .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
                 .boxed_unsync()
         }),
         (Err(e), _) => status(
@@ -214,24 +239,57 @@ pub fn unauthorized(message: &str) -> http::Response<HttpBody> {
     status(401, "Unauthorized", message)
 }
 
-/// Relays an upgraded connection: the caller's bytes become DATA chunks of
-/// the tunnel stream, the agent's come back as the response body. Ends when
-/// the agent's side ends or fails (a dead tunnel included), or after `idle`
-/// without a byte either way; every end drops the tunnel stream, which ends
-/// the agent's connection to its apiserver, and closes the caller's.
-async fn relay(
+/// What one upgraded connection's relay holds.
+struct Relay {
     on_upgrade: hyper::upgrade::OnUpgrade,
     to_agent: mpsc::Sender<UpBody>,
-    mut from_agent: otter_tunnel::http::ResponseBody,
+    from_agent: otter_tunnel::http::ResponseBody,
     idle: Duration,
     _guard: UpgradeGuard,
+    /// Ends the relay when the caller's hub token is revoked or expires.
+    hold: Option<crate::credentials::Hold>,
     cluster: String,
-) {
+}
+
+/// A session's closing audit line, written when its relay ends.
+struct SessionClose {
+    audit: crate::audit::Audit,
+    event: crate::audit::Event,
+    timer: crate::audit::Timer,
+}
+
+/// Relays an upgraded connection and writes its closing audit line with
+/// who ended it.
+async fn relay(relay: Relay, close: Option<SessionClose>) {
+    let reason = relay_bytes(relay).await;
+    if let Some(mut close) = close {
+        close.event.reason = reason.to_owned();
+        close.event.duration_ms = close.timer.millis();
+        close.audit.record(close.event);
+    }
+}
+
+/// Relays an upgraded connection: the caller's bytes become DATA chunks of
+/// the tunnel stream, the agent's come back as the response body. Ends when
+/// the agent's side ends or fails (a dead tunnel included), after `idle`
+/// without a byte either way, or when the caller's token is revoked; every
+/// end drops the tunnel stream, which ends the agent's connection to its
+/// apiserver, and closes the caller's. Returns who ended it.
+async fn relay_bytes(relay: Relay) -> &'static str {
+    let Relay {
+        on_upgrade,
+        to_agent,
+        mut from_agent,
+        idle,
+        _guard,
+        mut hold,
+        cluster,
+    } = relay;
     let upgraded = match on_upgrade.await {
         Ok(u) => u,
         Err(e) => {
             tracing::debug!(%cluster, error = %e, "caller left before the protocol switch");
-            return;
+            return "caller";
         }
     };
     let (mut read, mut write) = tokio::io::split(TokioIo::new(upgraded));
@@ -288,14 +346,63 @@ async fn relay(
     // told at once by the connection closing; kubectl's port-forward and
     // exec end with an error then instead of waiting on a dead tunnel.
     // The caller's EOF alone only ends the request body.
-    tokio::pin!(up, down, watchdog);
+    let revoked = async {
+        match &mut hold {
+            Some(hold) => hold.ended().await.reason(),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(up, down, watchdog, revoked);
     let mut caller_done = false;
     loop {
         tokio::select! {
             _ = &mut up, if !caller_done => caller_done = true,
-            _ = &mut down => break,
-            _ = &mut watchdog => break,
+            _ = &mut down => return if caller_done { "caller" } else { "cluster" },
+            _ = &mut watchdog => return "idle",
+            reason = &mut revoked => {
+                tracing::info!(%cluster, reason, "closing an upgraded connection: its token is no longer valid");
+                return reason;
+            }
         }
+    }
+}
+
+/// A response body that ends with an error once the caller's hub token is
+/// revoked or expires (a watch through the proxy would otherwise outlive
+/// it).
+struct HeldBody<B> {
+    inner: B,
+    hold: Option<crate::credentials::Hold>,
+}
+
+impl<B> http_body::Body for HeldBody<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if let Some(hold) = &mut self.hold
+            && let std::task::Poll::Ready(ended) = hold.poll_ended(cx)
+        {
+            self.hold = None;
+            return std::task::Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                ended.message(),
+            ))));
+        }
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map(|f| f.map(|r| r.map_err(std::io::Error::other)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }
 

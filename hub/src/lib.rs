@@ -31,6 +31,7 @@ pub mod chart;
 pub mod cli;
 pub mod config;
 pub mod cors;
+pub mod credentials;
 pub mod deadline;
 pub mod forward;
 pub mod kube_proxy;

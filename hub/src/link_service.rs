@@ -412,6 +412,7 @@ impl LinkService for LinkSvc {
                         .filter(|_| admin)
                         .map(|t| t.remote.to_string()),
                     diagnosis: live.as_ref().filter(|_| admin).map(|t| diagnosis(t)),
+                    tenant: Some(r.tenant),
                 }
             })
             .collect();

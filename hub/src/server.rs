@@ -70,6 +70,8 @@ pub struct HubState {
     pub upgrades: Arc<crate::kube_proxy::Upgrades>,
     /// Open connections of the API port, per source.
     pub api_connections: Arc<crate::limits::ApiConnections>,
+    /// Streams tied to the hub token that opened them.
+    pub live: Arc<crate::credentials::LiveCredentials>,
     /// When each cluster last renewed its certificate.
     pub renewals: crate::link_service::RenewalGaps,
     /// Fetches charts for ShowChart.
@@ -246,6 +248,7 @@ impl Hub {
             register_pacer,
             upgrades: Arc::default(),
             api_connections: crate::limits::ApiConnections::new(api_limits),
+            live: Arc::default(),
             renewals: Default::default(),
             charts,
             serving: Default::default(),
@@ -309,6 +312,12 @@ impl Hub {
         }
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
         tasks.spawn(prune_periodically(state.clone(), shutdown.clone()));
+        tasks.spawn(crate::credentials::sweep_every(
+            state.live.clone(),
+            state.store.clone(),
+            state.config.recheck_tokens_every,
+            shutdown.clone(),
+        ));
         state
             .serving
             .store(true, std::sync::atomic::Ordering::Release);

@@ -399,6 +399,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
                     "lastSeen": l.last_seen.as_ref().map(|t| t.seconds),
                     "certificateExpires": l.certificate_expires.as_ref().map(|t| t.seconds),
                     "rancherProjectId": l.rancher_project_id,
+                    "tenant": l.tenant,
                 })
             })
             .collect();
@@ -431,7 +432,8 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
             seen,
         ];
         if wide {
-            row.push(l.agent_id.clone().unwrap_or_default());
+            row.push(l.tenant.clone().unwrap_or_else(|| "-".into()));
+            row.push(l.agent_id.clone().unwrap_or_else(|| "-".into()));
             row.push(l.remote_address.clone().unwrap_or_else(|| "-".into()));
             row.push(l.certificate_expires.as_ref().map_or("-".into(), |t| {
                 format!("in {}", crate::short_duration(t.seconds - now))
@@ -470,7 +472,15 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
         "LAST SEEN",
     ];
     if wide {
-        headers.extend(["AGENT", "REMOTE", "CERT EXPIRES", "VIA", "RTT", "FALLBACK"]);
+        headers.extend([
+            "TENANT",
+            "AGENT",
+            "REMOTE",
+            "CERT EXPIRES",
+            "VIA",
+            "RTT",
+            "FALLBACK",
+        ]);
     }
     print!("{}", output::table(&headers, &rows));
     Ok(())

@@ -103,8 +103,14 @@ async fn login_tokens_manifests_and_links() {
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v[0]["cluster"], "edge-1");
         assert_eq!(v[0]["state"], "connected");
+        assert_eq!(v[0]["tenant"], "default");
         let (_, out, _) = run(&d, &["links", "-o", "wide"]);
         assert!(out.contains("CERT EXPIRES") && out.contains("a1"), "{out}");
+        let wide: Vec<&str> = out.lines().collect();
+        assert!(
+            wide[0].contains("TENANT") && wide[1].split_whitespace().any(|c| c == "default"),
+            "{out}"
+        );
 
         // agent-manifest: only the URL by default (so $(…) works), YAML with -o yaml.
         let (code, out, err) = run(

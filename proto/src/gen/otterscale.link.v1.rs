@@ -38,6 +38,9 @@ pub struct Link {
     /// why they failed, the proxy it used and the tunnel round-trip time.
     #[prost(message, optional, tag = "108")]
     pub diagnosis: ::core::option::Option<LinkDiagnosis>,
+    /// The tenant the cluster belongs to (one of the caller's).
+    #[prost(string, optional, tag = "109")]
+    pub tenant: ::core::option::Option<::prost::alloc::string::String>,
 }
 /// What the agent reports about its way to the hub.
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -213,6 +213,8 @@ struct Setup {
     direct_real: Channel,
     via_hub: Channel,
     bulk: Channel,
+    /// A member of a tenant that holds none of the bench's clusters.
+    outsider: String,
 }
 
 /// Serves `routes` as plaintext gRPC on loopback; every call carries
@@ -314,6 +316,12 @@ async fn setup() -> anyhow::Result<Setup> {
     let via_hub = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
     otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 3).await;
     let bulk = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
+    hub.hub.create_tenant("outsiders")?;
+    let outsider = hub.hub.mint_token(&otter_hub::tokens::TokenSpec::member(
+        "outsider",
+        &[],
+        "outsiders",
+    ))?;
     Ok(Setup {
         _sim: sim,
         kube,
@@ -323,6 +331,7 @@ async fn setup() -> anyhow::Result<Setup> {
         direct_real,
         via_hub,
         bulk,
+        outsider,
     })
 }
 
@@ -353,6 +362,16 @@ async fn hub_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()>
         .get(with_token(get(cluster), token))
         .await?;
     Ok(())
+}
+
+/// A Get the hub must refuse as for an absent cluster.
+async fn refused_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()> {
+    let mut client = ResourceServiceClient::new(ch.clone());
+    let call = client.get(with_token(get(cluster), token));
+    match tokio::time::timeout(TIMEOUT, call).await? {
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+        other => anyhow::bail!("{cluster}: expected NotFound, got {other:?}"),
+    }
 }
 
 fn add_latency(figs: &mut Figures, path: &str, l: Latency, baseline: Option<&str>) {
@@ -430,6 +449,32 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         for (q, hv, dv) in [("p50", hr.p50, dr.p50), ("p99", hr.p99, dr.p99)] {
             figs.add(&format!("hub-added.real-quic.{q}"), "µs", None, hv - dv);
         }
+
+        // A refusal's timing class: another tenant's connected cluster
+        // against a cluster that does not exist, alternating, same client,
+        // same moment. The ratio near 1 says the answer's time tells
+        // nothing the answer's text does not.
+        let outsider = s.outsider.clone();
+        let (mut foreign, mut absent) = (Vec::new(), Vec::new());
+        for i in 0..warmup + calls {
+            for (cluster, out) in [("quic", &mut foreign), ("nowhere", &mut absent)] {
+                let t = Instant::now();
+                refused_get(&s.via_hub, &outsider, cluster).await?;
+                if i >= warmup {
+                    out.push(t.elapsed());
+                }
+            }
+        }
+        let (f, a) = (Latency::of(&foreign), Latency::of(&absent));
+        for (q, fv, av) in [("p50", f.p50, a.p50), ("p99", f.p99, a.p99)] {
+            let base = format!("refusal.absent.{q}");
+            figs.add(&base, "µs", None, av);
+            figs.add(&format!("refusal.other-tenant.{q}"), "µs", Some(&base), fv);
+        }
+        eprintln!(
+            "bench: refusal p50 other tenant {:.0} µs, absent {:.0} µs",
+            f.p50, a.p50
+        );
 
         // Head-of-line: small Gets while a bulk watch saturates the tunnel.
         for cluster in ["quic", "h2"] {

@@ -33,7 +33,11 @@ pub struct Fleet {
     pub hub_starts: u32,
     pub agents: Vec<AgentProc>,
     pub admin_token: String,
+    /// An admin of every tenant the agents' clusters are in: sees them all.
+    pub viewer_token: String,
     pub ca_pem: String,
+    /// More arguments for the hub process.
+    pub hub_args: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -47,8 +51,21 @@ pub struct AgentProc {
 
 impl Fleet {
     /// Mints the join tokens with a hub in this process, then starts the
-    /// hub and the agents as processes.
+    /// hub and the agents as processes; every cluster in tenant `default`.
     pub async fn start(sim: &kube_sim::KubeSim, transports: &[&'static str]) -> Fleet {
+        Self::start_with(sim, transports, &[], &[]).await
+    }
+
+    /// Like [`Fleet::start`]: agent `i`'s cluster is in `tenants[i]` (made
+    /// first; `default` past the list's end), and the hub process gets
+    /// `hub_args` too.
+    pub async fn start_with(
+        sim: &kube_sim::KubeSim,
+        transports: &[&'static str],
+        tenants: &[&str],
+        hub_args: &[&str],
+    ) -> Fleet {
+        let tenant_of = |i: usize| tenants.get(i).copied().unwrap_or("default");
         let dir = tempfile::tempdir().expect("temp dir");
         let data = dir.path().join("hub");
         std::fs::create_dir_all(&data).expect("data dir");
@@ -58,10 +75,25 @@ impl Fleet {
             config.api_listen = "127.0.0.1:0".parse().expect("address");
             config.tunnel_listen = "127.0.0.1:0".parse().expect("address");
             let hub = otter_hub::Hub::start(config).await.expect("setup hub");
+            let mut viewer = otter_hub::tokens::TokenSpec {
+                user: "fleet-viewer".into(),
+                ..Default::default()
+            };
             for (i, _) in transports.iter().enumerate() {
-                let token = hub.mint_join_token(&format!("edge-{i}")).expect("token");
+                let tenant = tenant_of(i);
+                if tenant != "default" && !viewer.tenants.contains_key(tenant) {
+                    hub.create_tenant(tenant).expect("tenant");
+                }
+                viewer
+                    .tenants
+                    .insert(tenant.to_owned(), otter_hub::tenancy::Role::Admin);
+                let token = hub
+                    .mint_join_token_in(&format!("edge-{i}"), tenant)
+                    .expect("token");
                 std::fs::write(dir.path().join(format!("token-{i}")), token).expect("token file");
             }
+            let viewer = hub.mint_token(&viewer).expect("viewer token");
+            std::fs::write(dir.path().join("viewer-token"), viewer).expect("token file");
             hub.shutdown().await;
             drop(setup);
         }
@@ -72,6 +104,8 @@ impl Fleet {
             .trim()
             .to_owned();
         let ca_pem = std::fs::read_to_string(data.join("ca.crt")).expect("CA");
+        let viewer_token =
+            std::fs::read_to_string(dir.path().join("viewer-token")).expect("viewer token");
         let mut fleet = Fleet {
             data,
             api: free_port(),
@@ -90,7 +124,9 @@ impl Fleet {
                 })
                 .collect(),
             admin_token,
+            viewer_token,
             ca_pem,
+            hub_args: hub_args.iter().map(|a| (*a).to_owned()).collect(),
             dir,
         };
         fleet.start_hub();
@@ -115,6 +151,7 @@ impl Fleet {
         ]
         .iter()
         .map(|s| (*s).to_owned())
+        .chain(self.hub_args.iter().cloned())
         .collect();
         let name = format!("hub-{}", self.hub_starts);
         self.hub = Some(Proc::start(
@@ -188,7 +225,7 @@ impl Fleet {
 
     pub async fn links(&self, channel: &Channel) -> Vec<Link> {
         LinkServiceClient::new(channel.clone())
-            .list_links(with_token(ListLinksRequest {}, &self.admin_token))
+            .list_links(with_token(ListLinksRequest {}, &self.viewer_token))
             .await
             .map(|r| r.into_inner().links)
             .unwrap_or_default()

@@ -334,6 +334,50 @@ pub async fn http_call(
     (parts.status, headers, collected.to_bytes())
 }
 
+/// A call of the hub's admin API as the CLI makes it: (status, body).
+pub async fn admin_call(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    token: &str,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, String) {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {token}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .expect("request");
+    let (status, _, body) = http_call(addr, ca_pem, false, req).await;
+    (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Mints a token through the admin API as `by`: (token, id).
+pub async fn mint_via_admin(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    by: &str,
+    body: serde_json::Value,
+) -> (String, String) {
+    let (status, text) = admin_call(
+        addr,
+        ca_pem,
+        by,
+        http::Method::POST,
+        "/admin/v1/tokens",
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let field = |k: &str| v[k].as_str().expect("minted token").to_owned();
+    (field("token"), field("id"))
+}
+
 /// Whether a missing external tool fails the test (`OTTER_REQUIRE_TOOLS=1`,
 /// as `make test` sets) or skips it with a message.
 pub fn tool_missing(what: &str) -> bool {

@@ -31,6 +31,7 @@ mod schemathesis;
 mod show_chart;
 mod slow_consumer;
 mod tenancy;
+mod tenancy_processes;
 mod watch_resume;
 
 /// The entry point through which the tests that need separate processes

@@ -30,25 +30,22 @@ async fn admin(
     path: &str,
     body: Option<Value>,
 ) -> (u16, String) {
-    let req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {token}"))
-        .body(Full::new(Bytes::from(
-            body.map(|b| b.to_string()).unwrap_or_default(),
-        )))
-        .unwrap();
-    let (status, _, body) = http_call(hub.hub.api_addr, hub.hub.ca_pem(), false, req).await;
-    (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+    otter_e2e::admin_call(
+        hub.hub.api_addr,
+        hub.hub.ca_pem(),
+        token,
+        method,
+        path,
+        body,
+    )
+    .await
 }
 
 /// Mints a token through the admin API as `by`.
 async fn mint(hub: &TestHub, by: &str, body: Value) -> String {
-    let (status, text) = admin(hub, by, http::Method::POST, "/admin/v1/tokens", Some(body)).await;
-    assert_eq!(status, 200, "{text}");
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["token"].as_str().unwrap().to_owned()
+    otter_e2e::mint_via_admin(hub.hub.api_addr, hub.hub.ca_pem(), by, body)
+        .await
+        .0
 }
 
 /// Tenants acme and globex, made by the operator `root`, with their first

@@ -1,0 +1,408 @@
+//! Tenancy through the real binaries: the hub and two agents run as
+//! processes (acme's cluster `edge-0` over QUIC, globex's `edge-1` over
+//! HTTP/2), with real kubectl. Another tenant's cluster answers like an
+//! absent one on every path, and a revoked or expired hub token ends the
+//! streams and sessions it opened (a Watch, an exec, kubectl's watch and
+//! exec), each with its audit lines, while other tokens' streams go on.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use otter_e2e::{
+    admin_call,
+    double::{WAIT, get, wait_until},
+    fleet::Fleet,
+    kube::sim_config,
+    mint_via_admin, with_token,
+};
+use otter_proto::{
+    resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
+    runtime::v1::{self as pb, runtime_service_client::RuntimeServiceClient},
+};
+use serde_json::{Value, json};
+use tonic::{Code, transport::Channel};
+
+fn watch_req(cluster: &str) -> WatchRequest {
+    WatchRequest {
+        cluster: Some(cluster.into()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        namespace: Some("default".into()),
+        ..Default::default()
+    }
+}
+
+/// A Watch that has delivered its first event.
+async fn open_watch(
+    channel: &Channel,
+    token: &str,
+    cluster: &str,
+) -> tonic::Streaming<otter_proto::resource::v1::WatchEvent> {
+    let mut s = ResourceServiceClient::new(channel.clone())
+        .watch(with_token(watch_req(cluster), token))
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = tokio::time::timeout(WAIT, s.next()).await.expect("event");
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+    s
+}
+
+/// The status a stream ends with, skipping its events (bounded).
+async fn end_of<T: std::fmt::Debug>(what: &str, s: &mut tonic::Streaming<T>) -> tonic::Status {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.next()).await {
+            Err(_) => panic!("{what} still open {WAIT:?} after its token ended"),
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(status))) => return status,
+            Ok(None) => panic!("{what} ended without a status"),
+        }
+    }
+}
+
+/// The code and message of a refused call, with the cluster's name taken
+/// out.
+fn status_of<T>(r: Result<T, tonic::Status>) -> (Code, String) {
+    let s = r.map(|_| ()).unwrap_err();
+    let message = s
+        .message()
+        .replace("edge-0", "<c>")
+        .replace("no-such", "<c>");
+    (s.code(), message)
+}
+
+/// kubectl 1.33 against the hub's proxy for `cluster`, as `token`.
+fn kubectl(
+    kubectl: &std::path::Path,
+    dir: &std::path::Path,
+    fleet: &Fleet,
+    token: &str,
+) -> Command {
+    let ca = dir.join("hub-ca.pem");
+    std::fs::write(&ca, &fleet.ca_pem).unwrap();
+    let config = dir.join(format!("{}.kubeconfig", &token[..12]));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters: [{{name: c, cluster: {{server: \"https://localhost:{}/clusters/edge-0\", certificate-authority: {}}}}}]\n\
+             users: [{{name: u, user: {{token: {token}}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n",
+            fleet.api,
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(kubectl);
+    cmd.arg("--kubeconfig").arg(&config);
+    cmd
+}
+
+/// Waits (bounded) for a child to exit; its code.
+fn exit_of(what: &str, child: &mut Child) -> i32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} still running {WAIT:?} after its token was revoked");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_and_revocation_through_the_real_binaries() {
+    let sim = kube_sim::KubeSim::start(
+        sim_config()
+            .pod("default", "web", &["app"])
+            .allow("group:otter:acme:members", &["*"], &["*"], &["*"])
+            .allow("group:otter:globex:members", &["*"], &["*"], &["*"]),
+    )
+    .await
+    .expect("kube-sim");
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("audit.log").display().to_string();
+    let fleet = Fleet::start_with(
+        &sim,
+        &["quic", "h2"],
+        &["acme", "globex"],
+        &["--audit-log", &log],
+    )
+    .await;
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let (addr, ca, root) = (fleet.api_addr(), fleet.ca_pem.as_str(), &fleet.admin_token);
+    let mint = |by: String, body: Value| async move { mint_via_admin(addr, ca, &by, body).await };
+    let (ann, _) = mint(
+        root.clone(),
+        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
+    )
+    .await;
+    let (gil, _) = mint(
+        root.clone(),
+        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
+    )
+    .await;
+    let (mel, mel_id) = mint(ann.clone(), json!({"name": "mel"})).await;
+    let (rex, _) = mint(ann.clone(), json!({"name": "rex"})).await;
+
+    // Cross-tenant, against the hub process: gil's calls for acme's
+    // cluster get what a call for an absent cluster gets.
+    let mut res = ResourceServiceClient::new(channel.clone());
+    let mut rt = RuntimeServiceClient::new(channel.clone());
+    let get_as = |token: &str, cluster: &str| {
+        let mut req = get(cluster, "web");
+        req.namespace = Some("default".into());
+        with_token(req, token)
+    };
+    let foreign = status_of(res.get(get_as(&gil, "edge-0")).await);
+    let absent = status_of(res.get(get_as(&gil, "no-such")).await);
+    assert_eq!(foreign.0, Code::NotFound, "{foreign:?}");
+    assert_eq!(foreign, absent, "Get");
+    let foreign = status_of(res.watch(with_token(watch_req("edge-0"), &gil)).await);
+    let absent = status_of(res.watch(with_token(watch_req("no-such"), &gil)).await);
+    assert_eq!(foreign, absent, "Watch");
+    let exec = |cluster: &str| pb::ExecuteTtyRequest {
+        cluster: Some(cluster.into()),
+        namespace: Some("default".into()),
+        name: Some("web".into()),
+        command: vec!["cat".into()],
+        tty: Some(false),
+        ..Default::default()
+    };
+    let foreign = status_of(rt.execute_tty(with_token(exec("edge-0"), &gil)).await);
+    let absent = status_of(rt.execute_tty(with_token(exec("no-such"), &gil)).await);
+    assert_eq!(foreign, absent, "ExecuteTTY");
+    let kube = |token: String, cluster: &'static str| async move {
+        let (status, body) = admin_call(
+            addr,
+            ca,
+            &token,
+            http::Method::GET,
+            &format!("/clusters/{cluster}/api/v1/namespaces/default/pods"),
+            None,
+        )
+        .await;
+        (status, body.replace(cluster, "<c>"))
+    };
+    let foreign = kube(gil.clone(), "edge-0").await;
+    assert_eq!(foreign.0, 404, "{foreign:?}");
+    assert_eq!(foreign, kube(gil.clone(), "no-such").await, "kubectl proxy");
+    assert_eq!(kube(mel.clone(), "edge-0").await.0, 200);
+    assert_eq!(
+        kube(gil.clone(), "edge-1").await.0,
+        200,
+        "gil's own cluster"
+    );
+
+    // mel opens a Watch and an exec; rex a Watch of its own.
+    let mut mel_watch = open_watch(&channel, &mel, "edge-0").await;
+    let mut rex_watch = open_watch(&channel, &rex, "edge-0").await;
+    let mut mel_exec = rt
+        .execute_tty(with_token(exec("edge-0"), &mel))
+        .await
+        .expect("exec")
+        .into_inner();
+    let session = mel_exec.next().await.unwrap().unwrap().session_id.unwrap();
+    rt.write_tty(with_token(
+        pb::WriteTtyRequest {
+            session_id: Some(session.clone()),
+            stdin: Some(b"hi\n".to_vec()),
+        },
+        &mel,
+    ))
+    .await
+    .expect("write");
+    // gil cannot type into mel's session even knowing its id.
+    let write_as = |token: &str, id: &str| {
+        with_token(
+            pb::WriteTtyRequest {
+                session_id: Some(id.to_owned()),
+                stdin: Some(b"x".to_vec()),
+            },
+            token,
+        )
+    };
+    let foreign = status_of(rt.write_tty(write_as(&gil, &session)).await);
+    let absent_id = session.replace("edge-0", "no-such");
+    let absent = status_of(rt.write_tty(write_as(&gil, &absent_id)).await);
+    assert_eq!(foreign.0, Code::NotFound, "{foreign:?}");
+    assert_eq!(foreign.0, absent.0, "WriteTTY");
+
+    // The same through kubectl 1.33: a watch and an exec holding stdin.
+    let tools = tempfile::tempdir().unwrap();
+    let kubectl_children = match otter_e2e::kubectl_133() {
+        None => {
+            otter_e2e::tool_missing("kubectl 1.33");
+            None
+        }
+        Some(bin) => {
+            let watch = kubectl(&bin, tools.path(), &fleet, &mel)
+                .args(["get", "pods", "--watch", "--request-timeout=0"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let exec = kubectl(&bin, tools.path(), &fleet, &mel)
+                .args(["exec", "-i", "web", "-c", "app", "--", "cat"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            Some((watch, exec))
+        }
+    };
+    let read_audit = |token: String, query: &'static str| async move {
+        let (status, text) = admin_call(
+            addr,
+            ca,
+            &token,
+            http::Method::GET,
+            &format!("/admin/v1/audit{query}"),
+            None,
+        )
+        .await;
+        let v: Value = serde_json::from_str(&text).unwrap_or(json!({ "raw": text }));
+        (status, v["events"].as_array().cloned().unwrap_or_default())
+    };
+    if kubectl_children.is_some() {
+        wait_until(
+            async || {
+                let (_, lines) = read_audit(ann.clone(), "").await;
+                let kube = |pred: &dyn Fn(&Value) -> bool| {
+                    lines.iter().any(|e| e["user"] == "otter:mel" && pred(e))
+                };
+                let exec = |e: &Value| e["action"].as_str().is_some_and(|a| a.ends_with("/exec"));
+                kube(&|e| e["kind"] == "session" && e["phase"] == "open" && exec(e))
+                    && kube(&|e| {
+                        e["kind"] == "kube"
+                            && e["action"] == "GET /api/v1/namespaces/default/pods"
+                            && e["code"] == "200"
+                    })
+            },
+            "kubectl's exec and watch through the hub",
+        )
+        .await;
+        // The watch's answer head is logged before its body flows: give
+        // kubectl a moment to be inside it.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // ann revokes mel's token: every stream mel opened ends, at once.
+    let revoked = Instant::now();
+    let (status, text) = admin_call(
+        addr,
+        ca,
+        &ann,
+        http::Method::DELETE,
+        &format!("/admin/v1/tokens/{mel_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let ended = end_of("mel's Watch", &mut mel_watch).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("revoked"), "{ended:?}");
+    let ended = end_of("mel's exec", &mut mel_exec).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    eprintln!(
+        "gRPC streams ended {:?} after the revocation",
+        revoked.elapsed()
+    );
+    if let Some((mut watch, mut exec)) = kubectl_children {
+        let (w, e) = tokio::task::block_in_place(|| {
+            (
+                exit_of("kubectl get --watch", &mut watch),
+                exit_of("kubectl exec", &mut exec),
+            )
+        });
+        eprintln!(
+            "kubectl's watch (exit {w}) and exec (exit {e}) ended {:?} after the revocation",
+            revoked.elapsed()
+        );
+        assert_ne!(e, 0, "kubectl exec ends with an error");
+    }
+    // rex's Watch goes on, and rex's calls work.
+    match tokio::time::timeout(Duration::from_millis(500), rex_watch.next()).await {
+        Err(_) | Ok(Some(Ok(_))) => {}
+        other => panic!("rex's Watch ended with mel's token: {other:?}"),
+    }
+    res.get(get_as(&rex, "edge-0"))
+        .await
+        .expect("rex still reaches edge-0");
+    // The agent's exec session ended with its stream.
+    wait_until(
+        async || {
+            otter_e2e::fleet::metric(
+                &fleet.agent_metrics(0).await,
+                "otter_agent_sessions{kind=\"exec\"}",
+            ) == 0.0
+        },
+        "the agent's exec session to end",
+    )
+    .await;
+
+    // An expiring token's Watch ends when the token does.
+    let (brief, _) = mint(ann.clone(), json!({"name": "temp", "ttl_secs": 2})).await;
+    let mut brief_watch = open_watch(&channel, &brief, "edge-0").await;
+    let ended = end_of("the expiring token's Watch", &mut brief_watch).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("expired"), "{ended:?}");
+
+    // The audit log says who opened what and why it ended.
+    let closed = |lines: &[Value], user: &str, kind: &str, reason: &str| {
+        lines.iter().any(|e| {
+            e["user"] == user && e["kind"] == kind && e["reason"] == reason && e["tenant"] == "acme"
+        })
+    };
+    wait_until(
+        async || {
+            let (_, lines) = read_audit(ann.clone(), "").await;
+            closed(&lines, "otter:temp", "call", "expired")
+        },
+        "the expired Watch's audit line",
+    )
+    .await;
+    let (_, lines) = read_audit(ann.clone(), "").await;
+    let exec_method = "/otterscale.runtime.v1.RuntimeService/ExecuteTTY";
+    let session_lines: Vec<&Value> = lines
+        .iter()
+        .filter(|e| {
+            e["kind"] == "session" && e["action"] == exec_method && e["user"] == "otter:mel"
+        })
+        .collect();
+    assert_eq!(session_lines.len(), 2, "open and close: {session_lines:?}");
+    assert_eq!(session_lines[0]["phase"], "open");
+    assert_eq!(session_lines[1]["phase"], "close");
+    assert_eq!(session_lines[1]["code"], "Unauthenticated");
+    assert_eq!(session_lines[1]["reason"], "revoked");
+    assert!(
+        closed(&lines, "otter:mel", "call", "revoked"),
+        "the Watch: {lines:?}"
+    );
+    if otter_e2e::kubectl_133().is_some() {
+        assert!(
+            lines.iter().any(|e| e["user"] == "otter:mel"
+                && e["kind"] == "session"
+                && e["phase"] == "close"
+                && e["reason"] == "revoked"
+                && e["action"]
+                    .as_str()
+                    .is_some_and(|a| a.ends_with("/pods/web/exec"))),
+            "kubectl exec's session: {lines:?}"
+        );
+    }
+    // globex's admin reads none of it.
+    let (status, theirs) = read_audit(gil.clone(), "").await;
+    assert_eq!(status, 200);
+    assert!(theirs.iter().all(|e| e["tenant"] == "globex"), "{theirs:?}");
+}
