@@ -13,7 +13,7 @@ CARGO ?= cargo
 # npm packages of ts/ (installed by `scripts/setup.sh npm`): buf, protoc-gen-es, tsc
 BUF := ts/node_modules/.bin/buf
 
-.PHONY: all setup checkout proto manifests generate lint build test demo bench fuzz clean
+.PHONY: all setup toolchain checkout proto manifests generate lint build test demo bench fuzz clean
 
 all: proto manifests lint test
 
@@ -43,7 +43,7 @@ generate: proto
 
 ## lint: formatting and clippy, warnings are errors; buf lint over proto/ (rules
 ## in buf.yaml) and buf breaking against the previous commit's protos
-lint:
+lint: toolchain
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy -q --workspace --all-targets -- -D warnings
 	scripts/setup.sh npm
@@ -51,8 +51,12 @@ lint:
 	scripts/buf-breaking.sh
 
 ## build: debug build of every crate and binary
-build:
+build: toolchain
 	$(CARGO) build --workspace --all-targets
+
+## toolchain: what building needs besides Rust (protoc, for etcd's API)
+toolchain:
+	scripts/setup.sh build
 
 # Our crates. Tests find their files through the folder of the checkout they
 # were compiled in, and cargo reuses a build directory's artifacts across

@@ -30,6 +30,7 @@ fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "== building release binaries"
+scripts/setup.sh build >/dev/null
 cargo build -q --release -p otter-bench -p otter-agent
 bench="$CARGO_TARGET_DIR/release/otter-bench"
 agent_bin="$CARGO_TARGET_DIR/release/otter-agent"

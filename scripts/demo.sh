@@ -13,6 +13,7 @@ root=$(pwd)
 : "${CARGO_TARGET_DIR:=$HOME/.cache/otterscale-link/target}"
 export CARGO_TARGET_DIR
 
+scripts/setup.sh build >/dev/null
 scripts/setup.sh python >/dev/null
 # OTTER_DEMO_PROFILE=debug skips the (slower) release build when iterating.
 profile=${OTTER_DEMO_PROFILE:-release}

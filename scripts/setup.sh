@@ -4,6 +4,7 @@
 # with sudo for the apt step.
 #
 #   scripts/setup.sh            everything
+#   scripts/setup.sh build      only what building needs (protoc)
 #   scripts/setup.sh python     only the Python venv
 #   scripts/setup.sh npm        only the npm packages of ts/
 #
@@ -20,7 +21,9 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 want=${1:-all}
 
-APT_PACKAGES=(tinyproxy stunnel4 iproute2 python3-venv curl docker-registry)
+# protobuf-compiler: etcd-client's build compiles etcd's API with protoc.
+BUILD_PACKAGES=(protobuf-compiler)
+APT_PACKAGES=("${BUILD_PACKAGES[@]}" tinyproxy stunnel4 iproute2 python3-venv curl docker-registry etcd-server)
 
 log() { printf 'setup: %s\n' "$*"; }
 
@@ -30,7 +33,7 @@ as_root() {
 
 apt_missing() {
     local missing=()
-    for p in "${APT_PACKAGES[@]}"; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     echo "${missing[@]:-}"
@@ -38,14 +41,14 @@ apt_missing() {
 
 setup_apt() {
     local missing
-    missing=$(apt_missing)
+    missing=$(apt_missing "${@:-${APT_PACKAGES[@]}}")
     if [ -n "$missing" ]; then
         log "installing apt packages: $missing"
         as_root apt-get update -qq
         # shellcheck disable=SC2086
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
         # tinyproxy's package starts a system service; tests start their own.
-        as_root systemctl disable --now tinyproxy >/dev/null 2>&1 || true
+        as_root systemctl disable --now tinyproxy etcd >/dev/null 2>&1 || true
     fi
 }
 
@@ -95,8 +98,9 @@ setup_npm() {
 case "$want" in
     all) setup_apt; setup_kubectl_120; setup_python; setup_npm ;;
     apt) setup_apt ;;
+    build) setup_apt "${BUILD_PACKAGES[@]}" ;;
     kubectl) setup_kubectl_120 ;;
     python) setup_python ;;
     npm) setup_npm ;;
-    *) echo "usage: $0 [all|apt|kubectl|python|npm]" >&2; exit 2 ;;
+    *) echo "usage: $0 [all|apt|build|kubectl|python|npm]" >&2; exit 2 ;;
 esac

@@ -142,15 +142,16 @@ impl Authority {
     /// the certificates they have), and issues the server certificate for
     /// `server_names`. The bundle is written to `<data dir>/ca.crt`.
     pub fn load(store: &dyn Store, server_names: Vec<String>, data_dir: PathBuf) -> Result<Self> {
-        let active = match store.get::<CaRecord>(tree::META, "ca")? {
-            Some(rec) => rec.load()?,
-            None => {
-                let ca = CertificateAuthority::generate("OtterScale Link hub CA")?;
-                store.put(tree::META, "ca", &CaRecord::of(&ca))?;
-                tracing::info!(fingerprint = %ca.fingerprint(), "created hub CA");
-                ca
-            }
-        };
+        // Replicas starting together on a shared store agree on one CA.
+        let (record, created) = store.get_or_create(tree::META, "ca", || {
+            Ok(CaRecord::of(&CertificateAuthority::generate(
+                "OtterScale Link hub CA",
+            )?))
+        })?;
+        let active = record.load()?;
+        if created {
+            tracing::info!(fingerprint = %active.fingerprint(), "created hub CA");
+        }
         let set = match store.get::<RotationRecord>(tree::META, ROTATION)? {
             Some(r) => CaSet {
                 active,

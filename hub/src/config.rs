@@ -15,6 +15,8 @@ pub struct HubConfig {
     pub data_dir: PathBuf,
     /// Key (32 bytes in a file) that seals the store's secrets at rest.
     pub store_key_file: Option<PathBuf>,
+    /// The store several replicas share; none: sled in `data_dir`.
+    pub store: Option<crate::etcd::EtcdOptions>,
     /// API listener (gRPC, Connect, gRPC-Web, manifest URLs), TLS.
     pub api_listen: SocketAddr,
     /// Tunnel listener: TCP (TLS + HTTP/2) and UDP (QUIC) on the same port.
@@ -122,6 +124,7 @@ impl HubConfig {
         Self {
             data_dir: data_dir.into(),
             store_key_file: None,
+            store: None,
             api_listen: "127.0.0.1:8443".parse().expect("static address"),
             tunnel_listen: "127.0.0.1:8444".parse().expect("static address"),
             external_url: None,
@@ -159,6 +162,14 @@ impl HubConfig {
 
     /// Checks the settings before anything is bound.
     pub fn validate(&self) -> Result<()> {
+        // In a shared store the CA keys are read by whoever reads etcd:
+        // sealed, always.
+        if self.store.is_some() && self.store_key_file.is_none() {
+            return Err(HubError::Config(
+                "a store on etcd needs --store-key-file: the CA keys and signing secrets are sealed in it"
+                    .into(),
+            ));
+        }
         if self.agent_cert_lifetime < Duration::from_secs(60) {
             return Err(HubError::Config(
                 "agent certificate lifetime must be at least 1 minute".into(),

@@ -33,6 +33,7 @@ pub mod config;
 pub mod cors;
 pub mod credentials;
 pub mod deadline;
+pub mod etcd;
 pub mod forward;
 pub mod kube_proxy;
 pub mod limits;

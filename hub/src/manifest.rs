@@ -15,11 +15,7 @@ use ring::hmac;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{
-    Result,
-    store::{Store, StoreExt, tree},
-    unix_now,
-};
+use crate::{Result, store::Store, unix_now};
 
 /// Namespace the agent runs in by default.
 pub const DEFAULT_NAMESPACE: &str = "otterscale-system";
@@ -152,15 +148,7 @@ pub enum UrlError {
 
 /// The HMAC key of manifest URLs, created once and kept in the store.
 pub fn url_key(store: &dyn Store) -> Result<hmac::Key> {
-    let secret: Vec<u8> = match store.get::<String>(tree::META, "manifest-url-key")? {
-        Some(hex_key) => hex::decode(hex_key)
-            .map_err(|e| crate::HubError::Store(format!("manifest-url-key: {e}")))?,
-        None => {
-            let k: [u8; 32] = rand::random();
-            store.put(tree::META, "manifest-url-key", &hex::encode(k))?;
-            k.to_vec()
-        }
-    };
+    let secret = crate::store::secret(store, "manifest-url-key")?;
     Ok(hmac::Key::new(hmac::HMAC_SHA256, &secret))
 }
 

@@ -133,15 +133,36 @@ impl Hub {
         config.validate()?;
         tls::install_default_provider();
         let open_files = crate::limits::raise_open_file_limit();
-        let sled = open_store(&config.data_dir).await?;
-        let store: Arc<dyn Store> = match &config.store_key_file {
-            Some(path) => Arc::new(crate::sealed::SealedStore::new(
-                sled,
-                &crate::sealed::read_key(path)?,
+        let store: Arc<dyn Store> = match (&config.store, &config.store_key_file) {
+            (Some(etcd), Some(key)) => {
+                let etcd = etcd.clone();
+                let opened =
+                    tokio::task::spawn_blocking(move || crate::etcd::EtcdStore::connect(&etcd))
+                        .await
+                        .map_err(|e| HubError::Store(e.to_string()))??;
+                // Replicas sharing the store keep their own files (the CA
+                // bundle, the first admin token) in the data dir.
+                crate::store::create_private_dir(&config.data_dir).map_err(|e| {
+                    HubError::Store(format!("data dir {}: {e}", config.data_dir.display()))
+                })?;
+                Arc::new(crate::sealed::SealedStore::new(
+                    opened,
+                    &crate::sealed::read_key(key)?,
+                )?)
+            }
+            (None, Some(key)) => Arc::new(crate::sealed::SealedStore::new(
+                open_store(&config.data_dir).await?,
+                &crate::sealed::read_key(key)?,
             )?),
-            None => {
+            (None, None) => {
+                let sled = open_store(&config.data_dir).await?;
                 crate::sealed::check_unsealed(&sled)?;
                 Arc::new(sled)
+            }
+            (Some(_), None) => {
+                return Err(HubError::Config(
+                    "a store on etcd needs --store-key-file".into(),
+                ));
             }
         };
         // Stores of hubs from before tenancy join the model first: the
@@ -425,17 +446,7 @@ impl Hub {
 
 /// The QUIC stateless-reset secret, made once and kept in the store.
 fn quic_reset_secret(store: &dyn Store) -> Result<Vec<u8>> {
-    use crate::store::StoreExt;
-    if let Some(hex_key) = store.get::<String>(crate::store::tree::META, "quic-reset-key")? {
-        return hex::decode(hex_key).map_err(|e| HubError::Store(format!("quic-reset-key: {e}")));
-    }
-    let key: [u8; 32] = rand::random();
-    store.put(
-        crate::store::tree::META,
-        "quic-reset-key",
-        &hex::encode(key),
-    )?;
-    Ok(key.to_vec())
+    crate::store::secret(store, "quic-reset-key")
 }
 
 /// Opens the store, waiting (bounded) while a previous hub of this process

@@ -84,6 +84,29 @@ pub trait StoreExt: Store {
         Ok(swapped)
     }
 
+    /// The record at `key`, made by `make` and written if there is none.
+    /// Replicas starting together on one shared store agree on one: the
+    /// first write wins and the others read it.
+    fn get_or_create<T: Serialize + DeserializeOwned>(
+        &self,
+        tree: &str,
+        key: &str,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, bool)> {
+        if let Some(found) = self.get(tree, key)? {
+            return Ok((found, false));
+        }
+        let made = make()?;
+        let bytes = serde_json::to_vec(&made).map_err(|e| HubError::Store(e.to_string()))?;
+        if self.compare_and_swap_raw(tree, key, None, Some(&bytes))? {
+            self.flush()?;
+            return Ok((made, true));
+        }
+        self.get(tree, key)?
+            .map(|found| (found, false))
+            .ok_or_else(|| HubError::Store(format!("{tree}/{key}: written and gone")))
+    }
+
     fn scan<T: DeserializeOwned>(&self, tree: &str) -> Result<Vec<T>> {
         self.scan_raw(tree)?
             .into_iter()
@@ -95,6 +118,15 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
+
+/// A random 32-byte secret kept (hex) under `meta/<name>`, made on first
+/// use; replicas starting together agree on one.
+pub fn secret(store: &dyn Store, name: &str) -> Result<Vec<u8>> {
+    let (hex_key, _) = store.get_or_create(tree::META, name, || {
+        Ok(hex::encode(rand::random::<[u8; 32]>()))
+    })?;
+    hex::decode(hex_key).map_err(|e| HubError::Store(format!("{name}: {e}")))
+}
 
 /// The embedded default: sled in the hub's data directory.
 #[derive(Debug)]
@@ -150,7 +182,7 @@ const FILE_MODE: u32 = 0o600;
 
 /// Creates `dir` with mode 0700 (missing parents as usual), or makes an
 /// existing one 0700.
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;

@@ -368,6 +368,20 @@ pub fn ensure_admin_token(store: &dyn Store, data_dir: &Path) -> Result<Option<S
     if !store.scan_raw(tree::API_TOKENS)?.is_empty() {
         return Ok(None);
     }
+    // Replicas starting together on an empty shared store: the one whose
+    // swap of this marker wins mints it. (A store whose every token was
+    // revoked gets a new one at the next start, as before.)
+    let marker = store.get_raw(tree::META, "first-admin-token")?;
+    let mine = hex::encode(rand::random::<[u8; 16]>());
+    let mine = serde_json::to_vec(&mine).map_err(|e| crate::HubError::Store(e.to_string()))?;
+    if !store.compare_and_swap_raw(
+        tree::META,
+        "first-admin-token",
+        marker.as_deref(),
+        Some(&mine),
+    )? {
+        return Ok(None);
+    }
     let spec = TokenSpec {
         user: "admin".to_owned(),
         tenants: [(crate::tenancy::DEFAULT_TENANT.to_owned(), Role::Admin)].into(),

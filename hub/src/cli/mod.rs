@@ -516,6 +516,24 @@ pub struct HubArgs {
     /// signing secrets in the store (`head -c 32 /dev/urandom > store.key`).
     #[arg(long, env = "OTTER_STORE_KEY_FILE")]
     pub store_key_file: Option<PathBuf>,
+    /// A store shared by several hub replicas, `etcd://HOST:PORT[,HOST:PORT…]`
+    /// (needs --store-key-file); without it, sled in --data-dir.
+    #[arg(long, env = "OTTER_STORE")]
+    pub store: Option<String>,
+    /// Every key the hub keeps in etcd starts with it.
+    #[arg(long, env = "OTTER_STORE_PREFIX", default_value = crate::etcd::DEFAULT_PREFIX)]
+    pub store_prefix: String,
+    /// CA of etcd's serving certificate: TLS to etcd.
+    #[arg(long, env = "OTTER_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate for etcd (with --etcd-key-file).
+    #[arg(long, env = "OTTER_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    #[arg(long, env = "OTTER_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd user; its password comes from OTTER_ETCD_PASSWORD (never argv).
+    #[arg(long, env = "OTTER_ETCD_USER")]
+    pub etcd_user: Option<String>,
     /// TLS and QUIC handshakes on the tunnel port before a client certificate is verified.
     #[arg(long, default_value_t = 1024)]
     pub max_pending_handshakes: usize,
@@ -632,6 +650,20 @@ impl HubArgs {
     pub fn into_config(self) -> Result<HubConfig, String> {
         let mut c = HubConfig::new(self.data_dir);
         c.store_key_file = self.store_key_file;
+        if let Some(url) = &self.store {
+            let mut etcd = crate::etcd::EtcdOptions::from_url(url)?;
+            etcd.prefix = self.store_prefix;
+            etcd.ca_file = self.etcd_ca_file;
+            etcd.cert_file = self.etcd_cert_file;
+            etcd.key_file = self.etcd_key_file;
+            if let Some(user) = self.etcd_user {
+                etcd.password = Some(std::env::var("OTTER_ETCD_PASSWORD").map_err(|_| {
+                    "--etcd-user needs the password in OTTER_ETCD_PASSWORD".to_owned()
+                })?);
+                etcd.user = Some(user);
+            }
+            c.store = Some(etcd);
+        }
         c.api_listen = self.listen;
         c.tunnel_listen = self.tunnel_listen;
         c.external_url = self.external_url;

@@ -13,6 +13,7 @@
 //!   network namespaces); [`netns`] — two namespaces and a link to cut.
 
 pub mod double;
+pub mod etcd;
 pub mod fleet;
 pub mod kube;
 pub mod netns;

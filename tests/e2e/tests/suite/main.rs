@@ -27,6 +27,7 @@ mod oidc;
 mod paced_reconnects;
 mod rancher;
 mod real_clients;
+mod replicas;
 mod schemathesis;
 mod show_chart;
 mod slow_consumer;

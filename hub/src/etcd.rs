@@ -1,0 +1,571 @@
+//! The store several hub replicas share: etcd, through `etcd-client`.
+//!
+//! Each replica keeps a copy of the hub's keys in memory: one range read
+//! fills it, and a watch from that read's revision keeps it current. Reads
+//! are served from the copy, so the call path (token checks, tenancy)
+//! makes no round trip to etcd. Writes go to etcd and land in the copy at
+//! their revision, so a replica reads its own writes at once and the
+//! others' as soon as its watch delivers them (milliseconds).
+//! Compare-and-swap is an etcd transaction on the key's current value:
+//! what must not race (a join token spent once, a cluster name claimed
+//! once, a first-start secret made once) is decided by etcd, never by a
+//! copy.
+//!
+//! The [`Store`] trait is synchronous, as sled is; etcd's client is not.
+//! The client runs on a thread of its own, and a store call waits for its
+//! answer there, bounded, like a sled write waits for its disk.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use tokio::sync::oneshot;
+
+use crate::{
+    HubError, Result,
+    store::{Store, tree},
+};
+
+/// Trees whose keys, when the copy lacks them, are asked of etcd: tokens
+/// and tenants are used right after they are made, possibly on another
+/// replica (a script, an agent joining through a load balancer). Nowhere
+/// else: a round trip only for absent keys would let the time of an answer
+/// tell an absent cluster from another tenant's.
+const READ_THROUGH: [&str; 3] = [tree::API_TOKENS, tree::JOIN_TOKENS, tree::TENANTS];
+
+/// Keys of the hub under etcd, unless `--store-prefix` says otherwise.
+pub const DEFAULT_PREFIX: &str = "/otterscale-link/";
+
+/// How to reach the etcd cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// `http(s)://host:port` of each member.
+    pub endpoints: Vec<String>,
+    /// Every key the hub writes starts with it.
+    pub prefix: String,
+    /// The CA that signed etcd's serving certificate: TLS on.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and its key, for etcd's `--client-cert-auth`.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// etcd's own authentication (`etcdctl user add`).
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// How long one store operation may take.
+    pub timeout: Duration,
+}
+
+impl EtcdOptions {
+    /// Options from `etcd://HOST:PORT[,HOST:PORT…]`.
+    pub fn from_url(url: &str) -> std::result::Result<Self, String> {
+        let hosts = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| format!("{url:?}: a store is etcd://HOST:PORT[,HOST:PORT…]"))?;
+        let hosts: Vec<&str> = hosts.trim_end_matches('/').split(',').collect();
+        for h in &hosts {
+            let ok = h
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(format!("{url:?}: {h:?} is not HOST:PORT"));
+            }
+        }
+        Ok(EtcdOptions {
+            endpoints: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            user: None,
+            password: None,
+            timeout: Duration::from_secs(5),
+        })
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.ca_file.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    fn connect_options(&self) -> Result<ConnectOptions> {
+        let mut o = ConnectOptions::new()
+            .with_connect_timeout(self.timeout)
+            .with_timeout(self.timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        if let (Some(user), Some(password)) = (&self.user, &self.password) {
+            o = o.with_user(user.clone(), password.clone());
+        }
+        if let Some(ca) = &self.ca_file {
+            let read = |p: &PathBuf| {
+                std::fs::read(p).map_err(|e| HubError::Config(format!("{}: {e}", p.display())))
+            };
+            let mut tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(read(ca)?));
+            match (&self.cert_file, &self.key_file) {
+                (Some(cert), Some(key)) => {
+                    tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(HubError::Config(
+                        "an etcd client certificate needs both --etcd-cert-file and --etcd-key-file"
+                            .into(),
+                    ));
+                }
+            }
+            o = o.with_tls(tls);
+        }
+        Ok(o)
+    }
+}
+
+/// One key of the copy: its value (none: deleted) at its revision.
+#[derive(Debug, Clone)]
+struct Entry {
+    value: Option<Vec<u8>>,
+    revision: i64,
+}
+
+/// The replica's copy of the hub's keys.
+#[derive(Debug, Default)]
+struct Copy {
+    /// By `<tree>/<key>`.
+    entries: BTreeMap<String, Entry>,
+    /// Every change up to this revision is in.
+    seen: i64,
+    /// Whether the watch is following etcd now.
+    following: bool,
+}
+
+impl Copy {
+    /// Takes a key's value at `revision`, unless the copy already holds a
+    /// later one (a replica's own write can land before the watch brings
+    /// the events before it).
+    fn apply(&mut self, key: String, value: Option<Vec<u8>>, revision: i64) {
+        match self.entries.get(&key) {
+            Some(e) if e.revision >= revision => {}
+            _ => {
+                self.entries.insert(key, Entry { value, revision });
+            }
+        }
+    }
+
+    /// The watch has brought everything up to `revision`: deletions the
+    /// watch has passed need no marker any more.
+    fn advance(&mut self, revision: i64) {
+        if revision > self.seen {
+            self.seen = revision;
+            let seen = self.seen;
+            self.entries
+                .retain(|_, e| e.value.is_some() || e.revision > seen);
+        }
+    }
+}
+
+/// The hub's store on etcd.
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    copy: Arc<Mutex<Copy>>,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
+    /// Dropped with the store: ends the client's thread.
+    _stop: oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+fn etcd_err(e: etcd_client::Error) -> HubError {
+    HubError::Store(format!("etcd: {e}"))
+}
+
+impl EtcdStore {
+    /// Connects, reads every key under the prefix and starts following
+    /// changes. Blocks (bounded by the options' timeout per step).
+    pub fn connect(options: &EtcdOptions) -> Result<Self> {
+        if !options.prefix.starts_with('/') || !options.prefix.ends_with('/') {
+            return Err(HubError::Config(format!(
+                "store prefix {:?} must start and end with /",
+                options.prefix
+            )));
+        }
+        let (handle_tx, handle_rx) = std::sync::mpsc::sync_channel(1);
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("otter-etcd".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = handle_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = handle_tx.send(Ok(runtime.handle().clone()));
+                // Until the store is dropped; the watch and every call in
+                // flight end with the runtime.
+                let _ = runtime.block_on(stopped);
+            })?;
+        let runtime = handle_rx
+            .recv()
+            .map_err(|_| HubError::Store("etcd client thread did not start".into()))?
+            .map_err(HubError::Store)?;
+        let endpoints: Vec<String> = options
+            .endpoints
+            .iter()
+            .map(|h| format!("{}://{h}", options.scheme()))
+            .collect();
+        let connect_options = options.connect_options()?;
+        let timeout = options.timeout;
+        let client = wait_on(&runtime, timeout, async move {
+            Client::connect(endpoints, Some(connect_options)).await
+        })?;
+        let store = EtcdStore {
+            client,
+            prefix: options.prefix.clone(),
+            copy: Arc::default(),
+            runtime,
+            timeout,
+            _stop: stop,
+        };
+        let revision = store.reload()?;
+        tracing::info!(
+            endpoints = ?options.endpoints,
+            prefix = %store.prefix,
+            keys = store.copy.lock().expect("copy").entries.len(),
+            revision,
+            "store on etcd"
+        );
+        store.runtime.spawn(follow(
+            store.client.clone(),
+            store.prefix.clone(),
+            store.copy.clone(),
+            revision,
+        ));
+        Ok(store)
+    }
+
+    /// Reads every key under the prefix into the copy; the revision read at.
+    fn reload(&self) -> Result<i64> {
+        let (client, prefix) = (self.client.clone(), self.prefix.clone());
+        let all = self.wait(async move { read_all(client, prefix).await })?;
+        Ok(replace_copy(&self.copy, &self.prefix, all))
+    }
+
+    fn wait<T: Send + 'static>(
+        &self,
+        call: impl Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+    ) -> Result<T> {
+        wait_on(&self.runtime, self.timeout, call)
+    }
+
+    fn key(&self, tree: &str, key: &str) -> String {
+        format!("{}{tree}/{key}", self.prefix)
+    }
+}
+
+/// Runs `call` on the client's thread and waits for it, at most `timeout`.
+fn wait_on<T: Send + 'static>(
+    runtime: &tokio::runtime::Handle,
+    timeout: Duration,
+    call: impl Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(tokio::time::timeout(timeout, call).await);
+    });
+    match rx.recv() {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(etcd_err(e)),
+        Ok(Err(_)) => Err(HubError::Store(format!(
+            "etcd: no answer within {timeout:?}"
+        ))),
+        Err(_) => Err(HubError::Store("etcd: the client has stopped".into())),
+    }
+}
+
+/// Every key and value under `prefix` with its revision, and the revision
+/// the read was made at.
+type Snapshot = (Vec<(String, Vec<u8>, i64)>, i64);
+
+async fn read_all(
+    mut client: Client,
+    prefix: String,
+) -> std::result::Result<Snapshot, etcd_client::Error> {
+    let resp = client
+        .get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()))
+        .await?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let kvs = resp
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+                kv.mod_revision(),
+            )
+        })
+        .collect();
+    Ok((kvs, revision))
+}
+
+/// Makes the copy what a full read found: keys it lacks were deleted.
+fn replace_copy(copy: &Mutex<Copy>, prefix: &str, (kvs, revision): Snapshot) -> i64 {
+    let mut copy = copy.lock().expect("copy");
+    let mut fresh = BTreeMap::new();
+    for (key, value, rev) in kvs {
+        if let Some(k) = key.strip_prefix(prefix) {
+            fresh.insert(
+                k.to_owned(),
+                Entry {
+                    value: Some(value),
+                    revision: rev,
+                },
+            );
+        }
+    }
+    // A write of this replica newer than the read stays.
+    for (k, e) in std::mem::take(&mut copy.entries) {
+        if e.revision > revision {
+            fresh.insert(k, e);
+        }
+    }
+    copy.entries = fresh;
+    copy.seen = revision;
+    copy.following = true;
+    revision
+}
+
+/// Follows every change under `prefix` from `revision` on, for as long as
+/// the client's thread runs. A broken watch is made again from where it
+/// stopped; one whose history etcd compacted away reads everything anew.
+async fn follow(client: Client, prefix: String, copy: Arc<Mutex<Copy>>, mut revision: i64) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let mut c = client.clone();
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let mut stream = match c.watch(prefix.as_bytes(), Some(options)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd watch failed; retrying");
+                copy.lock().expect("copy").following = false;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) if resp.compact_revision() > 0 => {
+                    tracing::warn!(
+                        compacted = resp.compact_revision(),
+                        "etcd compacted past the watch; reading every key again"
+                    );
+                    match read_all(client.clone(), prefix.clone()).await {
+                        Ok(all) => revision = replace_copy(&copy, &prefix, all),
+                        Err(e) => tracing::warn!(error = %e, "etcd read failed"),
+                    }
+                    break;
+                }
+                Ok(Some(resp)) if resp.canceled() => break,
+                Ok(Some(resp)) => {
+                    backoff = Duration::from_millis(100);
+                    let mut copy = copy.lock().expect("copy");
+                    copy.following = true;
+                    for event in resp.events() {
+                        let Some(kv) = event.kv() else { continue };
+                        let key = String::from_utf8_lossy(kv.key());
+                        let Some(k) = key.strip_prefix(prefix.as_str()) else {
+                            continue;
+                        };
+                        let value = match event.event_type() {
+                            EventType::Put => Some(kv.value().to_vec()),
+                            EventType::Delete => None,
+                        };
+                        copy.apply(k.to_owned(), value, kv.mod_revision());
+                        revision = revision.max(kv.mod_revision());
+                    }
+                    copy.advance(revision);
+                }
+                Ok(None) | Err(_) => {
+                    copy.lock().expect("copy").following = false;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    fn get_raw(&self, tree: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let name = format!("{tree}/{key}");
+        if let Some(e) = self.copy.lock().expect("copy").entries.get(&name) {
+            return Ok(e.value.clone());
+        }
+        if !READ_THROUGH.contains(&tree) {
+            return Ok(None);
+        }
+        // A token minted on another replica a moment ago, used here at
+        // once (a script, an agent joining through a load balancer).
+        let (mut client, k) = (self.client.clone(), self.key(tree, key));
+        let resp = self.wait(async move { client.get(k, None).await })?;
+        Ok(resp.kvs().first().map(|kv| {
+            let value = kv.value().to_vec();
+            self.copy
+                .lock()
+                .expect("copy")
+                .apply(name, Some(value.clone()), kv.mod_revision());
+            value
+        }))
+    }
+
+    fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {
+        let (mut client, k, v) = (self.client.clone(), self.key(tree, key), value.to_vec());
+        let resp = self.wait(async move { client.put(k, v, None).await })?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.copy.lock().expect("copy").apply(
+            format!("{tree}/{key}"),
+            Some(value.to_vec()),
+            revision,
+        );
+        Ok(())
+    }
+
+    fn delete(&self, tree: &str, key: &str) -> Result<()> {
+        let (mut client, k) = (self.client.clone(), self.key(tree, key));
+        let resp = self.wait(async move { client.delete(k, None).await })?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.copy
+            .lock()
+            .expect("copy")
+            .apply(format!("{tree}/{key}"), None, revision);
+        Ok(())
+    }
+
+    fn compare_and_swap_raw(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool> {
+        let k = self.key(tree, key);
+        let when = match old {
+            Some(v) => Compare::value(k.clone(), CompareOp::Equal, v.to_vec()),
+            // Absent: never made, or deleted since.
+            None => Compare::version(k.clone(), CompareOp::Equal, 0),
+        };
+        let then = match new {
+            Some(v) => TxnOp::put(k.clone(), v.to_vec(), None),
+            None => TxnOp::delete(k.clone(), None),
+        };
+        let txn = Txn::new()
+            .when([when])
+            .and_then([then])
+            .or_else([TxnOp::get(k, None)]);
+        let mut client = self.client.clone();
+        let resp = self.wait(async move { client.txn(txn).await })?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut copy = self.copy.lock().expect("copy");
+        let name = format!("{tree}/{key}");
+        if resp.succeeded() {
+            copy.apply(name, new.map(<[u8]>::to_vec), revision);
+            return Ok(true);
+        }
+        // Lost: the copy learns the value that won.
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(get) = op {
+                match get.kvs().first() {
+                    Some(kv) => {
+                        copy.apply(name.clone(), Some(kv.value().to_vec()), kv.mod_revision())
+                    }
+                    None => copy.apply(name.clone(), None, revision),
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let start = format!("{tree}/");
+        let copy = self.copy.lock().expect("copy");
+        Ok(copy
+            .entries
+            .range(start.clone()..)
+            .take_while(|(k, _)| k.starts_with(&start))
+            .filter_map(|(k, e)| Some((k[start.len()..].to_owned(), e.value.clone()?)))
+            .collect())
+    }
+
+    /// etcd answers a write once a quorum has it on disk.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn writable(&self) -> bool {
+        self.copy.lock().expect("copy").following
+            && self.put_raw(tree::META, "health-probe", b"1").is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls() {
+        let o = EtcdOptions::from_url("etcd://10.0.0.1:2379,etcd-1.etcd:2379").unwrap();
+        assert_eq!(o.endpoints, vec!["10.0.0.1:2379", "etcd-1.etcd:2379"]);
+        assert_eq!(o.prefix, DEFAULT_PREFIX);
+        for bad in [
+            "http://a:1",
+            "etcd://",
+            "etcd://a",
+            "etcd://a:x",
+            "etcd://:1",
+        ] {
+            assert!(EtcdOptions::from_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_copy_keeps_the_latest_revision_and_forgets_passed_deletions() {
+        let mut c = Copy::default();
+        c.apply("links/a".into(), Some(b"2".to_vec()), 7);
+        // An older event the watch brings after the replica's own write.
+        c.apply("links/a".into(), Some(b"1".to_vec()), 5);
+        assert_eq!(c.entries["links/a"].value.as_deref(), Some(&b"2"[..]));
+        c.apply("links/b".into(), None, 9);
+        c.advance(8);
+        assert!(c.entries.contains_key("links/b"), "not passed yet");
+        // Its PUT from before the deletion must not bring it back.
+        c.apply("links/b".into(), Some(b"old".to_vec()), 6);
+        assert!(c.entries["links/b"].value.is_none());
+        c.advance(9);
+        assert!(!c.entries.contains_key("links/b"));
+    }
+}

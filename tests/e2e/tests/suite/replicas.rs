@@ -1,0 +1,366 @@
+//! Hub replicas on one etcd (a real etcd on loopback). Started together on
+//! an empty store they agree on one CA, one set of secrets and one first
+//! admin token; each sees the tenants, tokens and links the other wrote;
+//! the writes that must not race (a join token spent once, a cluster name
+//! claimed once, a compare-and-swap) are decided once across replicas; and
+//! a token revoked on one replica ends the streams it opened on another.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use otter_e2e::{
+    TestHub, admin_call,
+    double::{WAIT, start_agent, wait_until},
+    etcd::Etcd,
+    mint_via_admin, with_token,
+};
+use otter_hub::store::{Store, StoreExt};
+use otter_proto::{
+    link::v1::{
+        GetAgentManifestRequest, ListLinksRequest, RegisterRequest,
+        link_service_client::LinkServiceClient,
+    },
+    resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
+};
+use otter_tunnel::TransportKind;
+use serde_json::json;
+use tonic::Code;
+
+fn etcd_options(etcd: &Etcd) -> otter_hub::etcd::EtcdOptions {
+    otter_hub::etcd::EtcdOptions::from_url(&etcd.url()).expect("store URL")
+}
+
+/// A replica's config: its own data dir, the shared store and key.
+fn replica_config(dir: &Path, etcd: &Etcd, key: &Path) -> otter_hub::HubConfig {
+    let mut c = otter_hub::HubConfig::new(dir);
+    c.api_listen = "127.0.0.1:0".parse().unwrap();
+    c.tunnel_listen = "127.0.0.1:0".parse().unwrap();
+    c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+    c.drain_timeout = Duration::from_secs(2);
+    c.store = Some(etcd_options(etcd));
+    c.store_key_file = Some(key.to_owned());
+    c.recheck_tokens_every = Duration::from_millis(300);
+    c
+}
+
+/// Two stores on one etcd racing: compare-and-swap increments all count,
+/// and first-use secrets come out the same everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_on_one_etcd_decide_races_once() {
+    let Some(etcd) = Etcd::start() else { return };
+    let options = etcd_options(&etcd);
+    let stores: Vec<Arc<otter_hub::etcd::EtcdStore>> = (0..2)
+        .map(|_| Arc::new(otter_hub::etcd::EtcdStore::connect(&options).expect("store")))
+        .collect();
+    let per_thread = 25;
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            std::thread::spawn(move || {
+                let secret = otter_hub::store::secret(&*store, "race-secret").unwrap();
+                let mut lost = 0;
+                for _ in 0..per_thread {
+                    loop {
+                        let old = store.get_raw("meta", "counter").unwrap();
+                        let n: u64 = old
+                            .as_deref()
+                            .map_or(0, |v| std::str::from_utf8(v).unwrap().parse().unwrap());
+                        let new = (n + 1).to_string();
+                        if store
+                            .compare_and_swap_raw(
+                                "meta",
+                                "counter",
+                                old.as_deref(),
+                                Some(new.as_bytes()),
+                            )
+                            .unwrap()
+                        {
+                            break;
+                        }
+                        lost += 1;
+                    }
+                }
+                (secret, lost)
+            })
+        })
+        .collect();
+    let results: Vec<(Vec<u8>, u32)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let lost: u32 = results.iter().map(|r| r.1).sum();
+    eprintln!("4 threads on 2 replicas' stores: {lost} compare-and-swaps lost and retried");
+    assert!(results.iter().all(|r| r.0 == results[0].0), "one secret");
+    // Every increment counted once, as both stores read it.
+    for store in &stores {
+        wait_until(
+            async || {
+                store.get_raw("meta", "counter").unwrap().as_deref()
+                    == Some((4 * per_thread).to_string().as_bytes())
+            },
+            "the counter in both copies",
+        )
+        .await;
+    }
+    // Deleted on one, gone on the other; a put on one, read on the other.
+    stores[0].delete("meta", "counter").unwrap();
+    stores[0].put("links", "x", &json!({"n": 1})).unwrap();
+    wait_until(
+        async || {
+            stores[1].get_raw("meta", "counter").unwrap().is_none()
+                && stores[1].scan::<serde_json::Value>("links").unwrap() == vec![json!({"n": 1})]
+        },
+        "the other copy to follow",
+    )
+    .await;
+    assert!(stores[1].writable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_tenants_tokens_and_links_on_etcd() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dirs = [
+        Arc::new(tempfile::tempdir().unwrap()),
+        Arc::new(tempfile::tempdir().unwrap()),
+    ];
+    let key = dirs[0].path().join("store.key");
+    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
+
+    // Both start at once on the empty store.
+    let (a, b) = tokio::join!(
+        otter_hub::Hub::start(replica_config(&dirs[0].path().join("a"), &etcd, &key)),
+        otter_hub::Hub::start(replica_config(&dirs[1].path().join("b"), &etcd, &key)),
+    );
+    let (a, b) = (a.expect("replica a"), b.expect("replica b"));
+    assert_eq!(a.ca_pem(), b.ca_pem(), "one CA");
+    let tokens: Vec<String> = [("a", &dirs[0]), ("b", &dirs[1])]
+        .iter()
+        .filter_map(|(n, d)| std::fs::read_to_string(d.path().join(n).join("admin-token")).ok())
+        .collect();
+    assert_eq!(tokens.len(), 1, "one first admin token, on one replica");
+    let root = tokens[0].trim().to_owned();
+    let (a, b) = (
+        TestHub {
+            hub: a,
+            dir: dirs[0].clone(),
+            admin_token: root.clone(),
+        },
+        TestHub {
+            hub: b,
+            dir: dirs[1].clone(),
+            admin_token: root.clone(),
+        },
+    );
+    let (ca, cb) = (a.channel().await, b.channel().await);
+    for ch in [&ca, &cb] {
+        LinkServiceClient::new(ch.clone())
+            .list_links(with_token(ListLinksRequest {}, &root))
+            .await
+            .expect("the first admin token works on both");
+    }
+
+    // Tenants and tokens made on a serve on b.
+    for name in ["acme", "globex"] {
+        let (status, text) = admin_call(
+            a.hub.api_addr,
+            a.hub.ca_pem(),
+            &root,
+            http::Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let (addr_a, pem) = (a.hub.api_addr, a.hub.ca_pem().to_owned());
+    let (ann, _) = mint_via_admin(
+        addr_a,
+        &pem,
+        &root,
+        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
+    )
+    .await;
+    let (gil, _) = mint_via_admin(
+        addr_a,
+        &pem,
+        &root,
+        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
+    )
+    .await;
+    let (mel, mel_id) = mint_via_admin(addr_a, &pem, &ann, json!({"name": "mel"})).await;
+    wait_until(
+        async || {
+            LinkServiceClient::new(cb.clone())
+                .list_links(with_token(ListLinksRequest {}, &gil))
+                .await
+                .is_ok()
+        },
+        "a token minted on a to work on b",
+    )
+    .await;
+
+    // A cluster name asked for by two tenants on two replicas at once goes
+    // to one of them.
+    for i in 0..5 {
+        let cluster = format!("contested-{i}");
+        let ask = |ch: &tonic::transport::Channel, token: &str| {
+            let mut client = LinkServiceClient::new(ch.clone());
+            let req = with_token(
+                GetAgentManifestRequest {
+                    cluster: Some(cluster.clone()),
+                    ..Default::default()
+                },
+                token,
+            );
+            async move { client.get_agent_manifest(req).await }
+        };
+        let (x, y) = tokio::join!(ask(&ca, &ann), ask(&cb, &gil));
+        let codes = [
+            x.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
+            y.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
+        ];
+        assert!(
+            codes.contains(&Code::Ok) && codes.contains(&Code::AlreadyExists),
+            "{cluster}: {codes:?}"
+        );
+    }
+
+    // A join token is spent once, whichever replicas it is sent to.
+    for i in 0..5 {
+        let cluster = format!("raced-{i}");
+        let join = a.hub.mint_join_token_in(&cluster, "acme").unwrap();
+        let register = |ch: &tonic::transport::Channel, agent: &str| {
+            let (_, csr) = otter_pki::csr::generate(&cluster, agent).unwrap();
+            let mut client = LinkServiceClient::new(ch.clone());
+            let req = RegisterRequest {
+                cluster: Some(cluster.clone()),
+                csr: Some(csr.into_bytes()),
+                agent_id: Some(agent.to_owned()),
+                agent_version: Some("v0.1.0".into()),
+                join_token: Some(join.clone()),
+                ..Default::default()
+            };
+            async move { client.register(req).await.map(drop) }
+        };
+        let (x, y) = tokio::join!(register(&ca, "one"), register(&cb, "two"));
+        assert!(x.is_ok() != y.is_ok(), "{cluster}: {x:?} / {y:?}");
+    }
+
+    // An agent enrolled and tunnelled through b is a link a lists.
+    let join = a.hub.mint_join_token_in("edge-b", "acme").unwrap();
+    let agent = start_agent(&b, "edge-b", "agent-b", &join, TransportKind::H2);
+    otter_e2e::double::wait_connected(&cb, &ann, 1).await;
+    let listed = LinkServiceClient::new(ca.clone())
+        .list_links(with_token(ListLinksRequest {}, &ann))
+        .await
+        .unwrap()
+        .into_inner()
+        .links;
+    assert!(
+        listed
+            .iter()
+            .any(|l| l.cluster.as_deref() == Some("edge-b")),
+        "{listed:?}"
+    );
+
+    // mel's Watch through b ends when ann revokes mel's token on a.
+    let mut watch = ResourceServiceClient::new(cb.clone())
+        .watch(with_token(
+            WatchRequest {
+                cluster: Some("edge-b".into()),
+                version: Some("v1".into()),
+                resource: Some("pods".into()),
+                ..Default::default()
+            },
+            &mel,
+        ))
+        .await
+        .expect("watch")
+        .into_inner();
+    assert!(matches!(watch.next().await, Some(Ok(_))));
+    let revoked = std::time::Instant::now();
+    let (status, text) = admin_call(
+        addr_a,
+        &pem,
+        &ann,
+        http::Method::DELETE,
+        &format!("/admin/v1/tokens/{mel_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let ended = loop {
+        match tokio::time::timeout(WAIT, watch.next()).await {
+            Err(_) => panic!("the Watch on b outlived the revocation on a by {WAIT:?}"),
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(s))) => break s,
+            Ok(None) => panic!("the Watch ended without a status"),
+        }
+    };
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    eprintln!(
+        "a Watch on replica b ended {:?} after its token was revoked on a",
+        revoked.elapsed()
+    );
+    drop(agent);
+    a.hub.shutdown().await;
+    b.hub.shutdown().await;
+}
+
+/// `otter hub --store etcd://…` as a process: refused without a key to
+/// seal the store's secrets, serving with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_process_runs_on_etcd_and_only_sealed() {
+    use otter_e2e::procs::{Proc, Role, free_port, wait_for_file};
+    let Some(etcd) = Etcd::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("hub");
+    let key = dir.path().join("store.key");
+    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
+    let (api, tunnel) = (free_port(), free_port());
+    let args = |sealed: bool| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "hub",
+            "--data-dir",
+            &data.display().to_string(),
+            "--store",
+            &etcd.url(),
+            "--listen",
+            &format!("127.0.0.1:{api}"),
+            "--tunnel-listen",
+            &format!("127.0.0.1:{tunnel}"),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if sealed {
+            a.extend(["--store-key-file".to_owned(), key.display().to_string()]);
+        }
+        a
+    };
+    let mut open = Proc::start("hub-unsealed", Role::Otter, &args(false), dir.path(), None);
+    let code = open.wait(WAIT);
+    assert!(matches!(code, Some(c) if c != 0), "{code:?}");
+    assert!(
+        open.stderr().contains("needs --store-key-file"),
+        "{}",
+        open.stderr()
+    );
+
+    let _hub = Proc::start("hub-etcd", Role::Otter, &args(true), dir.path(), None);
+    // Its files are written before it listens.
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], api));
+    wait_until(
+        async || tokio::net::TcpStream::connect(addr).await.is_ok(),
+        "the hub process to listen",
+    )
+    .await;
+    assert!(
+        wait_for_file(&data.join("admin-token"), WAIT),
+        "no admin token"
+    );
+    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
+    let ca = std::fs::read_to_string(data.join("ca.crt")).unwrap();
+    let channel = otter_e2e::client_channel(addr, &ca, None).await;
+    LinkServiceClient::new(channel)
+        .list_links(with_token(ListLinksRequest {}, token.trim()))
+        .await
+        .expect("the hub on etcd answers");
+}
