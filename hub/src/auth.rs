@@ -21,7 +21,7 @@ pub struct Verified(pub Principal);
 
 /// Who a verified caller is to the hub: a user, the groups its token or
 /// identity provider gave it, and what it may do here.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Principal {
     /// The name it authenticated as (hub token user, identity provider
     /// subject): for logs and the hub's own bounds.

@@ -17,6 +17,13 @@ pub struct HubConfig {
     pub store_key_file: Option<PathBuf>,
     /// The store several replicas share; none: sled in `data_dir`.
     pub store: Option<crate::etcd::EtcdOptions>,
+    /// This replica's name among those sharing the store.
+    pub replica: String,
+    /// Where other replicas reach this one (mutual TLS, replica
+    /// certificates only); none: a hub of one replica.
+    pub peer_listen: Option<SocketAddr>,
+    /// The URL other replicas dial for `peer_listen` (default: from it).
+    pub peer_url: Option<Url>,
     /// API listener (gRPC, Connect, gRPC-Web, manifest URLs), TLS.
     pub api_listen: SocketAddr,
     /// Tunnel listener: TCP (TLS + HTTP/2) and UDP (QUIC) on the same port.
@@ -118,6 +125,15 @@ impl Default for KubeUpgradeLimits {
     }
 }
 
+/// The host's name when it is a DNS label (a pod's name is), else `hub`.
+fn default_replica_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .map(|h| h.to_lowercase())
+        .filter(|h| otter_pki::identity::validate_replica_name(h).is_ok())
+        .unwrap_or_else(|| "hub".to_owned())
+}
+
 impl HubConfig {
     /// Defaults for a hub with its data in `data_dir`, listening on loopback.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -125,6 +141,9 @@ impl HubConfig {
             data_dir: data_dir.into(),
             store_key_file: None,
             store: None,
+            replica: default_replica_name(),
+            peer_listen: None,
+            peer_url: None,
             api_listen: "127.0.0.1:8443".parse().expect("static address"),
             tunnel_listen: "127.0.0.1:8444".parse().expect("static address"),
             external_url: None,
@@ -164,6 +183,13 @@ impl HubConfig {
     pub fn validate(&self) -> Result<()> {
         // In a shared store the CA keys are read by whoever reads etcd:
         // sealed, always.
+        otter_pki::identity::validate_replica_name(&self.replica)
+            .map_err(|e| HubError::Config(format!("--replica-name: {e}")))?;
+        if self.peer_listen.is_some() && self.store.is_none() {
+            return Err(HubError::Config(
+                "--peer-listen is for replicas sharing a store: give --store etcd://… too".into(),
+            ));
+        }
         if self.store.is_some() && self.store_key_file.is_none() {
             return Err(HubError::Config(
                 "a store on etcd needs --store-key-file: the CA keys and signing secrets are sealed in it"

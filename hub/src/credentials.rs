@@ -23,7 +23,7 @@ use crate::store::Store;
 /// The hub token a caller authenticated with (identity-provider tokens
 /// carry none: like kube-apiserver, a stream opened with one is not cut
 /// when the token's own expiry passes).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Credential {
     pub id: String,
     /// Unix seconds.

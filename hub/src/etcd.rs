@@ -23,8 +23,8 @@ use std::{
 };
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use tokio::sync::oneshot;
 
@@ -172,11 +172,25 @@ impl Copy {
     }
 }
 
+/// How long a replica's records outlive its last sign of life.
+const LEASE_TTL: i64 = 10;
+
+/// The replica's lease and what it holds: a lease etcd let expire (the
+/// replica was cut off longer than its TTL) is replaced and its records
+/// written again.
+#[derive(Debug, Default)]
+struct Lease {
+    id: std::sync::atomic::AtomicI64,
+    /// Full key → value.
+    held: Mutex<BTreeMap<String, Vec<u8>>>,
+}
+
 /// The hub's store on etcd.
 pub struct EtcdStore {
     client: Client,
     prefix: String,
     copy: Arc<Mutex<Copy>>,
+    lease: Arc<Lease>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
     /// Dropped with the store: ends the client's thread.
@@ -239,10 +253,22 @@ impl EtcdStore {
         let client = wait_on(&runtime, timeout, async move {
             Client::connect(endpoints, Some(connect_options)).await
         })?;
+        let lease = Arc::new(Lease::default());
+        let granted = {
+            let mut c = client.clone();
+            wait_on(&runtime, timeout, async move {
+                c.lease_grant(LEASE_TTL, None).await
+            })?
+        };
+        lease
+            .id
+            .store(granted.id(), std::sync::atomic::Ordering::Relaxed);
+        runtime.spawn(keep_lease(client.clone(), lease.clone()));
         let store = EtcdStore {
             client,
             prefix: options.prefix.clone(),
             copy: Arc::default(),
+            lease,
             runtime,
             timeout,
             _stop: stop,
@@ -300,6 +326,59 @@ fn wait_on<T: Send + 'static>(
             "etcd: no answer within {timeout:?}"
         ))),
         Err(_) => Err(HubError::Store("etcd: the client has stopped".into())),
+    }
+}
+
+/// Keeps the replica's lease alive; when etcd let it expire anyway, takes
+/// a new one and writes the records it held again.
+async fn keep_lease(client: Client, lease: Arc<Lease>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let beat = Duration::from_secs((LEASE_TTL / 3).max(1) as u64);
+    loop {
+        let id = lease.id.load(Relaxed);
+        let mut c = client.clone();
+        if let Ok((mut keeper, mut answers)) = c.lease_keep_alive(id).await {
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match answers.message().await {
+                    Ok(Some(a)) if a.ttl() > 0 => tokio::time::sleep(beat).await,
+                    _ => break,
+                }
+            }
+        }
+        // Still ours after a hiccup? Keep it; gone: a new one.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut c = client.clone();
+        let alive = c
+            .lease_time_to_live(id, None)
+            .await
+            .is_ok_and(|t| t.ttl() > 0);
+        if alive {
+            continue;
+        }
+        let Ok(granted) = c.lease_grant(LEASE_TTL, None).await else {
+            continue;
+        };
+        lease.id.store(granted.id(), Relaxed);
+        let held: Vec<(String, Vec<u8>)> = lease
+            .held
+            .lock()
+            .expect("lease")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        tracing::warn!(
+            records = held.len(),
+            "the replica's etcd lease expired; writing its records again"
+        );
+        for (k, v) in held {
+            let options = PutOptions::new().with_lease(granted.id());
+            if let Err(e) = c.put(k, v, Some(options)).await {
+                tracing::warn!(error = %e, "could not write a record again");
+            }
+        }
     }
 }
 
@@ -455,7 +534,35 @@ impl Store for EtcdStore {
         Ok(())
     }
 
+    fn put_leased(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {
+        let k = self.key(tree, key);
+        let id = self.lease.id.load(std::sync::atomic::Ordering::Relaxed);
+        let (mut client, kk, v) = (self.client.clone(), k.clone(), value.to_vec());
+        let resp = self.wait(async move {
+            client
+                .put(kk, v, Some(PutOptions::new().with_lease(id)))
+                .await
+        })?;
+        self.lease
+            .held
+            .lock()
+            .expect("lease")
+            .insert(k, value.to_vec());
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.copy.lock().expect("copy").apply(
+            format!("{tree}/{key}"),
+            Some(value.to_vec()),
+            revision,
+        );
+        Ok(())
+    }
+
     fn delete(&self, tree: &str, key: &str) -> Result<()> {
+        self.lease
+            .held
+            .lock()
+            .expect("lease")
+            .remove(&self.key(tree, key));
         let (mut client, k) = (self.client.clone(), self.key(tree, key));
         let resp = self.wait(async move { client.delete(k, None).await })?;
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -493,6 +600,13 @@ impl Store for EtcdStore {
         let mut copy = self.copy.lock().expect("copy");
         let name = format!("{tree}/{key}");
         if resp.succeeded() {
+            if new.is_none() {
+                self.lease
+                    .held
+                    .lock()
+                    .expect("lease")
+                    .remove(&self.key(tree, key));
+            }
             copy.apply(name, new.map(<[u8]>::to_vec), revision);
             return Ok(true);
         }

@@ -129,11 +129,33 @@ async fn route(
         event.cluster = cluster.clone();
     }
 
-    let call = state
+    let opened = state
         .registry
-        .open_call(&caller, &cluster, &*state.store)
-        .await
-        .map_err(crate::registry::RouteError::status)?;
+        .open_call(&caller, &cluster, &*state.store, &state.config.replica)
+        .await;
+    let call = match opened {
+        Ok(call) => call,
+        // Another replica holds the tunnel: the call goes there, once (a
+        // call a peer sent is never sent on), and is audited there.
+        Err(crate::registry::RouteError::Elsewhere(owner))
+            if parts.extensions.get::<crate::peers::FromPeer>().is_none()
+                && let Some(peers) = &state.peers =>
+        {
+            strip_client_headers(&mut parts.headers);
+            let remote = crate::server::ConnInfo::remote_of(&parts.extensions);
+            let body = PrefixedBody {
+                prefix: Some(prefix),
+                rest,
+                metrics: state.metrics.clone(),
+            };
+            let req = http::Request::from_parts(parts, body.map_err(Into::into).boxed_unsync());
+            return match peers.send(&owner, &caller, &remote, req).await {
+                Ok(resp) => Ok(crate::peers::into_body(resp)),
+                Err(e) => Err(Status::unavailable(format!("cluster {cluster}: {e}"))),
+            };
+        }
+        Err(e) => return Err(e.status()),
+    };
     if auditing {
         event.tenant = call.tunnel.tenant.clone();
     }

@@ -86,6 +86,10 @@ pub async fn handle(
     };
     let audit = state.audit.clone();
     let resp = serve(state, cluster, tail, req, &mut event, &timer).await;
+    // Sent on to the replica holding the tunnel, which writes the line.
+    if event.kind.is_empty() {
+        return resp;
+    }
     event.code = resp.status().as_u16().to_string();
     event.duration_ms = timer.millis();
     audit.record(event);
@@ -109,12 +113,43 @@ async fn serve(
     };
     event.user = caller.cluster_user.clone();
     event.groups = caller.groups.clone();
-    let call = match state
+    let opened = state
         .registry
-        .open_call(&caller, &cluster, &*state.store)
-        .await
-    {
+        .open_call(&caller, &cluster, &*state.store, &state.config.replica)
+        .await;
+    let call = match opened {
         Ok(call) => call,
+        Err(crate::registry::RouteError::Elsewhere(owner))
+            if req.extensions().get::<crate::peers::FromPeer>().is_none()
+                && req.headers().get(http::header::UPGRADE).is_none()
+                && let Some(peers) = &state.peers =>
+        {
+            // Another replica holds the tunnel: the request goes there
+            // whole and is audited there.
+            event.kind = "";
+            let remote = crate::server::ConnInfo::remote_of(req.extensions());
+            let (mut parts, body) = req.into_parts();
+            crate::forward::strip_client_headers(&mut parts.headers);
+            let body = crate::limits::RequestBody::new(body, parts.version)
+                .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+                .boxed_unsync();
+            return match peers
+                .send(
+                    &owner,
+                    &caller,
+                    &remote,
+                    http::Request::from_parts(parts, body),
+                )
+                .await
+            {
+                Ok(resp) => crate::peers::into_body(resp),
+                Err(e) => status(
+                    503,
+                    "ServiceUnavailable",
+                    &format!("cluster {cluster}: {e}"),
+                ),
+            };
+        }
         Err(e) => {
             let (code, reason) = e.http();
             return crate::server::unread_body(status(code, reason, &e.to_string()), req);

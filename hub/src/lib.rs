@@ -43,6 +43,7 @@ pub mod methods;
 pub mod metrics;
 pub mod oidc;
 pub mod ops;
+pub mod peers;
 pub mod protocol;
 pub mod rancher;
 pub mod registry;

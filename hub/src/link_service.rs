@@ -384,12 +384,24 @@ impl LinkService for LinkSvc {
                     .registry
                     .get(&r.cluster)
                     .filter(|t| t.agent_id == r.agent_id);
+                // Or on another replica sharing the store.
+                let elsewhere = match live {
+                    Some(_) => None,
+                    None => crate::peers::owner(
+                        &*self.state.store,
+                        &r.cluster,
+                        &self.state.config.replica,
+                    )
+                    .ok()
+                    .flatten()
+                    .filter(|o| o.agent_id == r.agent_id),
+                };
                 Link {
                     cluster: Some(r.cluster),
                     agent_version: Some(r.agent_version),
                     rancher_project_id: Some(r.rancher_project_id),
                     agent_id: admin.then_some(r.agent_id),
-                    state: Some(if live.is_some() {
+                    state: Some(if live.is_some() || elsewhere.is_some() {
                         LinkState::Connected
                     } else {
                         LinkState::Offline
@@ -397,9 +409,10 @@ impl LinkService for LinkSvc {
                     transport: Some(
                         live.as_ref()
                             .map(|t| t.transport.as_str().to_owned())
+                            .or_else(|| elsewhere.as_ref().map(|o| o.transport.clone()))
                             .unwrap_or_default(),
                     ),
-                    last_seen: Some(timestamp(if live.is_some() {
+                    last_seen: Some(timestamp(if live.is_some() || elsewhere.is_some() {
                         unix_now()
                     } else {
                         r.last_seen

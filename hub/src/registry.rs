@@ -87,6 +87,7 @@ impl Registry {
         caller: &Principal,
         cluster: &str,
         links: &dyn Store,
+        me: &str,
     ) -> Result<OpenCall, RouteError> {
         let tunnel = self.get(cluster);
         // The one authorization point: a cluster of a tenant the caller is
@@ -99,6 +100,13 @@ impl Registry {
             return Err(RouteError::NotRegistered(cluster.to_owned()));
         };
         let Some(tunnel) = tunnel else {
+            // Another replica holds it: the caller's replica sends the call
+            // on (after this same decision).
+            match crate::peers::owner(links, cluster, me) {
+                Ok(Some(owner)) => return Err(RouteError::Elsewhere(owner)),
+                Ok(None) => {}
+                Err(e) => return Err(RouteError::Store(e)),
+            }
             return Err(match links.get::<LinkRecord>(tree::LINKS, cluster) {
                 Ok(Some(link)) => RouteError::Offline {
                     cluster: cluster.to_owned(),
@@ -228,6 +236,9 @@ pub enum RouteError {
     Busy { cluster: String, max_calls: u32 },
     #[error("cluster {cluster}: tunnel failed: {reason}")]
     TunnelFailed { cluster: String, reason: String },
+    /// Another replica holds the tunnel.
+    #[error("the cluster's tunnel is on replica {}, which did not answer", .0.replica)]
+    Elsewhere(crate::peers::TunnelOwner),
     #[error(transparent)]
     Store(crate::HubError),
 }
@@ -238,9 +249,9 @@ impl RouteError {
         let text = self.to_string();
         match self {
             RouteError::NotRegistered(_) => tonic::Status::not_found(text),
-            RouteError::Offline { .. } | RouteError::TunnelFailed { .. } => {
-                tonic::Status::unavailable(text)
-            }
+            RouteError::Offline { .. }
+            | RouteError::TunnelFailed { .. }
+            | RouteError::Elsewhere(_) => tonic::Status::unavailable(text),
             RouteError::Busy { .. } => tonic::Status::resource_exhausted(text),
             RouteError::Store(e) => e.into_status(),
         }
@@ -250,9 +261,9 @@ impl RouteError {
     pub fn http(&self) -> (u16, &'static str) {
         match self {
             RouteError::NotRegistered(_) => (404, "NotFound"),
-            RouteError::Offline { .. } | RouteError::TunnelFailed { .. } => {
-                (503, "ServiceUnavailable")
-            }
+            RouteError::Offline { .. }
+            | RouteError::TunnelFailed { .. }
+            | RouteError::Elsewhere(_) => (503, "ServiceUnavailable"),
             RouteError::Busy { .. } => (429, "TooManyRequests"),
             RouteError::Store(_) => (500, "InternalError"),
         }

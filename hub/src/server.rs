@@ -72,6 +72,8 @@ pub struct HubState {
     pub api_connections: Arc<crate::limits::ApiConnections>,
     /// Streams tied to the hub token that opened them.
     pub live: Arc<crate::credentials::LiveCredentials>,
+    /// Connections to the other replicas (replicas with a peer port only).
+    pub peers: Option<crate::peers::Peers>,
     /// When each cluster last renewed its certificate.
     pub renewals: crate::link_service::RenewalGaps,
     /// Fetches charts for ShowChart.
@@ -129,7 +131,7 @@ pub struct Hub {
 impl Hub {
     /// Opens the store, loads or creates the CA, binds every listener and
     /// starts serving.
-    pub async fn start(config: HubConfig) -> Result<Hub> {
+    pub async fn start(mut config: HubConfig) -> Result<Hub> {
         config.validate()?;
         tls::install_default_provider();
         let open_files = crate::limits::raise_open_file_limit();
@@ -194,6 +196,33 @@ impl Hub {
             &[h2::ALPN, otter_tunnel::ws::ALPN],
         )?;
         let quic_tls = live.server_config(tls::ClientAuth::Required, &[quic::ALPN])?;
+        // Replicas reach each other on a port of their own, each showing a
+        // replica certificate from the shared CA.
+        let peer_port = match config.peer_listen {
+            Some(addr) => {
+                let listener = bind_tcp(addr).await?;
+                let tls = live.server_config(tls::ClientAuth::Required, &[b"h2"])?;
+                Some((listener, Arc::new(tls)))
+            }
+            None => None,
+        };
+        if let Some((listener, _)) = &peer_port {
+            let addr = listener.local_addr()?;
+            config.peer_url.get_or_insert_with(|| {
+                let host = if addr.ip().is_loopback() || addr.ip().is_unspecified() {
+                    "localhost".to_owned()
+                } else {
+                    addr.ip().to_string()
+                };
+                format!("https://{host}:{}", addr.port())
+                    .parse()
+                    .expect("a URL from an address")
+            });
+        }
+        let peers = match &peer_port {
+            Some(_) => Some(crate::peers::Peers::new(&authority, &config.replica)?),
+            None => None,
+        };
 
         let quic_settings = quic::QuicSettings {
             keepalive: config.keepalive,
@@ -270,6 +299,7 @@ impl Hub {
             upgrades: Arc::default(),
             api_connections: crate::limits::ApiConnections::new(api_limits),
             live: Arc::default(),
+            peers,
             renewals: Default::default(),
             charts,
             serving: Default::default(),
@@ -328,6 +358,15 @@ impl Hub {
                 listener,
                 roles,
                 health_routes.clone(),
+                shutdown.clone(),
+            ));
+        }
+        if let Some((listener, tls)) = peer_port {
+            tracing::info!(addr = %listener.local_addr()?, replica = %state.config.replica, "peer port listening");
+            tasks.spawn(crate::peers::serve(
+                state.clone(),
+                listener,
+                tls,
                 shutdown.clone(),
             ));
         }
@@ -419,6 +458,7 @@ impl Hub {
         self.shutdown.cancel();
         for t in self.state.registry.all() {
             t.opener.close("hub shutting down");
+            crate::peers::release(&self.state, &t.cluster, t.id);
         }
         // The routing table holds the tunnels' connections, and a QUIC
         // connection holds the endpoint's socket: drop them now rather than

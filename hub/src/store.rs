@@ -27,6 +27,9 @@ pub mod tree {
     pub const TENANTS: &str = "tenants";
     /// `ClusterClaim` (the tenant a cluster name belongs to) by cluster.
     pub const CLUSTER_TENANTS: &str = "cluster_tenants";
+    /// `TunnelOwner` (the replica holding a cluster's tunnel) by cluster,
+    /// kept for as long as that replica lives.
+    pub const TUNNELS: &str = "tunnels";
     /// When a cluster's link was deleted (unix seconds, JSON), by cluster:
     /// join tokens authorized before then enroll nobody.
     pub const RELEASED: &str = "released_clusters";
@@ -50,6 +53,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<bool>;
     /// Every (key, value) of a tree, in key order.
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>>;
+    /// Writes `value` for as long as this replica lives: on a store shared
+    /// by replicas it goes when the replica does (an etcd lease), so what
+    /// it says (which replica holds a cluster's tunnel) cannot outlive a
+    /// crash. A store of one replica keeps no such records: its own routing
+    /// table says it all.
+    fn put_leased(&self, _tree: &str, _key: &str, _value: &[u8]) -> Result<()> {
+        Ok(())
+    }
     /// Makes every write so far durable.
     fn flush(&self) -> Result<()>;
     /// Whether writes currently succeed (for health).

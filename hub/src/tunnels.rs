@@ -108,6 +108,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         );
     }
     touch(state, &cluster, a.transport.as_str());
+    crate::peers::claim(state, &entry);
     let gauge = state
         .metrics
         .tunnels
@@ -140,6 +141,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         if state.registry.remove_if(&entry.cluster, entry.id) {
             touch(&state, &entry.cluster, "");
         }
+        crate::peers::release(&state, &entry.cluster, entry.id);
         tracing::info!(cluster = %entry.cluster, agent_id = %entry.agent_id, %reason, "tunnel down");
     });
     Ok(())

@@ -534,6 +534,15 @@ pub struct HubArgs {
     /// etcd user; its password comes from OTTER_ETCD_PASSWORD (never argv).
     #[arg(long, env = "OTTER_ETCD_USER")]
     pub etcd_user: Option<String>,
+    /// This replica's name among those sharing the store (default: the host's name).
+    #[arg(long, env = "OTTER_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+    /// Where the other replicas reach this one (mutual TLS with replica certificates).
+    #[arg(long, env = "OTTER_PEER_LISTEN")]
+    pub peer_listen: Option<SocketAddr>,
+    /// The URL other replicas dial for --peer-listen (default: from its address).
+    #[arg(long, env = "OTTER_PEER_URL")]
+    pub peer_url: Option<Url>,
     /// TLS and QUIC handshakes on the tunnel port before a client certificate is verified.
     #[arg(long, default_value_t = 1024)]
     pub max_pending_handshakes: usize,
@@ -664,6 +673,11 @@ impl HubArgs {
             }
             c.store = Some(etcd);
         }
+        if let Some(name) = self.replica_name {
+            c.replica = name;
+        }
+        c.peer_listen = self.peer_listen;
+        c.peer_url = self.peer_url;
         c.api_listen = self.listen;
         c.tunnel_listen = self.tunnel_listen;
         c.external_url = self.external_url;

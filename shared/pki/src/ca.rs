@@ -177,6 +177,49 @@ impl CertificateAuthority {
     }
 }
 
+impl CertificateAuthority {
+    /// Issues the certificate a hub replica presents to its peers, and
+    /// accepts from them: client and server use, the replica's name in a
+    /// URI SAN of its own scheme ([`crate::identity::REPLICA_URI_PREFIX`]),
+    /// which no agent certificate ever carries (the hub writes every SAN of
+    /// those itself). Returns (certificate PEM, key PEM).
+    pub fn issue_replica_cert(
+        &self,
+        replica: &str,
+        names: &[String],
+        lifetime: Duration,
+    ) -> Result<(String, String)> {
+        crate::identity::validate_replica_name(replica)?;
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = dn(replica, "OtterScale Link hub replica");
+        let mut sans = vec![SanType::URI(
+            format!("{}{replica}", crate::identity::REPLICA_URI_PREFIX)
+                .try_into()
+                .map_err(|e: rcgen::Error| PkiError::Rcgen(e))?,
+        )];
+        for name in names {
+            match name.parse::<IpAddr>() {
+                Ok(ip) => sans.push(SanType::IpAddress(ip)),
+                Err(_) => sans.push(SanType::DnsName(name.clone().try_into()?)),
+            }
+        }
+        params.subject_alt_names = sans;
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ClientAuth,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(random_serial());
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - CLOCK_SKEW;
+        params.not_after = now + lifetime;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
 /// The identity-bearing parts of a CSR (common name `<cluster>/<agent>`,
 /// agent URI SANs) must, when present, name `identity`.
 fn check_claimed_identity(params: &CertificateParams, identity: &AgentIdentity) -> Result<()> {

@@ -6,6 +6,44 @@ use crate::{PkiError, Result};
 /// own CA issues these, and the hub checks the chain before it reads them.
 pub const SPIFFE_PREFIX: &str = "spiffe://otterscale-link/cluster/";
 
+/// URI SAN scheme of hub replica certificates: `otter-replica:<name>`.
+/// Agent certificates never carry it (the hub writes their SANs).
+pub const REPLICA_URI_PREFIX: &str = "otter-replica:";
+
+/// Checks a replica name: a DNS label, like a cluster name.
+pub fn validate_replica_name(name: &str) -> Result<()> {
+    validate_cluster_name(name).map_err(|_| PkiError::InvalidName {
+        what: "replica name",
+        why: format!("{name:?} is not a lowercase DNS label (a-z, 0-9, -; at most 63)"),
+    })
+}
+
+/// The replica a verified certificate names, if it is a replica's: one
+/// replica URI SAN and no agent URI.
+pub fn replica_of_der(der: &[u8]) -> Result<String> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der)
+        .map_err(|e| PkiError::Encoding(format!("certificate: {e}")))?;
+    let mut replica = None;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let GeneralName::URI(uri) = name {
+                if uri.starts_with(SPIFFE_PREFIX) {
+                    return Err(PkiError::NoIdentity("an agent's certificate".into()));
+                }
+                if let Some(r) = uri.strip_prefix(REPLICA_URI_PREFIX) {
+                    if replica.is_some() {
+                        return Err(PkiError::NoIdentity("more than one replica URI".into()));
+                    }
+                    validate_replica_name(r)?;
+                    replica = Some(r.to_owned());
+                }
+            }
+        }
+    }
+    replica.ok_or_else(|| PkiError::NoIdentity("no replica URI SAN".into()))
+}
+
 /// Longest agent id accepted (it ends up in a certificate and in logs).
 pub const MAX_AGENT_ID_LEN: usize = 128;
 
@@ -170,5 +208,38 @@ mod tests {
         );
         assert!(AgentIdentity::from_uri("spiffe://other/cluster/a/agent/b").is_err());
         assert!(AgentIdentity::new("edge-1", "a b").is_err());
+    }
+}
+
+#[cfg(test)]
+mod replica_tests {
+    use super::*;
+
+    #[test]
+    fn replica_certificates_name_their_replica_and_agent_ones_none() {
+        let ca = crate::CertificateAuthority::generate("test CA").unwrap();
+        let (pem, _) = ca
+            .issue_replica_cert(
+                "hub-b",
+                &["localhost".into()],
+                std::time::Duration::from_secs(60),
+            )
+            .unwrap();
+        let der = crate::tls::parse_certs(&pem).unwrap().remove(0);
+        assert_eq!(replica_of_der(&der).unwrap(), "hub-b");
+        let (_, csr) = crate::csr::generate("edge-1", "a1").unwrap();
+        let agent = ca
+            .sign_agent_csr(
+                &csr,
+                &AgentIdentity::new("edge-1", "a1").unwrap(),
+                std::time::Duration::from_secs(60),
+            )
+            .unwrap();
+        let der = crate::tls::parse_certs(&agent.pem).unwrap().remove(0);
+        assert!(replica_of_der(&der).is_err());
+        assert!(
+            ca.issue_replica_cert("Not/A/Name", &[], std::time::Duration::from_secs(60))
+                .is_err()
+        );
     }
 }

@@ -363,7 +363,12 @@ async fn the_agent_refuses_identities_outside_its_ceiling() {
             let call = hub
                 .state
                 .registry
-                .open_call(&insider, &cluster, &*hub.state.store)
+                .open_call(
+                    &insider,
+                    &cluster,
+                    &*hub.state.store,
+                    &hub.state.config.replica,
+                )
                 .await
                 .unwrap();
             let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
@@ -389,7 +394,12 @@ async fn the_agent_refuses_identities_outside_its_ceiling() {
             let call = hub
                 .state
                 .registry
-                .open_call(&insider, &cluster, &*hub.state.store)
+                .open_call(
+                    &insider,
+                    &cluster,
+                    &*hub.state.store,
+                    &hub.state.config.replica,
+                )
                 .await
                 .unwrap();
             let req = http::Request::get("/api/v1/namespaces/default/pods/web")

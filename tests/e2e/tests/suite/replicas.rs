@@ -43,6 +43,44 @@ fn replica_config(dir: &Path, etcd: &Etcd, key: &Path) -> otter_hub::HubConfig {
     c
 }
 
+/// Replicas `a` and `b` started at once on the empty store (with peer
+/// ports when `peers`); checks they agree on one CA and one first admin
+/// token, and returns them with it.
+async fn two_replicas(
+    etcd: &Etcd,
+    dirs: &[Arc<tempfile::TempDir>; 2],
+    peers: bool,
+) -> (TestHub, TestHub, String) {
+    let key = dirs[0].path().join("store.key");
+    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
+    let config = |i: usize, name: &str| {
+        let mut c = replica_config(&dirs[i].path().join(name), etcd, &key);
+        c.replica = name.to_owned();
+        if peers {
+            c.peer_listen = Some("127.0.0.1:0".parse().unwrap());
+        }
+        c
+    };
+    let (a, b) = tokio::join!(
+        otter_hub::Hub::start(config(0, "a")),
+        otter_hub::Hub::start(config(1, "b")),
+    );
+    let (a, b) = (a.expect("replica a"), b.expect("replica b"));
+    assert_eq!(a.ca_pem(), b.ca_pem(), "one CA");
+    let tokens: Vec<String> = [("a", &dirs[0]), ("b", &dirs[1])]
+        .iter()
+        .filter_map(|(n, d)| std::fs::read_to_string(d.path().join(n).join("admin-token")).ok())
+        .collect();
+    assert_eq!(tokens.len(), 1, "one first admin token, on one replica");
+    let root = tokens[0].trim().to_owned();
+    let hub = |hub, dir: &Arc<tempfile::TempDir>| TestHub {
+        hub,
+        dir: dir.clone(),
+        admin_token: root.clone(),
+    };
+    (hub(a, &dirs[0]), hub(b, &dirs[1]), root)
+}
+
 /// Two stores on one etcd racing: compare-and-swap increments all count,
 /// and first-use secrets come out the same everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,34 +158,7 @@ async fn replicas_share_tenants_tokens_and_links_on_etcd() {
         Arc::new(tempfile::tempdir().unwrap()),
         Arc::new(tempfile::tempdir().unwrap()),
     ];
-    let key = dirs[0].path().join("store.key");
-    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
-
-    // Both start at once on the empty store.
-    let (a, b) = tokio::join!(
-        otter_hub::Hub::start(replica_config(&dirs[0].path().join("a"), &etcd, &key)),
-        otter_hub::Hub::start(replica_config(&dirs[1].path().join("b"), &etcd, &key)),
-    );
-    let (a, b) = (a.expect("replica a"), b.expect("replica b"));
-    assert_eq!(a.ca_pem(), b.ca_pem(), "one CA");
-    let tokens: Vec<String> = [("a", &dirs[0]), ("b", &dirs[1])]
-        .iter()
-        .filter_map(|(n, d)| std::fs::read_to_string(d.path().join(n).join("admin-token")).ok())
-        .collect();
-    assert_eq!(tokens.len(), 1, "one first admin token, on one replica");
-    let root = tokens[0].trim().to_owned();
-    let (a, b) = (
-        TestHub {
-            hub: a,
-            dir: dirs[0].clone(),
-            admin_token: root.clone(),
-        },
-        TestHub {
-            hub: b,
-            dir: dirs[1].clone(),
-            admin_token: root.clone(),
-        },
-    );
+    let (a, b, root) = two_replicas(&etcd, &dirs, false).await;
     let (ca, cb) = (a.channel().await, b.channel().await);
     for ch in [&ca, &cb] {
         LinkServiceClient::new(ch.clone())
@@ -363,4 +374,175 @@ async fn the_hub_process_runs_on_etcd_and_only_sealed() {
         .list_links(with_token(ListLinksRequest {}, token.trim()))
         .await
         .expect("the hub on etcd answers");
+}
+
+/// An agent tunnelled to replica b, called through replica a: a sends the
+/// call to b over the peer port (after its own authorization), streams
+/// come back whole, another tenant still sees nothing, a revocation on a
+/// ends the stream, and once b is gone a says the cluster is offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_reaches_a_cluster_through_any_replica() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dirs = [
+        Arc::new(tempfile::tempdir().unwrap()),
+        Arc::new(tempfile::tempdir().unwrap()),
+    ];
+    let (a, b, root) = two_replicas(&etcd, &dirs, true).await;
+    let join = a.hub.mint_join_token_in("edge-b", "default").unwrap();
+    let agent = start_agent(&b, "edge-b", "agent-b", &join, TransportKind::H2);
+    let ca = a.channel().await;
+    // a lists the link as connected, on b's tunnel.
+    wait_until(
+        async || {
+            LinkServiceClient::new(ca.clone())
+                .list_links(with_token(ListLinksRequest {}, &root))
+                .await
+                .is_ok_and(|r| {
+                    r.get_ref().links.iter().any(|l| {
+                        l.cluster.as_deref() == Some("edge-b")
+                            && l.state == Some(otter_proto::link::v1::LinkState::Connected as i32)
+                            && l.transport.as_deref() == Some("h2")
+                    })
+                })
+        },
+        "replica a to list edge-b as connected",
+    )
+    .await;
+    // A Get and a Watch through a.
+    let mut res = ResourceServiceClient::new(ca.clone());
+    let got = res
+        .get(with_token(otter_e2e::double::get("edge-b", "web"), &root))
+        .await
+        .expect("a Get through replica a");
+    assert_eq!(
+        otter_e2e::double::field(got.get_ref(), "user"),
+        "otter:admin"
+    );
+    let watch_req = || WatchRequest {
+        cluster: Some("edge-b".into()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        ..Default::default()
+    };
+    let mut watch = res
+        .watch(with_token(watch_req(), &root))
+        .await
+        .expect("watch")
+        .into_inner();
+    for i in 0..3 {
+        let event = tokio::time::timeout(WAIT, watch.next())
+            .await
+            .expect("event");
+        assert!(matches!(event, Some(Ok(_))), "event {i}: {event:?}");
+    }
+    drop(watch);
+
+    // Another tenant's admin, through a: as absent as before.
+    let (status, text) = admin_call(
+        a.hub.api_addr,
+        a.hub.ca_pem(),
+        &root,
+        http::Method::POST,
+        "/admin/v1/tenants",
+        Some(json!({"name": "globex"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let (gil, _) = mint_via_admin(
+        a.hub.api_addr,
+        a.hub.ca_pem(),
+        &root,
+        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
+    )
+    .await;
+    let refused = |cluster: &'static str| {
+        let mut res = res.clone();
+        let gil = gil.clone();
+        async move {
+            let s = res
+                .get(with_token(otter_e2e::double::get(cluster, "web"), &gil))
+                .await
+                .unwrap_err();
+            (s.code(), s.message().replace(cluster, "<c>"))
+        }
+    };
+    let foreign = refused("edge-b").await;
+    assert_eq!(foreign.0, Code::NotFound, "{foreign:?}");
+    assert_eq!(foreign, refused("no-such").await);
+
+    // A member's Watch through a, sent to b, ends when a revokes the token.
+    let (status, text) = admin_call(
+        a.hub.api_addr,
+        a.hub.ca_pem(),
+        &root,
+        http::Method::POST,
+        "/admin/v1/tokens",
+        Some(json!({"name": "mel"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let minted: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (mel, mel_id) = (
+        minted["token"].as_str().unwrap().to_owned(),
+        minted["id"].as_str().unwrap().to_owned(),
+    );
+    let mut watch = res
+        .watch(with_token(watch_req(), &mel))
+        .await
+        .expect("mel's watch")
+        .into_inner();
+    assert!(matches!(watch.next().await, Some(Ok(_))));
+    let (status, _) = admin_call(
+        a.hub.api_addr,
+        a.hub.ca_pem(),
+        &root,
+        http::Method::DELETE,
+        &format!("/admin/v1/tokens/{mel_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let ended = loop {
+        match tokio::time::timeout(WAIT, watch.next()).await {
+            Err(_) => panic!("a forwarded Watch outlived its token's revocation"),
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(s))) => break s,
+            Ok(None) => panic!("the Watch ended without a status"),
+        }
+    };
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+
+    // The kubectl proxy through a answers what b answers itself.
+    let kube = |hub: &TestHub| {
+        let (addr, pem, root) = (hub.hub.api_addr, hub.hub.ca_pem().to_owned(), root.clone());
+        async move {
+            admin_call(
+                addr,
+                &pem,
+                &root,
+                http::Method::GET,
+                "/clusters/edge-b/api/v1/namespaces",
+                None,
+            )
+            .await
+        }
+    };
+    let (through_a, at_b) = (kube(&a).await, kube(&b).await);
+    assert_eq!(through_a, at_b);
+    assert!(!through_a.1.contains("replica"), "{through_a:?}");
+    eprintln!("kubectl proxy through a and at b: {}", through_a.0);
+
+    // b stops: its record goes with it, and a says the cluster is offline.
+    drop(agent);
+    b.hub.shutdown().await;
+    wait_until(
+        async || {
+            res.get(with_token(otter_e2e::double::get("edge-b", "web"), &root))
+                .await
+                .is_err_and(|s| s.code() == Code::Unavailable && s.message().contains("offline"))
+        },
+        "replica a to call edge-b offline",
+    )
+    .await;
+    a.hub.shutdown().await;
 }

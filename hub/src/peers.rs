@@ -1,0 +1,336 @@
+//! Replicas reaching each other. A replica that admits a tunnel records,
+//! under its etcd lease, that it holds that cluster; a call arriving at
+//! another replica goes to it over a peer connection: HTTP/2 with mutual
+//! TLS, both sides presenting a replica certificate from the hub CA, one
+//! stream per call (HTTP/2's flow control carries the caller's back
+//! pressure end to end). The caller was authenticated by the first replica;
+//! its verified identity travels in a header only a peer is believed about.
+//! The replica that holds the tunnel authorizes the call again, as for any
+//! call, and writes its audit line with the caller's own address.
+
+use std::{collections::HashMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use http_body_util::BodyExt;
+use hyper::{body::Incoming, client::conn::http2::SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    auth::Principal,
+    forward::HttpBody,
+    registry::TunnelEntry,
+    server::{ConnInfo, HubState},
+    store::{Store, StoreExt, tree},
+};
+
+/// The verified caller, as the first replica authenticated it.
+pub const PRINCIPAL_HEADER: &str = "otter-peer-principal";
+/// The caller's own address, for the audit line.
+pub const REMOTE_HEADER: &str = "otter-peer-remote";
+
+/// How long a replica certificate is good for (issued at every start).
+const REPLICA_CERT_LIFETIME: Duration = Duration::from_secs(397 * 24 * 3600);
+
+/// Which replica holds a cluster's tunnel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunnelOwner {
+    pub replica: String,
+    /// Where its peer port answers.
+    pub peer_url: String,
+    pub agent_id: String,
+    pub transport: String,
+    /// The tunnel's id on that replica.
+    pub tunnel: u64,
+    pub since: i64,
+}
+
+/// Set on a request that came from a peer: it is never sent on again.
+#[derive(Debug, Clone)]
+pub struct FromPeer(pub String);
+
+/// Records that this replica holds `entry`'s tunnel (a store shared by
+/// replicas only; nothing otherwise).
+pub fn claim(state: &HubState, entry: &TunnelEntry) {
+    let Some(peer_url) = &state.config.peer_url else {
+        return;
+    };
+    let owner = TunnelOwner {
+        replica: state.config.replica.clone(),
+        peer_url: peer_url.to_string(),
+        agent_id: entry.agent_id.clone(),
+        transport: entry.transport.as_str().to_owned(),
+        tunnel: entry.id,
+        since: entry.connected_at,
+    };
+    let written = serde_json::to_vec(&owner)
+        .map_err(|e| crate::HubError::Store(e.to_string()))
+        .and_then(|v| state.store.put_leased(tree::TUNNELS, &entry.cluster, &v));
+    if let Err(e) = written {
+        tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica");
+    }
+}
+
+/// Forgets that this replica holds the cluster's tunnel `id`, unless
+/// another replica (or a newer tunnel here) took it meanwhile.
+pub fn release(state: &HubState, cluster: &str, id: u64) {
+    if state.config.peer_url.is_none() {
+        return;
+    }
+    let release = || -> crate::Result<()> {
+        let Some(raw) = state.store.get_raw(tree::TUNNELS, cluster)? else {
+            return Ok(());
+        };
+        let ours = serde_json::from_slice::<TunnelOwner>(&raw)
+            .is_ok_and(|o| o.replica == state.config.replica && o.tunnel == id);
+        if ours {
+            state
+                .store
+                .compare_and_swap_raw(tree::TUNNELS, cluster, Some(&raw), None)?;
+        }
+        Ok(())
+    };
+    if let Err(e) = release() {
+        tracing::warn!(%cluster, error = %e, "could not clear the tunnel's replica");
+    }
+}
+
+/// The replica other than `me` that holds the cluster's tunnel, if any.
+pub fn owner(store: &dyn Store, cluster: &str, me: &str) -> crate::Result<Option<TunnelOwner>> {
+    Ok(store
+        .get::<TunnelOwner>(tree::TUNNELS, cluster)?
+        .filter(|o| o.replica != me))
+}
+
+/// Connections to the other replicas.
+pub struct Peers {
+    tls: tokio_rustls::TlsConnector,
+    conns: tokio::sync::Mutex<HashMap<String, SendRequest<HttpBody>>>,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Peers")
+    }
+}
+
+impl Peers {
+    /// Presents a replica certificate for `replica` issued now by the
+    /// active CA, and trusts the CAs of `authority`.
+    pub fn new(authority: &crate::authority::Authority, replica: &str) -> crate::Result<Self> {
+        let set = authority.current();
+        let (cert, key) = set
+            .active
+            .issue_replica_cert(replica, &[], REPLICA_CERT_LIFETIME)?;
+        let config =
+            otter_pki::tls::client_config(&set.bundle_pem(), Some((&cert, &key)), &[b"h2"])?;
+        Ok(Peers {
+            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            conns: Default::default(),
+        })
+    }
+
+    /// Sends `req` to the replica `owner` names, as `caller` from `remote`.
+    pub async fn send(
+        &self,
+        owner: &TunnelOwner,
+        caller: &Principal,
+        remote: &str,
+        mut req: http::Request<HttpBody>,
+    ) -> Result<http::Response<Incoming>, String> {
+        let principal = serde_json::to_vec(caller).map_err(|e| e.to_string())?;
+        let headers = req.headers_mut();
+        headers.insert(
+            PRINCIPAL_HEADER,
+            http::HeaderValue::from_str(&URL_SAFE_NO_PAD.encode(principal))
+                .map_err(|e| e.to_string())?,
+        );
+        if let Ok(v) = http::HeaderValue::from_str(remote) {
+            headers.insert(REMOTE_HEADER, v);
+        }
+        let url: url::Url = owner.peer_url.parse().map_err(|e| format!("{e}"))?;
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        *req.uri_mut() = format!(
+            "https://{}:{}{path}",
+            url.host_str().unwrap_or("localhost"),
+            url.port().unwrap_or(443)
+        )
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+        let mut sender = self.connection(&url).await?;
+        sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("replica {}: {e}", owner.replica))
+    }
+
+    /// The open connection to `url`, or a new one.
+    async fn connection(&self, url: &url::Url) -> Result<SendRequest<HttpBody>, String> {
+        let key = url.to_string();
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(&key)
+            && !c.is_closed()
+        {
+            return Ok(c.clone());
+        }
+        let host = url.host_str().ok_or("peer URL without a host")?.to_owned();
+        let port = url.port().unwrap_or(443);
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|e| format!("connecting to {url}: {e}"))?;
+            let _ = tcp.set_nodelay(true);
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| format!("{host}: {e}"))?;
+            let tls = self
+                .tls
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("TLS to {url}: {e}"))?;
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                    .await
+                    .map_err(|e| format!("HTTP/2 to {url}: {e}"))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Ok::<_, String>(sender)
+        };
+        let sender = tokio::time::timeout(Duration::from_secs(10), connect)
+            .await
+            .map_err(|_| format!("no connection to {url} within 10 s"))??;
+        conns.insert(key, sender.clone());
+        Ok(sender)
+    }
+}
+
+/// A peer's answer as this replica's response body.
+pub fn into_body(resp: http::Response<Incoming>) -> http::Response<HttpBody> {
+    resp.map(|b| {
+        b.map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+            .boxed_unsync()
+    })
+}
+
+/// Serves the peer port: only replica certificates from the hub CA.
+pub async fn serve(
+    state: Arc<HubState>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, remote) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "peer port accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let (state, acceptor, shutdown) = (state.clone(), acceptor.clone(), shutdown.clone());
+        state.tasks.clone().spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = serve_connection(state, acceptor, tcp, remote) => {}
+            }
+        });
+    }
+}
+
+async fn serve_connection(
+    state: Arc<HubState>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    remote: SocketAddr,
+) {
+    let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+    else {
+        return;
+    };
+    // The chain is the hub CA's (the TLS layer checked it); only a
+    // replica's certificate is believed about a caller.
+    let replica = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| otter_pki::identity::replica_of_der(c));
+    let replica = match replica {
+        Some(Ok(r)) => r,
+        other => {
+            tracing::warn!(%remote, ?other, "refused a peer connection without a replica certificate");
+            return;
+        }
+    };
+    let service = hyper::service::service_fn(move |req| {
+        let (state, replica) = (state.clone(), replica.clone());
+        async move { Ok::<_, std::convert::Infallible>(handle(state, replica, remote, req).await) }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+}
+
+/// One call from a peer: the caller it carries, then the same handlers as
+/// the API port's.
+async fn handle(
+    state: Arc<HubState>,
+    replica: String,
+    peer: SocketAddr,
+    mut req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let caller = req
+        .headers()
+        .get(PRINCIPAL_HEADER)
+        .and_then(|v| URL_SAFE_NO_PAD.decode(v.as_bytes()).ok())
+        .and_then(|json| serde_json::from_slice::<Principal>(&json).ok());
+    let Some(caller) = caller else {
+        return crate::server::unread_body(
+            crate::server::plain(http::StatusCode::BAD_REQUEST, "no caller from the peer"),
+            req,
+        );
+    };
+    let remote = req
+        .headers()
+        .get(REMOTE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(peer);
+    req.headers_mut().remove(PRINCIPAL_HEADER);
+    req.headers_mut().remove(REMOTE_HEADER);
+    let ext = req.extensions_mut();
+    ext.insert(Arc::new(ConnInfo {
+        remote,
+        peer_cert: None,
+    }));
+    ext.insert(crate::auth::Verified(caller));
+    ext.insert(FromPeer(replica));
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    if let Some((cluster, tail)) =
+        crate::kube_proxy::split(&state.config.kube_proxy_prefix, &path_and_query)
+    {
+        let (cluster, tail) = (cluster.to_owned(), tail.to_owned());
+        return crate::kube_proxy::handle(state, cluster, tail, req).await;
+    }
+    if crate::forward::is_forwarded(req.uri().path()) {
+        let req = req.map(|b| {
+            b.map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+                .boxed_unsync()
+        });
+        return crate::forward::handle(state, req).await;
+    }
+    crate::server::unread_body(
+        crate::server::plain(http::StatusCode::NOT_FOUND, "not a peer path"),
+        req,
+    )
+}
