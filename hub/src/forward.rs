@@ -259,6 +259,7 @@ pub fn strip_client_headers(headers: &mut http::HeaderMap) {
                 || n == "cookie"
                 || n.starts_with("impersonate-")
                 || n.starts_with("x-otter-")
+                || n.starts_with("otter-peer-")
                 || matches!(
                     n,
                     "connection"

@@ -121,7 +121,14 @@ async fn serve(
         Ok(call) => call,
         Err(crate::registry::RouteError::Elsewhere(owner))
             if req.extensions().get::<crate::peers::FromPeer>().is_none()
-                && req.headers().get(http::header::UPGRADE).is_none()
+                && req.headers().contains_key(http::header::UPGRADE)
+                && let Some(peers) = &state.peers =>
+        {
+            event.kind = "";
+            return upgrade_through_peer(&state, peers, &owner, &caller, cluster, req).await;
+        }
+        Err(crate::registry::RouteError::Elsewhere(owner))
+            if req.extensions().get::<crate::peers::FromPeer>().is_none()
                 && let Some(peers) = &state.peers =>
         {
             // Another replica holds the tunnel: the request goes there
@@ -160,7 +167,15 @@ async fn serve(
     // WebSocket or SPDY. Counted against the caller's and the cluster's
     // bounds before anything is relayed (after the authorization, so
     // nobody learns of another tenant's cluster from its bound).
-    let upgrade = req.headers().get(http::header::UPGRADE).cloned();
+    // From a replica relaying the caller, the protocol comes in a header
+    // of its own (HTTP/2 has no Upgrade).
+    let from_peer_upgrade = req
+        .extensions()
+        .get::<crate::peers::FromPeer>()
+        .and_then(|_| req.headers().get(crate::peers::UPGRADE_HEADER).cloned());
+    let upgrade = from_peer_upgrade
+        .clone()
+        .or_else(|| req.headers().get(http::header::UPGRADE).cloned());
     let upgrade_guard = match &upgrade {
         None => None,
         // Users are counted within their tenant: the same name in another
@@ -178,14 +193,27 @@ async fn serve(
         },
     };
     let hold = crate::credentials::hold_for(&state.live, &caller);
-    let on_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
+    let on_upgrade = match (&upgrade, &from_peer_upgrade) {
+        (Some(_), None) => Some(hyper::upgrade::on(&mut req)),
+        _ => None,
+    };
     let (mut parts, body) = req.into_parts();
     crate::forward::strip_client_headers(&mut parts.headers);
     parts.uri = uri;
+    // A peer's caller: its bytes are this request's body, ours go back as
+    // the response's.
+    let (caller_side, peer_body, body) = match (on_upgrade, &from_peer_upgrade) {
+        (Some(on_upgrade), _) => (Some(CallerSide::Upgrade(on_upgrade)), None, None),
+        (None, Some(_)) => {
+            let (ours, back) = bridge(&state, body);
+            (Some(CallerSide::Peer(ours)), Some(back), None)
+        }
+        (None, None) => (None, None, Some(body)),
+    };
     // An upgrade's request has no body of its own: after the switch the
     // caller's bytes follow as the tunnel stream's request body.
-    let (body, upgrading) = match (upgrade, on_upgrade, upgrade_guard) {
-        (Some(protocol), Some(on_upgrade), Some(guard)) => {
+    let (body, upgrading) = match (upgrade, caller_side, upgrade_guard) {
+        (Some(protocol), Some(caller_side), Some(guard)) => {
             parts.headers.insert(http::header::UPGRADE, protocol);
             parts.headers.insert(
                 http::header::CONNECTION,
@@ -193,16 +221,24 @@ async fn serve(
             );
             let (to_agent, mut rx) = mpsc::channel(4);
             let body = StreamBody::new(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
-            (body.boxed_unsync(), Some((on_upgrade, to_agent, guard)))
+            (body.boxed_unsync(), Some((caller_side, to_agent, guard)))
         }
         // Drained if the agent answers before the end (HTTP/1.1 keeps
         // the connection; see `limits::RequestBody`).
-        _ => (
-            crate::limits::RequestBody::new(body, parts.version)
-                .map_err(|e| std::io::Error::other(e.to_string()))
-                .boxed_unsync(),
-            None,
-        ),
+        _ => match body {
+            Some(body) => (
+                crate::limits::RequestBody::new(body, parts.version)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .boxed_unsync(),
+                None,
+            ),
+            None => (
+                http_body_util::Empty::new()
+                    .map_err(|e| match e {})
+                    .boxed_unsync(),
+                None,
+            ),
+        },
     };
     let forwarded = otter_tunnel::http::forward_to(
         TARGET_KUBE,
@@ -214,10 +250,10 @@ async fn serve(
     )
     .await;
     match (forwarded, upgrading) {
-        (Ok(resp), Some((on_upgrade, to_agent, guard)))
+        (Ok(resp), Some((caller, to_agent, guard)))
             if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
         {
-            let (parts, from_agent) = resp.into_parts();
+            let (mut parts, from_agent) = resp.into_parts();
             // A session: this line opens it, the relay's last closes it.
             event.kind = "session";
             event.phase = "open";
@@ -233,17 +269,34 @@ async fn serve(
             let idle = state.config.kube_upgrades.idle_timeout;
             state.tasks.spawn(relay(
                 Relay {
-                    on_upgrade,
+                    caller,
                     to_agent,
-                    from_agent,
+                    from_agent: from_agent
+                        .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+                        .boxed_unsync(),
                     idle,
-                    _guard: guard,
+                    _guard: Some(guard),
                     hold,
                     cluster,
                 },
                 close,
             ));
-            http::Response::from_parts(parts, empty())
+            match peer_body {
+                None => http::Response::from_parts(parts, empty()),
+                // To the relaying replica: switched, in a header; the
+                // agent's bytes as the body.
+                Some(body) => {
+                    parts.status = http::StatusCode::OK;
+                    for h in [http::header::UPGRADE, http::header::CONNECTION] {
+                        parts.headers.remove(h);
+                    }
+                    parts.headers.insert(
+                        crate::peers::SWITCHED_HEADER,
+                        http::HeaderValue::from_static("1"),
+                    );
+                    http::Response::from_parts(parts, body)
+                }
+            }
         }
         // Anything else, a refused upgrade included (RBAC, no such pod), is
         // an ordinary response; a dropped sender ends the request body. A
@@ -261,6 +314,105 @@ async fn serve(
     }
 }
 
+/// The two ends of a replica-relayed upgrade on this side: the request
+/// body (the caller's bytes) is written into the returned stream's peer,
+/// and what the relay writes there becomes the returned response body.
+fn bridge(state: &HubState, body: Incoming) -> (tokio::io::DuplexStream, HttpBody) {
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (read, mut write) = tokio::io::split(theirs);
+    state.tasks.spawn(async move {
+        let mut body = body;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data()
+                && write.write_all(&data).await.is_err()
+            {
+                return;
+            }
+        }
+        let _ = write.shutdown().await;
+    });
+    let back = futures::StreamExt::map(tokio_util::io::ReaderStream::new(read), |chunk| {
+        chunk
+            .map(Frame::data)
+            .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+    });
+    (ours, StreamBody::new(back).boxed_unsync())
+}
+
+/// An upgraded kubectl connection for a cluster whose tunnel another
+/// replica holds: the switch is asked of that replica over the peer
+/// connection (the protocol in a header, the bytes as the stream's bodies)
+/// and, once the agent switched, the caller's connection is relayed to it.
+async fn upgrade_through_peer(
+    state: &Arc<HubState>,
+    peers: &crate::peers::Peers,
+    owner: &crate::peers::TunnelOwner,
+    caller: &auth::Principal,
+    cluster: String,
+    mut req: http::Request<Incoming>,
+) -> http::Response<HttpBody> {
+    let Some(protocol) = req.headers().get(http::header::UPGRADE).cloned() else {
+        return status(400, "BadRequest", "no protocol to switch to");
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let remote = crate::server::ConnInfo::remote_of(req.extensions());
+    let (mut parts, _) = req.into_parts();
+    crate::forward::strip_client_headers(&mut parts.headers);
+    parts
+        .headers
+        .insert(crate::peers::UPGRADE_HEADER, protocol.clone());
+    let (to_peer, mut rx) = mpsc::channel::<UpBody>(4);
+    let body = StreamBody::new(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+        .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+        .boxed_unsync();
+    let resp = match peers
+        .send(
+            owner,
+            caller,
+            &remote,
+            http::Request::from_parts(parts, body),
+        )
+        .await
+    {
+        Ok(resp) => resp,
+        Err(e) => {
+            return status(
+                503,
+                "ServiceUnavailable",
+                &format!("cluster {cluster}: {e}"),
+            );
+        }
+    };
+    if !resp.headers().contains_key(crate::peers::SWITCHED_HEADER) {
+        return crate::peers::into_body(resp);
+    }
+    let (mut parts, from_peer) = resp.into_parts();
+    parts.status = http::StatusCode::SWITCHING_PROTOCOLS;
+    parts.headers.remove(crate::peers::SWITCHED_HEADER);
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts.headers.insert(http::header::UPGRADE, protocol);
+    parts.headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("Upgrade"),
+    );
+    state.tasks.spawn(relay(
+        Relay {
+            caller: CallerSide::Upgrade(on_upgrade),
+            to_agent: to_peer,
+            from_agent: from_peer
+                .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
+                .boxed_unsync(),
+            idle: state.config.kube_upgrades.idle_timeout,
+            // Counted where the tunnel is, with the caller's tenant.
+            _guard: None,
+            hold: crate::credentials::hold_for(&state.live, caller),
+            cluster,
+        },
+        None,
+    ));
+    http::Response::from_parts(parts, empty())
+}
+
 fn empty() -> HttpBody {
     http_body_util::Empty::new()
         .map_err(|e| match e {})
@@ -274,13 +426,28 @@ pub fn unauthorized(message: &str) -> http::Response<HttpBody> {
     status(401, "Unauthorized", message)
 }
 
+/// Where the caller's side of an upgraded connection is.
+enum CallerSide {
+    /// The caller's own HTTP/1.1 connection, once switched.
+    Upgrade(hyper::upgrade::OnUpgrade),
+    /// A replica relaying the caller: the caller's bytes arrive as that
+    /// request's body, and go back as this response's body.
+    Peer(tokio::io::DuplexStream),
+}
+
+/// The two ends of an upgraded connection, as bytes both ways.
+trait Duplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Duplex for T {}
+
 /// What one upgraded connection's relay holds.
 struct Relay {
-    on_upgrade: hyper::upgrade::OnUpgrade,
+    caller: CallerSide,
     to_agent: mpsc::Sender<UpBody>,
-    from_agent: otter_tunnel::http::ResponseBody,
+    /// The agent's bytes (or, on the caller's replica, the holding
+    /// replica's answer).
+    from_agent: HttpBody,
     idle: Duration,
-    _guard: UpgradeGuard,
+    _guard: Option<UpgradeGuard>,
     /// Ends the relay when the caller's hub token is revoked or expires.
     hold: Option<crate::credentials::Hold>,
     cluster: String,
@@ -312,7 +479,7 @@ async fn relay(relay: Relay, close: Option<SessionClose>) {
 /// apiserver, and closes the caller's. Returns who ended it.
 async fn relay_bytes(relay: Relay) -> &'static str {
     let Relay {
-        on_upgrade,
+        caller,
         to_agent,
         mut from_agent,
         idle,
@@ -320,14 +487,17 @@ async fn relay_bytes(relay: Relay) -> &'static str {
         mut hold,
         cluster,
     } = relay;
-    let upgraded = match on_upgrade.await {
-        Ok(u) => u,
-        Err(e) => {
-            tracing::debug!(%cluster, error = %e, "caller left before the protocol switch");
-            return "caller";
-        }
+    let io: Box<dyn Duplex> = match caller {
+        CallerSide::Upgrade(on_upgrade) => match on_upgrade.await {
+            Ok(u) => Box::new(TokioIo::new(u)),
+            Err(e) => {
+                tracing::debug!(%cluster, error = %e, "caller left before the protocol switch");
+                return "caller";
+            }
+        },
+        CallerSide::Peer(io) => Box::new(io),
     };
-    let (mut read, mut write) = tokio::io::split(TokioIo::new(upgraded));
+    let (mut read, mut write) = tokio::io::split(io);
     let start = tokio::time::Instant::now();
     let last = AtomicU64::new(0);
     let touch = || last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);

@@ -30,6 +30,12 @@ use crate::{
 pub const PRINCIPAL_HEADER: &str = "otter-peer-principal";
 /// The caller's own address, for the audit line.
 pub const REMOTE_HEADER: &str = "otter-peer-remote";
+/// An upgraded kubectl connection (HTTP/2 has no Upgrade): the protocol
+/// the caller asked for. The caller's bytes follow as the request body.
+pub const UPGRADE_HEADER: &str = "otter-peer-upgrade";
+/// On the answer: the agent switched protocols; the agent's bytes follow
+/// as the response body.
+pub const SWITCHED_HEADER: &str = "otter-peer-switched";
 
 /// How long a replica certificate is good for (issued at every start).
 const REPLICA_CERT_LIFETIME: Duration = Duration::from_secs(397 * 24 * 3600);
@@ -159,6 +165,8 @@ impl Peers {
         )
         .parse()
         .map_err(|e| format!("{e}"))?;
+        // Whatever the caller spoke, the peer connection is HTTP/2.
+        *req.version_mut() = http::Version::HTTP_2;
         let mut sender = self.connection(&url).await?;
         sender
             .send_request(req)

@@ -21,6 +21,53 @@ use crate::{
 /// The group of the hub's admin token; tests let it do everything.
 pub const HUB_ADMINS: &str = "otter:default:admins";
 
+/// A real agent (its kube-rs services and Kubernetes API proxy, the
+/// ceiling a manifest of tenant `default` sets) for `cluster`, joined to
+/// `hub` with `token` and serving the test server `sim`; returns once its
+/// tunnel is up.
+pub async fn kube_agent(
+    hub: &TestHub,
+    sim: &KubeSim,
+    cluster: &str,
+    token: &str,
+    transport: TransportKind,
+    tweak: impl FnOnce(&mut ServicesConfig),
+) -> Agent {
+    // The agent's own identity may impersonate (the test server's admin),
+    // and reaches the API through a kubeconfig file, as with --kubeconfig.
+    let kubeconfig = hub.dir.path().join(format!("{cluster}-kubeconfig.yaml"));
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(ADMIN_TOKEN)).expect("write kubeconfig");
+    let kube_config = otter_agent::kube::load_config(Some(&kubeconfig))
+        .await
+        .expect("kubeconfig loads");
+    let ceiling = otter_agent::impersonation::Ceiling::new(
+        vec!["otter:".into(), "oidc:".into()],
+        vec!["otter:default:".into()],
+    )
+    .expect("ceiling");
+    let access = otter_agent::kube::KubeAccess::new(kube_config)
+        .expect("kube client")
+        .with_ceiling(ceiling);
+    let mut config = AgentConfig::new(hub.api_url(), cluster, "agent-0", hub.hub.ca_pem());
+    let mut services = ServicesConfig::default();
+    // One place counts the agent's streams and its sessions.
+    services.runtime.gauges = config.gauges.clone();
+    tweak(&mut services);
+    let proxy = otter_agent::kube_proxy::KubeProxy::for_access(&access);
+    let routes = otter_agent::services(access, cluster, services);
+    config.join_token = Secret(token.to_owned());
+    config.transports = vec![transport];
+    config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+    config.backoff_base = Duration::from_millis(100);
+    config.backoff_cap = Duration::from_millis(800);
+    let agent = Agent::start_with_proxy(config, routes, Some(proxy)).expect("agent starts");
+    agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("agent connects");
+    agent
+}
+
 /// Hub, test server and agent for one test.
 #[derive(Debug)]
 pub struct KubeEnv {
@@ -87,42 +134,8 @@ impl KubeEnv {
         let hub = TestHub::start_with(dir, None, hub_tweak).await;
         started(&hub);
         let cluster = "edge-1".to_owned();
-        // The agent's own identity may impersonate (the test server's admin),
-        // and reaches the API through a kubeconfig file, as with --kubeconfig.
-        let kubeconfig = hub.dir.path().join("agent-kubeconfig.yaml");
-        std::fs::write(&kubeconfig, sim.kubeconfig_yaml(ADMIN_TOKEN)).expect("write kubeconfig");
-        let kube_config = otter_agent::kube::load_config(Some(&kubeconfig))
-            .await
-            .expect("kubeconfig loads");
-        // The ceiling a manifest of tenant `default` sets.
-        let ceiling = otter_agent::impersonation::Ceiling::new(
-            vec!["otter:".into(), "oidc:".into()],
-            vec!["otter:default:".into()],
-        )
-        .expect("ceiling");
-        let access = otter_agent::kube::KubeAccess::new(kube_config)
-            .expect("kube client")
-            .with_ceiling(ceiling);
-        let mut config = AgentConfig::new(hub.api_url(), &cluster, "agent-0", hub.hub.ca_pem());
-        let mut services = ServicesConfig::default();
-        // One place counts the agent's streams and its sessions.
-        services.runtime.gauges = config.gauges.clone();
-        tweak(&mut services);
-        // The Kubernetes API proxy as the agent binary runs it.
-        let proxy = otter_agent::kube_proxy::KubeProxy::for_access(&access);
-        let routes = otter_agent::services(access, &cluster, services);
-
         let token = hub.hub.mint_join_token(&cluster).expect("join token");
-        config.join_token = Secret(token);
-        config.transports = vec![transport];
-        config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
-        config.backoff_base = Duration::from_millis(100);
-        config.backoff_cap = Duration::from_millis(800);
-        let agent = Agent::start_with_proxy(config, routes, Some(proxy)).expect("agent starts");
-        agent
-            .wait_for(WAIT, |s| s.connected.is_some())
-            .await
-            .expect("agent connects");
+        let agent = kube_agent(&hub, &sim, &cluster, &token, transport, tweak).await;
         let channel = hub.channel().await;
         wait_connected(&channel, &hub.admin_token, 1).await;
         KubeEnv {

@@ -469,6 +469,23 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
     let foreign = refused("edge-b").await;
     assert_eq!(foreign.0, Code::NotFound, "{foreign:?}");
     assert_eq!(foreign, refused("no-such").await);
+    // A caller naming itself someone else in the peers' header, on the
+    // API port, is still who its token says.
+    let claim = {
+        use base64::Engine;
+        let admin = otter_hub::auth::Principal {
+            user: "admin".into(),
+            cluster_user: "otter:admin".into(),
+            tenants: [("default".to_owned(), otter_hub::tenancy::Role::Admin)].into(),
+            ..Default::default()
+        };
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(&admin).unwrap())
+    };
+    let mut req = with_token(otter_e2e::double::get("edge-b", "web"), &gil);
+    req.metadata_mut()
+        .insert(otter_hub::peers::PRINCIPAL_HEADER, claim.parse().unwrap());
+    let forged = res.clone().get(req).await.unwrap_err();
+    assert_eq!(forged.code(), Code::NotFound, "{forged:?}");
 
     // A member's Watch through a, sent to b, ends when a revokes the token.
     let (status, text) = admin_call(
@@ -545,4 +562,189 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
     )
     .await;
     a.hub.shutdown().await;
+}
+
+/// kubectl 1.33 through replica a to a real agent tunnelled to replica b:
+/// a list, an exec with stdin (an upgraded connection relayed a → b →
+/// agent) and its exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_a_cluster_through_any_replica() {
+    let Some(etcd) = Etcd::start() else { return };
+    let Some(kubectl) = otter_e2e::kubectl_133() else {
+        otter_e2e::tool_missing("kubectl 1.33");
+        return;
+    };
+    let dirs = [
+        Arc::new(tempfile::tempdir().unwrap()),
+        Arc::new(tempfile::tempdir().unwrap()),
+    ];
+    let (a, b, root) = two_replicas(&etcd, &dirs, true).await;
+    let sim =
+        kube_sim::KubeSim::start(otter_e2e::kube::sim_config().pod("default", "web", &["app"]))
+            .await
+            .expect("kube-sim");
+    let join = a.hub.mint_join_token_in("edge-b", "default").unwrap();
+    let _agent =
+        otter_e2e::kube::kube_agent(&b, &sim, "edge-b", &join, TransportKind::H2, |_| {}).await;
+    let ca = a.channel().await;
+    wait_until(
+        async || {
+            LinkServiceClient::new(ca.clone())
+                .list_links(with_token(ListLinksRequest {}, &root))
+                .await
+                .is_ok_and(|r| {
+                    r.get_ref().links.iter().any(|l| {
+                        l.cluster.as_deref() == Some("edge-b")
+                            && l.state == Some(otter_proto::link::v1::LinkState::Connected as i32)
+                    })
+                })
+        },
+        "replica a to list edge-b as connected",
+    )
+    .await;
+    let tools = tempfile::tempdir().unwrap();
+    let ca_file = tools.path().join("hub-ca.pem");
+    std::fs::write(&ca_file, a.hub.ca_pem()).unwrap();
+    let config = tools.path().join("kubeconfig");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters: [{{name: c, cluster: {{server: \"https://localhost:{}/clusters/edge-b\", certificate-authority: {}}}}}]\n\
+             users: [{{name: u, user: {{token: {root}}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n",
+            a.hub.api_addr.port(),
+            ca_file.display()
+        ),
+    )
+    .unwrap();
+    let k = |args: &[&str], input: Option<&[u8]>| {
+        let mut cmd = std::process::Command::new(&kubectl);
+        cmd.arg("--kubeconfig").arg(&config).args(args);
+        tokio::task::block_in_place(|| {
+            otter_e2e::run_bounded_with_input(
+                &mut cmd,
+                input.map(<[u8]>::to_vec),
+                Duration::from_secs(60),
+            )
+        })
+    };
+    let (code, out, err) = k(&["get", "pods"], None);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("web"), "{out}");
+    let (code, out, err) = k(
+        &["exec", "-i", "web", "-c", "app", "--", "cat"],
+        Some(b"through two replicas\n"),
+    );
+    assert_eq!((code, out.as_str()), (0, "through two replicas\n"), "{err}");
+    let (code, _, err) = k(
+        &["exec", "web", "-c", "app", "--", "sh", "-c", "exit 3"],
+        None,
+    );
+    assert_eq!(code, 3, "{err}");
+    a.hub.shutdown().await;
+    b.hub.shutdown().await;
+}
+
+/// One request on a replica's peer port as `client` (certificate, key),
+/// claiming to relay `principal`: the HTTP status, or why none came.
+async fn peer_request(
+    peer_url: &url::Url,
+    ca_pem: &str,
+    client: Option<(&str, &str)>,
+    principal: &otter_hub::auth::Principal,
+) -> Result<u16, String> {
+    use base64::Engine;
+    let tls = otter_pki::tls::client_config(ca_pem, client, &[b"h2"]).map_err(|e| e.to_string())?;
+    let port = peer_url.port().unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .map_err(|e| format!("h2: {e}"))?;
+    tokio::spawn(conn);
+    let claim = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(principal).unwrap());
+    let req = http::Request::get("https://localhost/clusters/no-such/api/v1/namespaces")
+        .header(otter_hub::peers::PRINCIPAL_HEADER, claim)
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let answer = tokio::time::timeout(WAIT, send.send_request(req))
+        .await
+        .map_err(|_| "no answer".to_owned())?
+        .map_err(|e| format!("request: {e}"))?;
+    Ok(answer.status().as_u16())
+}
+
+/// The peer port believes only replica certificates from the hub CA: no
+/// certificate, an agent's certificate (same CA) and a replica certificate
+/// of another CA get no answer; a replica's own does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_port_takes_replica_certificates_only() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dirs = [
+        Arc::new(tempfile::tempdir().unwrap()),
+        Arc::new(tempfile::tempdir().unwrap()),
+    ];
+    let (a, b, _) = two_replicas(&etcd, &dirs, true).await;
+    let peer_url = a.hub.state.config.peer_url.clone().expect("peer URL");
+    let pem = a.hub.ca_pem().to_owned();
+    let forged = otter_hub::auth::Principal {
+        user: "mallory".into(),
+        cluster_user: "otter:mallory".into(),
+        operator: true,
+        tenants: [("default".to_owned(), otter_hub::tenancy::Role::Admin)].into(),
+        ..Default::default()
+    };
+    let set = a.hub.state.authority.current();
+    let active = &set.active;
+    let (agent_key, csr) = otter_pki::csr::generate("edge-x", "x").unwrap();
+    let agent_cert = active
+        .sign_agent_csr(
+            &csr,
+            &otter_pki::AgentIdentity::new("edge-x", "x").unwrap(),
+            Duration::from_secs(3600),
+        )
+        .unwrap()
+        .pem;
+    let other_ca = otter_pki::CertificateAuthority::generate("another CA").unwrap();
+    let (stranger_cert, stranger_key) = other_ca
+        .issue_replica_cert("c", &[], Duration::from_secs(3600))
+        .unwrap();
+    let (replica_cert, replica_key) = active
+        .issue_replica_cert("c", &[], Duration::from_secs(3600))
+        .unwrap();
+    let cases: [(&str, Option<(&str, &str)>); 3] = [
+        ("no certificate", None),
+        ("an agent's certificate", Some((&agent_cert, &agent_key))),
+        (
+            "another CA's replica certificate",
+            Some((&stranger_cert, &stranger_key)),
+        ),
+    ];
+    for (what, client) in cases {
+        let got = peer_request(&peer_url, &pem, client, &forged).await;
+        assert!(got.is_err(), "{what}: answered {got:?}");
+        eprintln!("{what}: {}", got.unwrap_err());
+    }
+    // The control: a replica's certificate is answered (the cluster does
+    // not exist, which the kubectl proxy says with 404).
+    let got = peer_request(
+        &peer_url,
+        &pem,
+        Some((&replica_cert, &replica_key)),
+        &forged,
+    )
+    .await;
+    assert_eq!(got, Ok(404));
+    a.hub.shutdown().await;
+    b.hub.shutdown().await;
 }
