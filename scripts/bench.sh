@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`: tunnel throughput, call latency, head-of-line isolation, hub
-# memory per agent, reconnect storm and footprint, side by side with direct
+# memory per agent, reconnect storm, footprint and replicas on etcd, side by side with direct
 # loopback and with rathole. Everything runs on 127.0.0.1 and every scenario
 # is bounded in time. Figures are reported with median, min and max over
 # several runs and as ratios to a baseline measured in the same run; nothing
@@ -18,9 +18,9 @@ QUICK=${QUICK:-}
 FULL=${FULL:-}
 
 if [ -n "$QUICK" ]; then
-    tp_secs=3 tp_runs=2 calls=2000 hol_calls=500 call_runs=2 agents=200 idle=5 fp_runs=2 pf_mib=32 pf_runs=2
+    tp_secs=3 tp_runs=2 calls=2000 hol_calls=500 call_runs=2 agents=200 idle=5 fp_runs=2 pf_mib=32 pf_runs=2 replica_agents=100
 else
-    tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3 pf_mib=128 pf_runs=3
+    tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3 pf_mib=128 pf_runs=3 replica_agents=1000
 fi
 if [ -n "$FULL" ]; then
     agents=10000
@@ -72,6 +72,7 @@ scenario 300 calls calls "$samples" "$calls" "$hol_calls" "$call_runs"
 scenario 600 portforward portforward "$samples" "$pf_mib" "$pf_runs"
 scenario 900 scale scale "$samples" "$agents" "$idle"
 scenario 120 footprint footprint "$samples" "$fp_runs" "$agent_bin"
+scenario 300 replicas replicas "$samples" "$calls" "$replica_agents" "$idle"
 
 echo
 echo "== results ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"

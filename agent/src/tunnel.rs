@@ -192,6 +192,10 @@ async fn run(
     // asked for again (see `URL_REFRESH_ROUNDS`).
     let mut failed_rounds = 0u32;
     let mut failing_since: Option<tokio::time::Instant> = None;
+    // Whether the API answered when the last round of dials failed: the
+    // tunnel port moved (ask for the URLs again), as opposed to a hub that
+    // was down (a restart: keep the certificate, dial again).
+    let mut failed_with_api_up = false;
     let mut urls_refreshed: Option<tokio::time::Instant> = None;
     // When the hub last refused this agent with a hint.
     let mut refused_at: Option<tokio::time::Instant> = None;
@@ -212,12 +216,13 @@ async fn run(
         // The hub may have moved its tunnel port: after a few failed rounds
         // a renewal (Register) brings its current URLs, at most once a
         // minute, instead of waiting for the certificate to be due.
-        // Only while the API answers: a hub that is down (a restart) has
-        // moved nothing, and its agents keep the certificates they have.
+        // Only when the API answered as the last dials failed: a hub that
+        // was down (a restart) has moved nothing, and its agents keep the
+        // certificates they have, even when it is back before they dial.
         let refresh_urls = failed_rounds >= URL_REFRESH_ROUNDS
             && failing_since.is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
             && urls_refreshed.is_none_or(|t| t.elapsed() >= URL_REFRESH_EVERY)
-            && api_reachable(&config).await;
+            && failed_with_api_up;
         // Credentials: register on first contact, renew when due.
         let due = creds
             .as_ref()
@@ -290,6 +295,9 @@ async fn run(
             if hint.is_none() {
                 failed_rounds += 1;
                 failing_since.get_or_insert_with(tokio::time::Instant::now);
+                failed_with_api_up = failed_rounds >= URL_REFRESH_ROUNDS
+                    && failing_since.is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
+                    && api_reachable(&config).await;
             } else {
                 refused_at = Some(tokio::time::Instant::now());
             }

@@ -307,6 +307,25 @@ impl EtcdStore {
     fn key(&self, tree: &str, key: &str) -> String {
         format!("{}{tree}/{key}", self.prefix)
     }
+
+    /// One put, then the value in the copy at the put's revision.
+    fn put_with(
+        &self,
+        tree: &str,
+        key: &str,
+        value: &[u8],
+        options: Option<PutOptions>,
+    ) -> Result<()> {
+        let (mut client, k, v) = (self.client.clone(), self.key(tree, key), value.to_vec());
+        let resp = self.wait(async move { client.put(k, v, options).await })?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.copy.lock().expect("copy").apply(
+            format!("{tree}/{key}"),
+            Some(value.to_vec()),
+            revision,
+        );
+        Ok(())
+    }
 }
 
 /// Runs `call` on the client's thread and waits for it, at most `timeout`.
@@ -523,37 +542,17 @@ impl Store for EtcdStore {
     }
 
     fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {
-        let (mut client, k, v) = (self.client.clone(), self.key(tree, key), value.to_vec());
-        let resp = self.wait(async move { client.put(k, v, None).await })?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        self.copy.lock().expect("copy").apply(
-            format!("{tree}/{key}"),
-            Some(value.to_vec()),
-            revision,
-        );
-        Ok(())
+        self.put_with(tree, key, value, None)
     }
 
     fn put_leased(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {
-        let k = self.key(tree, key);
         let id = self.lease.id.load(std::sync::atomic::Ordering::Relaxed);
-        let (mut client, kk, v) = (self.client.clone(), k.clone(), value.to_vec());
-        let resp = self.wait(async move {
-            client
-                .put(kk, v, Some(PutOptions::new().with_lease(id)))
-                .await
-        })?;
+        self.put_with(tree, key, value, Some(PutOptions::new().with_lease(id)))?;
         self.lease
             .held
             .lock()
             .expect("lease")
-            .insert(k, value.to_vec());
-        let revision = resp.header().map_or(0, |h| h.revision());
-        self.copy.lock().expect("copy").apply(
-            format!("{tree}/{key}"),
-            Some(value.to_vec()),
-            revision,
-        );
+            .insert(self.key(tree, key), value.to_vec());
         Ok(())
     }
 

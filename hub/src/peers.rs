@@ -110,6 +110,54 @@ pub fn owner(store: &dyn Store, cluster: &str, me: &str) -> crate::Result<Option
         .filter(|o| o.replica != me))
 }
 
+/// How often a replica on a shared store checks its tunnels against it.
+const TUNNEL_CHECK: Duration = Duration::from_millis(500);
+
+/// Closes this replica's tunnels whose link was deleted, or taken by
+/// another agent, on another replica, and lets go of those another
+/// replica took over (a newer tunnel of the same cluster): one cluster is
+/// served by one replica. Reads the store's local copy only.
+pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(TUNNEL_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for t in state.registry.all() {
+            let link = state
+                .store
+                .get::<crate::link_service::LinkRecord>(tree::LINKS, &t.cluster);
+            let gone = match link {
+                Ok(None) => Some("the link was deleted"),
+                Ok(Some(l)) if l.agent_id != t.agent_id => {
+                    Some("another agent of the cluster registered")
+                }
+                _ => None,
+            };
+            if let Some(why) = gone {
+                if state.registry.remove_if(&t.cluster, t.id) {
+                    tracing::info!(cluster = %t.cluster, why, "closing a tunnel");
+                    t.opener.close(why);
+                }
+                continue;
+            }
+            if let Ok(Some(other)) = owner(&*state.store, &t.cluster, &state.config.replica)
+                && other.since >= t.connected_at
+                && state.registry.remove_if(&t.cluster, t.id)
+            {
+                tracing::info!(cluster = %t.cluster, replica = %other.replica, "the cluster's tunnel moved to another replica");
+                crate::registry::drain(
+                    t,
+                    state.config.reconnect_drain_timeout,
+                    "the cluster's agent is connected to another replica",
+                );
+            }
+        }
+    }
+}
+
 /// Connections to the other replicas.
 pub struct Peers {
     tls: tokio_rustls::TlsConnector,
@@ -167,6 +215,7 @@ impl Peers {
         .map_err(|e| format!("{e}"))?;
         // Whatever the caller spoke, the peer connection is HTTP/2.
         *req.version_mut() = http::Version::HTTP_2;
+        let req = req.map(skip_empty);
         let mut sender = self.connection(&url).await?;
         sender
             .send_request(req)
@@ -212,6 +261,41 @@ impl Peers {
         conns.insert(key, sender.clone());
         Ok(sender)
     }
+}
+
+/// A body without its empty DATA frames. A request or response passed on
+/// can carry them (its sender's way to mark the end); on the long-lived
+/// peer connection they would add up, and h2 closes a connection that
+/// received too many (a flood guard), with every call on it.
+struct SkipEmpty(HttpBody);
+
+impl http_body::Body for SkipEmpty {
+    type Data = bytes::Bytes;
+    type Error = crate::protocol::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        loop {
+            match std::task::ready!(std::pin::Pin::new(&mut self.0).poll_frame(cx)) {
+                Some(Ok(f)) if f.data_ref().is_some_and(|d| d.is_empty()) => continue,
+                other => return std::task::Poll::Ready(other),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.size_hint()
+    }
+}
+
+fn skip_empty(body: HttpBody) -> HttpBody {
+    SkipEmpty(body).boxed_unsync()
 }
 
 /// A peer's answer as this replica's response body.
@@ -279,7 +363,10 @@ async fn serve_connection(
     };
     let service = hyper::service::service_fn(move |req| {
         let (state, replica) = (state.clone(), replica.clone());
-        async move { Ok::<_, std::convert::Infallible>(handle(state, replica, remote, req).await) }
+        async move {
+            let resp = handle(state, replica, remote, req).await;
+            Ok::<_, std::convert::Infallible>(resp.map(skip_empty))
+        }
     });
     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(tls), service)

@@ -177,10 +177,13 @@ impl Hub {
             tracing::info!(pruned, "removed long-expired join tokens");
         }
 
-        let api = bind_tcp(config.api_listen).await?;
-        let api_addr = api.local_addr()?;
+        // The tunnel port first: an agent that finds the API port taking
+        // connections (after a restart) takes the tunnel port to be up too,
+        // not moved.
         let (tunnel_tcp, endpoint_udp) = bind_tunnel_port(config.tunnel_listen).await?;
         let tunnel_addr = tunnel_tcp.local_addr()?;
+        let api = bind_tcp(config.api_listen).await?;
+        let api_addr = api.local_addr()?;
 
         let external_url = config.external_url(api_addr.port());
         let tunnel_urls = config.tunnel_urls(tunnel_addr.port());
@@ -367,6 +370,12 @@ impl Hub {
                 state.clone(),
                 listener,
                 tls,
+                shutdown.clone(),
+            ));
+        }
+        if state.config.store.is_some() {
+            tasks.spawn(crate::peers::check_local_tunnels(
+                state.clone(),
                 shutdown.clone(),
             ));
         }

@@ -398,13 +398,21 @@ pub fn ensure_admin_token(store: &dyn Store, data_dir: &Path) -> Result<Option<S
 /// Writes a file only its owner can read.
 pub fn write_private(path: &Path, contents: &str) -> Result<()> {
     use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    // Written beside it, then renamed over it: a reader (an agent starting
+    // with `--hub-ca-file`, a script waiting for `admin-token`) sees the
+    // old contents or the new, never a part.
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(format!(".{}.partial", std::process::id()));
+    let partial = std::path::PathBuf::from(partial);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(path)?;
+        .open(&partial)?;
     f.write_all(contents.as_bytes())?;
+    drop(f);
+    std::fs::rename(&partial, path)?;
     Ok(())
 }
 

@@ -17,6 +17,7 @@
 mod calls;
 mod common;
 mod portforward;
+mod replicas;
 mod scale;
 mod throughput;
 
@@ -73,6 +74,14 @@ fn main() -> anyhow::Result<()> {
             let (n, idle) = (arg(&args, 2, "agents")?, arg(&args, 3, "idle seconds")?);
             tokio_rt()?.block_on(scale::run(n, idle))?
         }
+        "replicas" => {
+            let (calls, agents, idle) = (
+                arg(&args, 2, "calls")?,
+                arg(&args, 3, "idle agents")?,
+                arg::<u64>(&args, 4, "idle seconds")?,
+            );
+            tokio_rt()?.block_on(replicas::run(calls, agents, Duration::from_secs(idle)))?
+        }
         "footprint" => {
             let runs = arg(&args, 2, "runs")?;
             let bin = args.get(3).filter(|s| !s.is_empty()).map(PathBuf::from);
@@ -104,7 +113,7 @@ fn main() -> anyhow::Result<()> {
         }
         "report" => return report(samples()?, arg(&args, 2, "results file")?),
         _ => bail!(
-            "usage: otter-bench throughput|calls|portforward|scale|footprint|report|skip ... (see the source)"
+            "usage: otter-bench throughput|calls|portforward|scale|footprint|replicas|report|skip ... (see the source)"
         ),
     };
     figs.append_to(&samples()?)

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{double::WAIT, procs::free_port};
+use crate::{TestHub, double::WAIT, procs::free_port};
 
 /// One etcd member with its data in a temporary directory; killed when
 /// dropped.
@@ -100,4 +100,79 @@ impl Drop for Etcd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+impl Etcd {
+    /// The store's revision now (each write adds one), from etcd's JSON
+    /// gateway.
+    pub fn revision(&self) -> Option<i64> {
+        use std::io::{Read, Write};
+        let body = r#"{"key":"AA=="}"#;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.client_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            s,
+            "POST /v3/kv/range HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        let json = answer.split("\r\n\r\n").nth(1)?;
+        let v: serde_json::Value = serde_json::from_str(json).ok()?;
+        v["header"]["revision"].as_str()?.parse().ok()
+    }
+}
+
+/// `n` hub replicas (`r0`, `r1`, …) started at once on `etcd`'s empty
+/// store, each with its own data dir, sharing one store key (and, with
+/// `peers`, each with a peer port). Checks they agree on one CA and one
+/// first admin token; returns them with that token.
+pub async fn start_replicas(etcd: &Etcd, n: usize, peers: bool) -> (Vec<TestHub>, String) {
+    let dirs: Vec<_> = (0..n)
+        .map(|_| std::sync::Arc::new(tempfile::tempdir().expect("data dir")))
+        .collect();
+    // Read by every replica at its start only.
+    let key = dirs[0].path().join("store.key");
+    let secret: [u8; 32] = rand::random();
+    std::fs::write(&key, hex::encode(secret)).expect("store key");
+    let configs = dirs.iter().enumerate().map(|(i, dir)| {
+        let mut c = otter_hub::HubConfig::new(dir.path().join("hub"));
+        c.api_listen = "127.0.0.1:0".parse().expect("address");
+        c.tunnel_listen = "127.0.0.1:0".parse().expect("address");
+        c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+        c.drain_timeout = Duration::from_secs(2);
+        c.store = Some(otter_hub::etcd::EtcdOptions::from_url(&etcd.url()).expect("store URL"));
+        c.store_key_file = Some(key.clone());
+        c.recheck_tokens_every = Duration::from_millis(300);
+        c.replica = format!("r{i}");
+        if peers {
+            c.peer_listen = Some("127.0.0.1:0".parse().expect("address"));
+        }
+        c
+    });
+    let started = futures::future::join_all(configs.map(otter_hub::Hub::start)).await;
+    let hubs: Vec<otter_hub::Hub> = started
+        .into_iter()
+        .map(|h| h.expect("replica starts"))
+        .collect();
+    for h in &hubs[1..] {
+        assert_eq!(h.ca_pem(), hubs[0].ca_pem(), "one CA");
+    }
+    let tokens: Vec<String> = dirs
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("hub").join("admin-token")).ok())
+        .collect();
+    assert_eq!(tokens.len(), 1, "one first admin token, on one replica");
+    let root = tokens[0].trim().to_owned();
+    let hubs = hubs
+        .into_iter()
+        .zip(dirs)
+        .map(|(hub, dir)| TestHub {
+            hub,
+            dir,
+            admin_token: root.clone(),
+        })
+        .collect();
+    (hubs, root)
 }

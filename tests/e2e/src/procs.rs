@@ -450,6 +450,30 @@ pub fn wait_for_file(path: &Path, limit: Duration) -> bool {
     false
 }
 
+/// The contents of a file another process writes, once `whole` says they
+/// are all there (the file can exist before its last byte is written).
+pub fn read_when_whole(
+    path: &Path,
+    limit: Duration,
+    whole: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && whole(&text)
+        {
+            return Some(text);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// A PEM bundle written to its end.
+pub fn whole_pem(text: &str) -> bool {
+    text.trim_end().ends_with("-----END CERTIFICATE-----")
+}
+
 /// One plain HTTP/1.1 GET to `addr` (the agent's health listener);
 /// the body, or None when nothing answers.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<String> {

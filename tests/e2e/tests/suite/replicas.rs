@@ -5,7 +5,7 @@
 //! claimed once, a compare-and-swap) are decided once across replicas; and
 //! a token revoked on one replica ends the streams it opened on another.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use otter_e2e::{
@@ -30,55 +30,13 @@ fn etcd_options(etcd: &Etcd) -> otter_hub::etcd::EtcdOptions {
     otter_hub::etcd::EtcdOptions::from_url(&etcd.url()).expect("store URL")
 }
 
-/// A replica's config: its own data dir, the shared store and key.
-fn replica_config(dir: &Path, etcd: &Etcd, key: &Path) -> otter_hub::HubConfig {
-    let mut c = otter_hub::HubConfig::new(dir);
-    c.api_listen = "127.0.0.1:0".parse().unwrap();
-    c.tunnel_listen = "127.0.0.1:0".parse().unwrap();
-    c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
-    c.drain_timeout = Duration::from_secs(2);
-    c.store = Some(etcd_options(etcd));
-    c.store_key_file = Some(key.to_owned());
-    c.recheck_tokens_every = Duration::from_millis(300);
-    c
-}
-
 /// Replicas `a` and `b` started at once on the empty store (with peer
-/// ports when `peers`); checks they agree on one CA and one first admin
-/// token, and returns them with it.
-async fn two_replicas(
-    etcd: &Etcd,
-    dirs: &[Arc<tempfile::TempDir>; 2],
-    peers: bool,
-) -> (TestHub, TestHub, String) {
-    let key = dirs[0].path().join("store.key");
-    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
-    let config = |i: usize, name: &str| {
-        let mut c = replica_config(&dirs[i].path().join(name), etcd, &key);
-        c.replica = name.to_owned();
-        if peers {
-            c.peer_listen = Some("127.0.0.1:0".parse().unwrap());
-        }
-        c
-    };
-    let (a, b) = tokio::join!(
-        otter_hub::Hub::start(config(0, "a")),
-        otter_hub::Hub::start(config(1, "b")),
-    );
-    let (a, b) = (a.expect("replica a"), b.expect("replica b"));
-    assert_eq!(a.ca_pem(), b.ca_pem(), "one CA");
-    let tokens: Vec<String> = [("a", &dirs[0]), ("b", &dirs[1])]
-        .iter()
-        .filter_map(|(n, d)| std::fs::read_to_string(d.path().join(n).join("admin-token")).ok())
-        .collect();
-    assert_eq!(tokens.len(), 1, "one first admin token, on one replica");
-    let root = tokens[0].trim().to_owned();
-    let hub = |hub, dir: &Arc<tempfile::TempDir>| TestHub {
-        hub,
-        dir: dir.clone(),
-        admin_token: root.clone(),
-    };
-    (hub(a, &dirs[0]), hub(b, &dirs[1]), root)
+/// ports when `peers`), and the first admin token.
+async fn two_replicas(etcd: &Etcd, peers: bool) -> (TestHub, TestHub, String) {
+    let (hubs, root) = otter_e2e::etcd::start_replicas(etcd, 2, peers).await;
+    let mut hubs = hubs.into_iter();
+    let (a, b) = (hubs.next().unwrap(), hubs.next().unwrap());
+    (a, b, root)
 }
 
 /// Two stores on one etcd racing: compare-and-swap increments all count,
@@ -154,11 +112,7 @@ async fn stores_on_one_etcd_decide_races_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_tenants_tokens_and_links_on_etcd() {
     let Some(etcd) = Etcd::start() else { return };
-    let dirs = [
-        Arc::new(tempfile::tempdir().unwrap()),
-        Arc::new(tempfile::tempdir().unwrap()),
-    ];
-    let (a, b, root) = two_replicas(&etcd, &dirs, false).await;
+    let (a, b, root) = two_replicas(&etcd, false).await;
     let (ca, cb) = (a.channel().await, b.channel().await);
     for ch in [&ca, &cb] {
         LinkServiceClient::new(ch.clone())
@@ -319,7 +273,7 @@ async fn replicas_share_tenants_tokens_and_links_on_etcd() {
 /// seal the store's secrets, serving with one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hub_process_runs_on_etcd_and_only_sealed() {
-    use otter_e2e::procs::{Proc, Role, free_port, wait_for_file};
+    use otter_e2e::procs::{Proc, Role, free_port, read_when_whole, whole_pem};
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("hub");
@@ -363,12 +317,10 @@ async fn the_hub_process_runs_on_etcd_and_only_sealed() {
         "the hub process to listen",
     )
     .await;
-    assert!(
-        wait_for_file(&data.join("admin-token"), WAIT),
-        "no admin token"
-    );
-    let token = std::fs::read_to_string(data.join("admin-token")).unwrap();
-    let ca = std::fs::read_to_string(data.join("ca.crt")).unwrap();
+    // Its files are written once its ports are bound.
+    let token = read_when_whole(&data.join("admin-token"), WAIT, |t| t.ends_with('\n'))
+        .expect("the admin token");
+    let ca = read_when_whole(&data.join("ca.crt"), WAIT, whole_pem).expect("the CA bundle");
     let channel = otter_e2e::client_channel(addr, &ca, None).await;
     LinkServiceClient::new(channel)
         .list_links(with_token(ListLinksRequest {}, token.trim()))
@@ -383,11 +335,7 @@ async fn the_hub_process_runs_on_etcd_and_only_sealed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_reaches_a_cluster_through_any_replica() {
     let Some(etcd) = Etcd::start() else { return };
-    let dirs = [
-        Arc::new(tempfile::tempdir().unwrap()),
-        Arc::new(tempfile::tempdir().unwrap()),
-    ];
-    let (a, b, root) = two_replicas(&etcd, &dirs, true).await;
+    let (a, b, root) = two_replicas(&etcd, true).await;
     let join = a.hub.mint_join_token_in("edge-b", "default").unwrap();
     let agent = start_agent(&b, "edge-b", "agent-b", &join, TransportKind::H2);
     let ca = a.channel().await;
@@ -418,6 +366,14 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
         otter_e2e::double::field(got.get_ref(), "user"),
         "otter:admin"
     );
+    // Many calls on the one peer connection: h2's guard against floods of
+    // empty DATA frames closed it after about 100 before the relay dropped
+    // them.
+    for i in 0..300 {
+        res.get(with_token(otter_e2e::double::get("edge-b", "web"), &root))
+            .await
+            .unwrap_or_else(|e| panic!("call {i} through replica a: {e:?}"));
+    }
     let watch_req = || WatchRequest {
         cluster: Some("edge-b".into()),
         version: Some("v1".into()),
@@ -574,17 +530,13 @@ async fn kubectl_reaches_a_cluster_through_any_replica() {
         otter_e2e::tool_missing("kubectl 1.33");
         return;
     };
-    let dirs = [
-        Arc::new(tempfile::tempdir().unwrap()),
-        Arc::new(tempfile::tempdir().unwrap()),
-    ];
-    let (a, b, root) = two_replicas(&etcd, &dirs, true).await;
+    let (a, b, root) = two_replicas(&etcd, true).await;
     let sim =
         kube_sim::KubeSim::start(otter_e2e::kube::sim_config().pod("default", "web", &["app"]))
             .await
             .expect("kube-sim");
     let join = a.hub.mint_join_token_in("edge-b", "default").unwrap();
-    let _agent =
+    let agent =
         otter_e2e::kube::kube_agent(&b, &sim, "edge-b", &join, TransportKind::H2, |_| {}).await;
     let ca = a.channel().await;
     wait_until(
@@ -642,6 +594,33 @@ async fn kubectl_reaches_a_cluster_through_any_replica() {
         None,
     );
     assert_eq!(code, 3, "{err}");
+
+    // The link deleted through a: b closes the tunnel it holds.
+    let deleted = std::time::Instant::now();
+    let (status, text) = admin_call(
+        a.hub.api_addr,
+        a.hub.ca_pem(),
+        &root,
+        http::Method::DELETE,
+        "/admin/v1/links/edge-b",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    agent
+        .wait_for(WAIT, |s| s.connected.is_none())
+        .await
+        .expect("replica b to close the deleted link's tunnel");
+    eprintln!(
+        "replica b closed the tunnel {:?} after its link was deleted on a",
+        deleted.elapsed()
+    );
+    let (code, _, err) = k(&["get", "pods"], None);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("NotFound") || err.contains("not found"),
+        "{err}"
+    );
     a.hub.shutdown().await;
     b.hub.shutdown().await;
 }
@@ -690,11 +669,7 @@ async fn peer_request(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_port_takes_replica_certificates_only() {
     let Some(etcd) = Etcd::start() else { return };
-    let dirs = [
-        Arc::new(tempfile::tempdir().unwrap()),
-        Arc::new(tempfile::tempdir().unwrap()),
-    ];
-    let (a, b, _) = two_replicas(&etcd, &dirs, true).await;
+    let (a, b, _) = two_replicas(&etcd, true).await;
     let peer_url = a.hub.state.config.peer_url.clone().expect("peer URL");
     let pem = a.hub.ca_pem().to_owned();
     let forged = otter_hub::auth::Principal {
@@ -747,4 +722,153 @@ async fn the_peer_port_takes_replica_certificates_only() {
     assert_eq!(got, Ok(404));
     a.hub.shutdown().await;
     b.hub.shutdown().await;
+}
+
+/// Replicas as processes behind a load balancer (a relay on loopback for
+/// the API port and one for the tunnel port, as one address). The replica
+/// holding a cluster's tunnel is killed with SIGKILL: calls through the
+/// other one get `Unavailable` naming the cluster, each at once, and once
+/// the balancer sends the agent to the survivor it takes the cluster over
+/// and calls work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_hands_its_clusters_to_another() {
+    use otter_e2e::procs::{Proc, Role, free_port};
+    let Some(etcd) = Etcd::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("store.key");
+    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
+    let (lb_api, lb_tunnel) = (
+        otter_e2e::Relay::start().await,
+        otter_e2e::Relay::start().await,
+    );
+    let ports: Vec<(u16, u16, u16)> = (0..2)
+        .map(|_| (free_port(), free_port(), free_port()))
+        .collect();
+    let start = |i: usize| {
+        let (api, tunnel, peer) = ports[i];
+        let args: Vec<String> = [
+            "hub".to_owned(),
+            "--data-dir".into(),
+            dir.path().join(format!("r{i}")).display().to_string(),
+            "--store".into(),
+            etcd.url(),
+            "--store-key-file".into(),
+            key.display().to_string(),
+            "--replica-name".into(),
+            format!("r{i}"),
+            "--listen".into(),
+            format!("127.0.0.1:{api}"),
+            "--tunnel-listen".into(),
+            format!("127.0.0.1:{tunnel}"),
+            "--peer-listen".into(),
+            format!("127.0.0.1:{peer}"),
+            "--external-url".into(),
+            format!("https://localhost:{}", lb_api.addr.port()),
+            "--tunnel-url".into(),
+            format!("h2://localhost:{}", lb_tunnel.addr.port()),
+            "--keepalive-secs".into(),
+            "1".into(),
+        ]
+        .to_vec();
+        Proc::start(&format!("r{i}"), Role::Otter, &args, dir.path(), None)
+    };
+    let _r0 = start(0);
+    let mut r1 = start(1);
+    let api = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i].0));
+    for i in 0..2 {
+        wait_until(
+            async || tokio::net::TcpStream::connect(api(i)).await.is_ok(),
+            "a replica to listen",
+        )
+        .await;
+    }
+    let token = ["r0", "r1"]
+        .iter()
+        .find_map(|r| std::fs::read_to_string(dir.path().join(r).join("admin-token")).ok())
+        .expect("an admin token")
+        .trim()
+        .to_owned();
+    // The CA bundle is written once the ports are bound.
+    let ca = otter_e2e::procs::read_when_whole(
+        &dir.path().join("r0").join("ca.crt"),
+        WAIT,
+        otter_e2e::procs::whole_pem,
+    )
+    .expect("the CA bundle");
+    // The balancer sends everything to r1 first.
+    lb_api.set_target(api(1));
+    lb_tunnel.set_target(std::net::SocketAddr::from(([127, 0, 0, 1], ports[1].1)));
+    let join = {
+        let opts = otter_hub::etcd::EtcdOptions::from_url(&etcd.url()).unwrap();
+        let store = otter_hub::sealed::SealedStore::new(
+            otter_hub::etcd::EtcdStore::connect(&opts).unwrap(),
+            &otter_hub::sealed::read_key(&key).unwrap(),
+        )
+        .unwrap();
+        otter_hub::tenancy::claim_cluster(&store, "edge-k", "default")
+            .unwrap()
+            .unwrap();
+        otter_hub::tokens::mint_join_token(&store, "edge-k", "default", Duration::from_secs(600))
+            .unwrap()
+    };
+    let lb_url: url::Url = format!("https://localhost:{}", lb_api.addr.port())
+        .parse()
+        .unwrap();
+    let agent = otter_e2e::double::start_agent_at(
+        lb_url,
+        &ca,
+        "edge-k",
+        "agent-k",
+        &join,
+        TransportKind::H2,
+        |_| {},
+    );
+    let via_r0 = otter_e2e::client_channel(api(0), &ca, None).await;
+    let get = || {
+        let mut res = ResourceServiceClient::new(via_r0.clone());
+        let token = token.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                res.get(with_token(otter_e2e::double::get("edge-k", "web"), &token)),
+            )
+            .await
+            .expect("a call answered within 5 s, never a hang")
+        }
+    };
+    wait_until(
+        async || get().await.is_ok(),
+        "a call through r0 to r1's tunnel",
+    )
+    .await;
+    let before = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .unwrap();
+    assert!(before.connected.is_some());
+
+    r1.kill9();
+    let killed = std::time::Instant::now();
+    lb_api.set_target(api(0));
+    lb_tunnel.set_target(std::net::SocketAddr::from(([127, 0, 0, 1], ports[0].1)));
+    let mut refused = 0;
+    let back = loop {
+        match get().await {
+            Ok(_) => break killed.elapsed(),
+            Err(s) => {
+                assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+                assert!(s.message().contains("edge-k"), "{s:?}");
+                refused += 1;
+            }
+        }
+        assert!(killed.elapsed() < WAIT, "edge-k never came back through r0");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "r1 killed: {refused} calls answered Unavailable, calls through r0 worked again after {back:?}"
+    );
+    for _ in 0..20 {
+        get().await.expect("calls after the take-over");
+    }
 }
