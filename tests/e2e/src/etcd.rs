@@ -124,6 +124,14 @@ impl Etcd {
     }
 }
 
+/// A new random store key (`--store-key-file`) in `dir`.
+pub fn store_key(dir: &std::path::Path) -> std::path::PathBuf {
+    let key = dir.join("store.key");
+    let secret: [u8; 32] = rand::random();
+    std::fs::write(&key, hex::encode(secret)).expect("store key");
+    key
+}
+
 /// `n` hub replicas (`r0`, `r1`, …) started at once on `etcd`'s empty
 /// store, each with its own data dir, sharing one store key (and, with
 /// `peers`, each with a peer port). Checks they agree on one CA and one
@@ -133,9 +141,7 @@ pub async fn start_replicas(etcd: &Etcd, n: usize, peers: bool) -> (Vec<TestHub>
         .map(|_| std::sync::Arc::new(tempfile::tempdir().expect("data dir")))
         .collect();
     // Read by every replica at its start only.
-    let key = dirs[0].path().join("store.key");
-    let secret: [u8; 32] = rand::random();
-    std::fs::write(&key, hex::encode(secret)).expect("store key");
+    let key = store_key(dirs[0].path());
     let configs = dirs.iter().enumerate().map(|(i, dir)| {
         let mut c = otter_hub::HubConfig::new(dir.path().join("hub"));
         c.api_listen = "127.0.0.1:0".parse().expect("address");

@@ -379,6 +379,31 @@ pub async fn mint_via_admin(
     (field("token"), field("id"))
 }
 
+/// Revokes hub token `id` through the admin API as `by`.
+pub async fn revoke_via_admin(addr: std::net::SocketAddr, ca_pem: &str, by: &str, id: &str) {
+    let path = format!("/admin/v1/tokens/{id}");
+    let (status, text) = admin_call(addr, ca_pem, by, http::Method::DELETE, &path, None).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+/// The status a stream ends with, its events skipped; fails the test if
+/// it is still open after [`double::WAIT`] or ends without one.
+pub async fn end_of_stream<T: std::fmt::Debug>(
+    what: &str,
+    s: &mut tonic::Streaming<T>,
+) -> tonic::Status {
+    use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + double::WAIT;
+    loop {
+        match tokio::time::timeout_at(deadline, s.next()).await {
+            Err(_) => panic!("{what} still open after {:?}", double::WAIT),
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(status))) => return status,
+            Ok(None) => panic!("{what} ended without a status"),
+        }
+    }
+}
+
 /// Whether a missing external tool fails the test (`OTTER_REQUIRE_TOOLS=1`,
 /// as `make test` sets) or skips it with a message.
 pub fn tool_missing(what: &str) -> bool {

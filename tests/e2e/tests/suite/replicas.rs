@@ -241,24 +241,9 @@ async fn replicas_share_tenants_tokens_and_links_on_etcd() {
         .into_inner();
     assert!(matches!(watch.next().await, Some(Ok(_))));
     let revoked = std::time::Instant::now();
-    let (status, text) = admin_call(
-        addr_a,
-        &pem,
-        &ann,
-        http::Method::DELETE,
-        &format!("/admin/v1/tokens/{mel_id}"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let ended = loop {
-        match tokio::time::timeout(WAIT, watch.next()).await {
-            Err(_) => panic!("the Watch on b outlived the revocation on a by {WAIT:?}"),
-            Ok(Some(Ok(_))) => continue,
-            Ok(Some(Err(s))) => break s,
-            Ok(None) => panic!("the Watch ended without a status"),
-        }
-    };
+    otter_e2e::revoke_via_admin(addr_a, &pem, &ann, &mel_id).await;
+    let ended =
+        otter_e2e::end_of_stream("the Watch on b after the revocation on a", &mut watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
     eprintln!(
         "a Watch on replica b ended {:?} after its token was revoked on a",
@@ -277,8 +262,7 @@ async fn the_hub_process_runs_on_etcd_and_only_sealed() {
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("hub");
-    let key = dir.path().join("store.key");
-    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
+    let key = otter_e2e::etcd::store_key(dir.path());
     let (api, tunnel) = (free_port(), free_port());
     let args = |sealed: bool| -> Vec<String> {
         let mut a: Vec<String> = [
@@ -465,24 +449,10 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
         .expect("mel's watch")
         .into_inner();
     assert!(matches!(watch.next().await, Some(Ok(_))));
-    let (status, _) = admin_call(
-        a.hub.api_addr,
-        a.hub.ca_pem(),
-        &root,
-        http::Method::DELETE,
-        &format!("/admin/v1/tokens/{mel_id}"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200);
-    let ended = loop {
-        match tokio::time::timeout(WAIT, watch.next()).await {
-            Err(_) => panic!("a forwarded Watch outlived its token's revocation"),
-            Ok(Some(Ok(_))) => continue,
-            Ok(Some(Err(s))) => break s,
-            Ok(None) => panic!("the Watch ended without a status"),
-        }
-    };
+    otter_e2e::revoke_via_admin(a.hub.api_addr, a.hub.ca_pem(), &root, &mel_id).await;
+    let ended =
+        otter_e2e::end_of_stream("a forwarded Watch after its token's revocation", &mut watch)
+            .await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
 
     // The kubectl proxy through a answers what b answers itself.
@@ -735,8 +705,7 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
     use otter_e2e::procs::{Proc, Role, free_port};
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("store.key");
-    std::fs::write(&key, hex::encode(rand::random::<[u8; 32]>())).unwrap();
+    let key = otter_e2e::etcd::store_key(dir.path());
     let (lb_api, lb_tunnel) = (
         otter_e2e::Relay::start().await,
         otter_e2e::Relay::start().await,

@@ -51,20 +51,6 @@ async fn open_watch(
     s
 }
 
-/// The status a stream ends with, skipping its events (bounded).
-async fn end_of<T: std::fmt::Debug>(what: &str, s: &mut tonic::Streaming<T>) -> tonic::Status {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, s.next()).await {
-            Err(_) => panic!("{what} still open {WAIT:?} after its token ended"),
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(status))) => return status,
-            Ok(None) => panic!("{what} ended without a status"),
-        }
-    }
-}
-
 /// The code and message of a refused call, with the cluster's name taken
 /// out.
 fn status_of<T>(r: Result<T, tonic::Status>) -> (Code, String) {
@@ -299,20 +285,11 @@ async fn tenants_and_revocation_through_the_real_binaries() {
 
     // ann revokes mel's token: every stream mel opened ends, at once.
     let revoked = Instant::now();
-    let (status, text) = admin_call(
-        addr,
-        ca,
-        &ann,
-        http::Method::DELETE,
-        &format!("/admin/v1/tokens/{mel_id}"),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    let ended = end_of("mel's Watch", &mut mel_watch).await;
+    otter_e2e::revoke_via_admin(addr, ca, &ann, &mel_id).await;
+    let ended = otter_e2e::end_of_stream("mel's Watch", &mut mel_watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
     assert!(ended.message().contains("revoked"), "{ended:?}");
-    let ended = end_of("mel's exec", &mut mel_exec).await;
+    let ended = otter_e2e::end_of_stream("mel's exec", &mut mel_exec).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
     eprintln!(
         "gRPC streams ended {:?} after the revocation",
@@ -354,7 +331,7 @@ async fn tenants_and_revocation_through_the_real_binaries() {
     // An expiring token's Watch ends when the token does.
     let (brief, _) = mint(ann.clone(), json!({"name": "temp", "ttl_secs": 2})).await;
     let mut brief_watch = open_watch(&channel, &brief, "edge-0").await;
-    let ended = end_of("the expiring token's Watch", &mut brief_watch).await;
+    let ended = otter_e2e::end_of_stream("the expiring token's Watch", &mut brief_watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
     assert!(ended.message().contains("expired"), "{ended:?}");
 
