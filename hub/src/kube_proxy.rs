@@ -178,11 +178,10 @@ async fn serve(
         .or_else(|| req.headers().get(http::header::UPGRADE).cloned());
     let upgrade_guard = match &upgrade {
         None => None,
-        // Users are counted within their tenant: the same name in another
-        // tenant is someone else.
         Some(_) => match state.upgrades.try_acquire(
             &state.config.kube_upgrades,
-            &format!("{}/{}", call.tunnel.tenant, caller.cluster_user),
+            &call.tunnel.tenant,
+            &caller.cluster_user,
             &cluster,
             &state.metrics,
         ) {
@@ -619,21 +618,28 @@ pub struct Upgrades {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum UpgradeKey {
-    User(String),
+    /// Users are counted within their tenant: the same name in another
+    /// tenant is someone else.
+    User { tenant: String, user: String },
     Cluster(String),
 }
 
 impl Upgrades {
-    /// Takes one slot for `user` on `cluster`, or says which bound is full.
+    /// Takes one slot for `tenant`'s `user` (as the cluster sees the name)
+    /// on `cluster`, or says which bound is full.
     pub fn try_acquire(
         self: &Arc<Self>,
         limits: &crate::config::KubeUpgradeLimits,
+        tenant: &str,
         user: &str,
         cluster: &str,
         metrics: &Arc<crate::metrics::Metrics>,
     ) -> Result<UpgradeGuard, String> {
         let (user, cluster) = (
-            UpgradeKey::User(user.to_owned()),
+            UpgradeKey::User {
+                tenant: tenant.to_owned(),
+                user: user.to_owned(),
+            },
             UpgradeKey::Cluster(cluster.to_owned()),
         );
         let mut counts = self.counts.lock().expect("upgrade counts");
@@ -660,11 +666,14 @@ impl Upgrades {
         })
     }
 
-    /// Connections counted for `user` right now.
-    pub fn user_count(&self, user: &str) -> usize {
+    /// Connections counted for `tenant`'s `user` right now.
+    pub fn user_count(&self, tenant: &str, user: &str) -> usize {
         let counts = self.counts.lock().expect("upgrade counts");
         counts
-            .get(&UpgradeKey::User(user.to_owned()))
+            .get(&UpgradeKey::User {
+                tenant: tenant.to_owned(),
+                user: user.to_owned(),
+            })
             .copied()
             .unwrap_or(0)
     }

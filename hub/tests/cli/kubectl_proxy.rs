@@ -283,15 +283,22 @@ async fn echo_server(prefix: &'static [u8]) -> (std::net::SocketAddr, tokio::tas
     (addr, task)
 }
 
-/// Waits (bounded) until the hub counts no upgraded connection for `user`:
-/// every relay ended and freed its slot.
+/// Waits (bounded) until the hub counts no upgraded connection for the
+/// default tenant's hub user `user`: every relay ended and freed its slot.
 async fn wait_no_upgrades(hub: &TestHub, user: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while hub.hub.state.upgrades.user_count(user) != 0 {
+    let user = format!("{}{user}", otter_hub::auth::HUB_USER_PREFIX);
+    let count = || {
+        hub.hub
+            .state
+            .upgrades
+            .user_count(otter_hub::tenancy::DEFAULT_TENANT, &user)
+    };
+    while count() != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "upgraded connections of {user} still counted: {}",
-            hub.hub.state.upgrades.user_count(user)
+            count()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -538,6 +545,11 @@ async fn upgraded_connections_are_bounded_and_idle_ones_closed() {
     assert_eq!(code, 429, "{body}");
     assert!(body.contains("this cluster"), "{body}");
     assert_eq!(hub.hub.state.metrics.kube_upgraded.get(), 2);
+    // Counted under the name the wait below looks for, so that wait
+    // cannot pass on a key that never existed.
+    let admin = format!("{}admin", otter_hub::auth::HUB_USER_PREFIX);
+    let tenant = otter_hub::tenancy::DEFAULT_TENANT;
+    assert_eq!(hub.hub.state.upgrades.user_count(tenant, &admin), 1);
 
     // Closing one frees its slot.
     first.close(None).await.unwrap();
