@@ -36,6 +36,14 @@ impl Clock {
             .map_or(0, |d| d.as_secs() as i64);
         system + self.offset_secs
     }
+
+    /// Unix milliseconds by this clock.
+    pub fn now_millis(&self) -> i64 {
+        let system = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        system + self.offset_secs * 1000
+    }
 }
 
 /// Everything the agent needs.

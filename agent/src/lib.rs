@@ -9,6 +9,8 @@
 //! - [`tunnel`] — the dial loop: transport order, fallback, backoff with
 //!   full jitter, serving streams, renewal before expiry.
 //! - [`backoff`] — the reconnect schedule, sans IO.
+//! - [`ended`] — who ended a tunnel (the hub, a proxy, the network) and
+//!   why, sans IO.
 //! - [`impersonation`] — who the agent acts as: the caller's
 //!   `Impersonate-*` headers, within the ceiling the manifest set.
 //! - [`kube_proxy`] — kubectl's requests, forwarded by the hub, sent to the
@@ -30,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod convert;
 pub mod discovery;
+pub mod ended;
 pub mod enroll;
 pub mod gauges;
 pub mod health;

@@ -61,6 +61,11 @@ pub struct AgentStatus {
     pub cert_not_after: i64,
     /// Tunnels moved to a renewed certificate, make before break.
     pub redials: u32,
+    /// Who ended the last tunnel, and why; `None` until one ended.
+    pub last_tunnel_end: Option<crate::ended::Ended>,
+    /// How far the hub's clock is ahead of this agent's (milliseconds), as
+    /// last measured on a tunnel; `None` until measured.
+    pub clock_skew_ms: Option<i64>,
 }
 
 /// Bound of one renewal (connect, TLS, Register). It runs beside the
@@ -323,26 +328,31 @@ async fn run(
         failed_rounds = 0;
         failing_since = None;
         // What the hub asks for to show how this agent got through.
-        let route = proxy_route(&config, &current, kind);
-        let mut diag = diagnosis(&attempts, route.as_deref());
+        let mut route = proxy_route(&config, &current, kind);
+        let mut diag = diagnosis(&config, &attempts, route.as_deref(), &status);
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
         status.send_modify(|s| {
             s.connected = Some(kind);
             s.connects += 1;
             s.attempts = attempts;
-            s.proxy = route;
+            s.proxy = route.clone();
         });
         backoff.reset();
-        let own = |diag: &bytes::Bytes| otter_tunnel::http::AgentSelf {
-            diag: Some(diag.clone()),
-            renew: Some(renew_now.clone()),
+        // Where the hub's goodbye for this tunnel lands, if it says one.
+        let mut goodbye = otter_tunnel::http::Goodbye::default();
+        let own = |diag: &otter_tunnel::http::DiagFn, goodbye: &otter_tunnel::http::Goodbye| {
+            otter_tunnel::http::AgentSelf {
+                diag: Some(diag.clone()),
+                renew: Some(renew_now.clone()),
+                goodbye: Some(goodbye.clone()),
+            }
         };
         serve_one(
             &tasks,
             first,
             &routes,
             kube.as_ref(),
-            own(&diag),
+            own(&diag, &goodbye),
             &config.gauges,
         );
 
@@ -357,8 +367,13 @@ async fn run(
         let mut renewing = false;
         // The tunnel ended while a new one was being set up: why, and until
         // when the new one is waited for.
-        let mut closing: Option<(String, tokio::time::Instant)> = None;
+        let mut closing: Option<(crate::ended::Ended, tokio::time::Instant)> = None;
         let why = loop {
+            // The skew measured on the tunnel (the hub's clock comes with
+            // each diagnosis request) schedules renewals from now on.
+            if let (Some(c), Some(ms)) = (creds.as_mut(), status.borrow().clock_skew_ms) {
+                c.skew = (ms as f64 / 1000.0).round() as i64;
+            }
             let renew_in = match renew_retry_at {
                 Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
                 None => Duration::from_secs(creds.as_ref().map_or(0, |c| {
@@ -369,11 +384,13 @@ async fn run(
                 next = acceptor.accept_dyn(), if closing.is_none() => {
                     let why = match next {
                         Ok(Some(stream)) => {
-                            serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag), &config.gauges);
+                            serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag, &goodbye), &config.gauges);
                             continue;
                         }
-                        Ok(None) => "hub closed the tunnel".to_owned(),
-                        Err(e) => e.to_string(),
+                        end => {
+                            let said = goodbye.lock().unwrap_or_else(|p| p.into_inner()).take();
+                            crate::ended::classify(&end, said, route.as_deref())
+                        }
                     };
                     // The hub closes a replaced tunnel once it admitted the
                     // new one (a better transport, a renewed certificate),
@@ -385,7 +402,10 @@ async fn run(
                     closing = Some((why, tokio::time::Instant::now() + config.connect_timeout));
                 }
                 _ = sleep_until_some(closing.as_ref().map(|(_, at)| *at)) => {
-                    break closing.take().map(|(why, _)| why).unwrap_or_default();
+                    match closing.take() {
+                        Some((why, _)) => break why,
+                        None => continue,
+                    }
                 }
                 // When due, or at once when the hub asks (a CA rotation step).
                 _ = async {
@@ -467,15 +487,17 @@ async fn run(
                     // newest tunnel of this agent and drains the old one,
                     // which goes on serving its calls until the hub closes it.
                     let old = std::mem::replace(&mut acceptor, better);
+                    let old_goodbye = std::mem::take(&mut goodbye);
                     let new_kind = acceptor.kind_dyn();
                     let moved = new_kind != kind;
                     tracing::info!(from = %kind, to = %new_kind, "moved to a new tunnel");
-                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag), config.gauges.clone(), shutdown.clone()));
+                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag, &old_goodbye), config.gauges.clone(), shutdown.clone()));
                     kind = new_kind;
                     last_good = Some(kind);
                     let newest = creds.as_ref().unwrap_or(&current);
-                    diag = diagnosis(&[(kind, Ok(()))], proxy_route(&config, newest, kind).as_deref());
-                    serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag), &config.gauges);
+                    route = proxy_route(&config, newest, kind);
+                    diag = diagnosis(&config, &[(kind, Ok(()))], route.as_deref(), &status);
+                    serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag, &goodbye), &config.gauges);
                     probe_at = next_probe(&config, kind);
                     status.send_modify(|s| {
                         s.connected = Some(kind);
@@ -494,10 +516,11 @@ async fn run(
             }
         };
         drop(acceptor);
-        tracing::info!(reason = %why, "tunnel down");
+        tracing::info!(closed_by = %why.by, reason = %why.why, "tunnel down");
         status.send_modify(|s| {
             s.connected = None;
-            s.last_error = why;
+            s.last_error = why.to_string();
+            s.last_tunnel_end = Some(why);
         });
         // Even a clean close waits a little: the agent never spins.
         if !pause(&mut backoff, &shutdown).await {
@@ -506,22 +529,46 @@ async fn run(
     }
 }
 
-/// The report the hub asks for (`diag`): transports tried and the proxy.
+/// The report the hub asks for (`diag`), made when asked: the transports
+/// tried and the proxy (fixed for the tunnel), and the agent's state then
+/// (renewals, clock skew, how its last tunnel ended). The hub's clock in
+/// the request measures the skew again, on every tunnel.
 fn diagnosis(
+    config: &AgentConfig,
     attempts: &[(TransportKind, Result<(), String>)],
     route: Option<&str>,
-) -> bytes::Bytes {
-    bytes::Bytes::from(
-        serde_json::json!({
-            "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
-                "transport": t.as_str(),
-                "ok": r.is_ok(),
-                "error": r.as_ref().err().cloned().unwrap_or_default(),
-            })).collect::<Vec<_>>(),
-            "proxy": route,
-        })
-        .to_string(),
-    )
+    status: &watch::Sender<AgentStatus>,
+) -> otter_tunnel::http::DiagFn {
+    let fixed = serde_json::json!({
+        "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
+            "transport": t.as_str(),
+            "ok": r.is_ok(),
+            "error": r.as_ref().err().cloned().unwrap_or_default(),
+        })).collect::<Vec<_>>(),
+        "proxy": route,
+    });
+    let (status, clock) = (status.clone(), config.clock);
+    Arc::new(move |headers: &http::HeaderMap| {
+        let hub_ms = headers
+            .get(otter_tunnel::frame::HUB_TIME_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok());
+        if let Some(hub_ms) = hub_ms {
+            let skew = hub_ms.saturating_sub(clock.now_millis());
+            status.send_if_modified(|s| {
+                let changed = s.clock_skew_ms != Some(skew);
+                s.clock_skew_ms = Some(skew);
+                changed
+            });
+        }
+        let s = status.borrow();
+        let mut report = fixed.clone();
+        report["clock_skew_ms"] = s.clock_skew_ms.into();
+        report["last_renewal_error"] = s.last_renewal_error.clone().into();
+        report["renewal_failures"] = s.renewal_failures.into();
+        report["last_tunnel_end"] = s.last_tunnel_end.as_ref().map(|e| e.to_string()).into();
+        bytes::Bytes::from(report.to_string())
+    })
 }
 
 /// The proxy a tunnel over `kind` actually goes through (without its

@@ -568,7 +568,7 @@ fn delete_link(state: &HubState, caller: &Principal, cluster: &str) -> http::Res
         return refused(&e.into_status());
     }
     if let Some(entry) = state.registry.take(cluster) {
-        entry.opener.close("the link was deleted");
+        crate::registry::close_soon(entry, "the link was deleted");
     }
     tracing::info!(%cluster, %tenant, by = %caller.user, "link deleted");
     json(
@@ -661,6 +661,7 @@ pub fn ask_agents_to_renew(state: &HubState) {
                 &entry,
                 otter_tunnel::frame::TARGET_RENEW,
                 http::Method::POST,
+                http::HeaderMap::new(),
                 std::time::Duration::from_secs(10),
             )
             .await

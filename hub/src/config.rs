@@ -49,6 +49,10 @@ pub struct HubConfig {
     /// over a better transport): long enough for watches and exec sessions
     /// in flight to end on their own; a dead one ends sooner by keepalive.
     pub reconnect_drain_timeout: Duration,
+    /// An agent's report on its tunnel (ListLinks' diagnosis: clock skew,
+    /// renewals) older than this is fetched again when a link listing
+    /// reads it; the listing shows the one kept meanwhile.
+    pub diagnosis_max_age: Duration,
     /// Tunnels set up at once (handshakes through admission); agents beyond
     /// it are told to come back after `admission_retry_after`.
     pub max_concurrent_admissions: usize,
@@ -159,6 +163,7 @@ impl HubConfig {
             api_connections: Default::default(),
             max_concurrent_registrations: 32,
             reconnect_drain_timeout: Duration::from_secs(15 * 60),
+            diagnosis_max_age: Duration::from_secs(30),
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),
             disabled_features: Vec::new(),

@@ -620,7 +620,10 @@ pub struct Upgrades {
 enum UpgradeKey {
     /// Users are counted within their tenant: the same name in another
     /// tenant is someone else.
-    User { tenant: String, user: String },
+    User {
+        tenant: String,
+        user: String,
+    },
     Cluster(String),
 }
 

@@ -424,7 +424,10 @@ impl LinkService for LinkSvc {
                         .as_ref()
                         .filter(|_| admin)
                         .map(|t| t.remote.to_string()),
-                    diagnosis: live.as_ref().filter(|_| admin).map(|t| diagnosis(t)),
+                    diagnosis: live.as_ref().filter(|_| admin).map(|t| {
+                        crate::tunnels::refresh_diagnosis(&self.state, t);
+                        diagnosis(t)
+                    }),
                     tenant: Some(r.tenant),
                 }
             })
@@ -665,12 +668,14 @@ pub fn manifest_from_url(
 
 /// The agent's report, plus the round-trip time the hub measures.
 fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDiagnosis {
-    let report = t
-        .diagnosis
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .unwrap_or_default();
+    let (reported_at, report) = t.diagnosis.report().unzip();
+    let report = report.unwrap_or_default();
+    let text = |key: &str| {
+        report[key]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
     let attempts = report["attempts"]
         .as_array()
         .map(|list| {
@@ -690,6 +695,13 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
         attempts,
         proxy: report["proxy"].as_str().map(str::to_owned),
         rtt_micros: t.opener.rtt().map(|d| d.as_micros() as i64),
+        clock_skew_millis: report["clock_skew_ms"].as_i64(),
+        last_renewal_error: text("last_renewal_error"),
+        renewal_failures: report["renewal_failures"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok()),
+        last_tunnel_end: text("last_tunnel_end"),
+        reported_at: reported_at.map(timestamp),
     }
 }
 

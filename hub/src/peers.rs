@@ -139,7 +139,7 @@ pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationTok
             if let Some(why) = gone {
                 if state.registry.remove_if(&t.cluster, t.id) {
                     tracing::info!(cluster = %t.cluster, why, "closing a tunnel");
-                    t.opener.close(why);
+                    crate::registry::close_soon(t, why);
                 }
                 continue;
             }

@@ -37,7 +37,50 @@ pub struct TunnelEntry {
     pub calls: Arc<Semaphore>,
     pub max_calls: u32,
     /// The agent's report on how it got through (JSON), once fetched.
-    pub diagnosis: std::sync::Mutex<Option<serde_json::Value>>,
+    pub diagnosis: Diagnosis,
+}
+
+/// The agent's report on its tunnel (JSON: transports tried, proxy, clock
+/// skew, renewals) and when it was fetched. Fetched when the tunnel comes
+/// up, and again when a reader finds it older than the hub's
+/// `diagnosis_max_age`: a renewal that fails while the tunnel serves shows
+/// up without the hub asking every agent on a timer.
+#[derive(Debug, Default)]
+pub struct Diagnosis {
+    report: std::sync::Mutex<Option<(std::time::Instant, i64, serde_json::Value)>>,
+    refreshing: std::sync::atomic::AtomicBool,
+}
+
+impl Diagnosis {
+    /// The latest report and when it came (Unix seconds).
+    pub fn report(&self) -> Option<(i64, serde_json::Value)> {
+        self.lock().as_ref().map(|(_, at, v)| (*at, v.clone()))
+    }
+
+    pub fn set(&self, report: serde_json::Value) {
+        *self.lock() = Some((std::time::Instant::now(), crate::unix_now(), report));
+    }
+
+    /// Whether the caller should fetch a new report now: the one kept is
+    /// missing or older than `max_age`, and no fetch is under way. The
+    /// caller calls [`Diagnosis::fetched`] when done, whatever the outcome.
+    pub fn claim_refresh(&self, max_age: Duration) -> bool {
+        let stale = self
+            .lock()
+            .as_ref()
+            .is_none_or(|(at, _, _)| at.elapsed() >= max_age);
+        stale && !self.refreshing.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn fetched(&self) {
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, i64, serde_json::Value)>> {
+        self.report.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl std::fmt::Debug for TunnelEntry {
@@ -61,10 +104,25 @@ impl TunnelEntry {
 
 /// The routing table. Reads are frequent (every call), writes rare (tunnel up
 /// or down), so a read-write lock with short critical sections is enough.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     tunnels: RwLock<HashMap<String, Arc<TunnelEntry>>>,
     next_id: AtomicU64,
+    /// Bounds the diagnosis fetches one listing of many stale links starts.
+    pub diagnosing: Arc<Semaphore>,
+}
+
+/// Diagnosis fetches in flight at once, across all tunnels.
+const DIAGNOSIS_FAN_OUT: usize = 16;
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            tunnels: RwLock::default(),
+            next_id: AtomicU64::default(),
+            diagnosing: Arc::new(Semaphore::new(DIAGNOSIS_FAN_OUT)),
+        }
+    }
 }
 
 impl Registry {
@@ -282,15 +340,17 @@ pub async fn ask_agent(
     entry: &TunnelEntry,
     target: &str,
     method: http::Method,
+    headers: http::HeaderMap,
     limit: Duration,
 ) -> Option<http::Response<otter_tunnel::http::ResponseBody>> {
     let ask = async {
         let stream = entry.opener.open().await.ok()?;
-        let req = http::Request::builder()
+        let mut req = http::Request::builder()
             .method(method)
             .uri(format!("/{target}"))
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .ok()?;
+        *req.headers_mut() = headers;
         otter_tunnel::http::forward_to(
             target,
             stream,
@@ -313,6 +373,36 @@ pub fn drain(entry: Arc<TunnelEntry>, timeout: Duration, reason: &'static str) {
         let all = entry.calls.acquire_many(entry.max_calls);
         let _ = tokio::time::timeout(timeout, all).await;
         tracing::info!(cluster = %entry.cluster, agent_id = %entry.agent_id, reason, "closing drained tunnel");
-        entry.opener.close(reason);
+        close_with_goodbye(&entry, reason).await;
     });
+}
+
+/// How long the agent has to take a goodbye before its tunnel is closed
+/// regardless.
+pub const GOODBYE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Tells the agent why its tunnel is being closed, then closes it. The
+/// goodbye is what lets the agent's log say the hub closed the tunnel (and
+/// why) rather than a proxy or the network: over TCP every close looks the
+/// same. Bounded by [`GOODBYE_TIMEOUT`]; an agent that does not answer is
+/// closed all the same.
+pub async fn close_with_goodbye(entry: &TunnelEntry, reason: &str) {
+    let mut headers = http::HeaderMap::new();
+    if let Ok(v) = http::HeaderValue::from_str(reason) {
+        headers.insert(otter_tunnel::frame::REASON_HEADER, v);
+    }
+    let _ = ask_agent(
+        entry,
+        otter_tunnel::frame::TARGET_BYE,
+        http::Method::POST,
+        headers,
+        GOODBYE_TIMEOUT,
+    )
+    .await;
+    entry.opener.close(reason);
+}
+
+/// [`close_with_goodbye`] off the caller's task, for callers that must not wait.
+pub fn close_soon(entry: Arc<TunnelEntry>, reason: &'static str) {
+    tokio::spawn(async move { close_with_goodbye(&entry, reason).await });
 }

@@ -465,8 +465,15 @@ impl Hub {
             .serving
             .store(false, std::sync::atomic::Ordering::Release);
         self.shutdown.cancel();
-        for t in self.state.registry.all() {
-            t.opener.close("hub shutting down");
+        let tunnels = self.state.registry.all();
+        // Goodbyes go out together: a stop waits at most one goodbye's bound.
+        futures::future::join_all(
+            tunnels
+                .iter()
+                .map(|t| crate::registry::close_with_goodbye(t, "hub shutting down")),
+        )
+        .await;
+        for t in tunnels {
             crate::peers::release(&self.state, &t.cluster, t.id);
         }
         // The routing table holds the tunnels' connections, and a QUIC

@@ -98,7 +98,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         connected_at: unix_now(),
         calls: Arc::new(Semaphore::new(max_calls as usize)),
         max_calls,
-        diagnosis: std::sync::Mutex::new(None),
+        diagnosis: Default::default(),
     });
     if let Some(old) = state.registry.insert(entry.clone()) {
         drain(
@@ -121,7 +121,9 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
 
     let diagnosed = entry.clone();
     state.tasks.spawn(async move {
-        fetch_diagnosis(diagnosed).await;
+        if diagnosed.diagnosis.claim_refresh(std::time::Duration::ZERO) {
+            fetch_diagnosis(&diagnosed).await;
+        }
         drop(admission);
     });
     let state = state.clone();
@@ -133,7 +135,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         let reason = tokio::select! {
             reason = entry.opener.closed() => reason,
             _ = tokio::time::sleep(expires_in) => {
-                entry.opener.close("the agent's certificate expired");
+                crate::registry::close_with_goodbye(&entry, "the agent's certificate expired").await;
                 entry.opener.closed().await
             }
         };
@@ -189,15 +191,44 @@ fn touch(state: &HubState, cluster: &str, transport: &str) {
     }
 }
 
+/// Fetches `entry`'s diagnosis again, off the caller's task, if the one
+/// kept is older than the hub's `diagnosis_max_age` (a few at a time).
+pub fn refresh_diagnosis(state: &HubState, entry: &Arc<TunnelEntry>) {
+    if !entry
+        .diagnosis
+        .claim_refresh(state.config.diagnosis_max_age)
+    {
+        return;
+    }
+    let (entry, limit) = (entry.clone(), state.registry.diagnosing.clone());
+    state.tasks.spawn(async move {
+        if let Ok(_slot) = limit.acquire_owned().await {
+            fetch_diagnosis(&entry).await;
+        } else {
+            entry.diagnosis.fetched();
+        }
+    });
+}
+
 /// Asks the agent, on a stream of its own, how it got through (transports
-/// tried, proxy) and keeps the answer for ListLinks.
-async fn fetch_diagnosis(entry: Arc<TunnelEntry>) {
+/// tried, proxy, clock, renewals) and keeps the answer for ListLinks.
+/// The caller claimed the fetch ([`crate::registry::Diagnosis::claim_refresh`]).
+async fn fetch_diagnosis(entry: &TunnelEntry) {
     use http_body_util::BodyExt;
     let fetch = async {
+        // The hub's clock, so the agent learns its skew on every tunnel.
+        let mut headers = http::HeaderMap::new();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        if let Ok(v) = http::HeaderValue::from_str(&now_ms.to_string()) {
+            headers.insert(otter_tunnel::frame::HUB_TIME_HEADER, v);
+        }
         let resp = crate::registry::ask_agent(
-            &entry,
+            entry,
             otter_tunnel::frame::TARGET_DIAG,
             http::Method::GET,
+            headers,
             std::time::Duration::from_secs(10),
         )
         .await?;
@@ -209,6 +240,7 @@ async fn fetch_diagnosis(entry: Arc<TunnelEntry>) {
         serde_json::from_slice::<serde_json::Value>(&body).ok()
     };
     if let Ok(Some(diag)) = tokio::time::timeout(std::time::Duration::from_secs(10), fetch).await {
-        *entry.diagnosis.lock().unwrap_or_else(|p| p.into_inner()) = Some(diag);
+        entry.diagnosis.set(diag);
     }
+    entry.diagnosis.fetched();
 }

@@ -400,6 +400,17 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
                     "certificateExpires": l.certificate_expires.as_ref().map(|t| t.seconds),
                     "rancherProjectId": l.rancher_project_id,
                     "tenant": l.tenant,
+                    "diagnosis": l.diagnosis.as_ref().map(|d| serde_json::json!({
+                        "proxy": d.proxy, "rttMicros": d.rtt_micros,
+                        "attempts": d.attempts.iter().map(|a| serde_json::json!({
+                            "transport": a.transport, "ok": a.ok, "error": a.error,
+                        })).collect::<Vec<_>>(),
+                        "clockSkewMillis": d.clock_skew_millis,
+                        "lastRenewalError": d.last_renewal_error,
+                        "renewalFailures": d.renewal_failures,
+                        "lastTunnelEnd": d.last_tunnel_end,
+                        "reportedAt": d.reported_at.as_ref().map(|t| t.seconds),
+                    })),
                 })
             })
             .collect();
@@ -461,6 +472,13 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
             } else {
                 format!("{} failed", failed.join(","))
             });
+            row.push(d.and_then(|d| d.clock_skew_millis).map_or("-".into(), skew));
+            // The error itself is in `-o json`; a table cell says whether
+            // renewals are failing and how often.
+            row.push(d.map_or("-".into(), |d| match &d.last_renewal_error {
+                Some(_) => format!("failing ({} failed)", d.renewal_failures.unwrap_or(0)),
+                None => "ok".into(),
+            }));
         }
         rows.push(row);
     }
@@ -480,10 +498,23 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
             "VIA",
             "RTT",
             "FALLBACK",
+            "SKEW",
+            "RENEWAL",
         ]);
     }
     print!("{}", output::table(&headers, &rows));
     Ok(())
+}
+
+/// A clock skew for a table: how far the hub's clock is ahead of the
+/// agent's (`-` when behind), in the unit that reads best.
+fn skew(ms: i64) -> String {
+    let sign = if ms < 0 { "-" } else { "+" };
+    if ms.abs() < 1000 {
+        format!("{sign}{}ms", ms.abs())
+    } else {
+        format!("{sign}{}", crate::short_duration(ms.abs() / 1000))
+    }
 }
 
 /// Options of `otter get`.

@@ -111,6 +111,42 @@ async fn login_tokens_manifests_and_links() {
             wide[0].contains("TENANT") && wide[1].split_whitespace().any(|c| c == "default"),
             "{out}"
         );
+        // Hub and agent share this machine's clock: a skew of milliseconds,
+        // measured on the tunnel; renewals have not failed.
+        assert!(
+            wide[0].contains("SKEW") && wide[0].contains("RENEWAL"),
+            "{out}"
+        );
+        // The report comes a moment after the tunnel is up.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let out = loop {
+            let (_, out, _) = run(&d, &["links", "-o", "wide"]);
+            let skew_shown = out
+                .lines()
+                .nth(1)
+                .and_then(|l| l.split_whitespace().rev().nth(1))
+                .is_some_and(|c| c != "-");
+            if skew_shown || std::time::Instant::now() > deadline {
+                break out;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let wide: Vec<&str> = out.lines().collect();
+        let cells: Vec<&str> = wide[1].split_whitespace().collect();
+        let skew = cells[cells.len() - 2];
+        assert!(
+            skew.ends_with("ms") && skew[1..skew.len() - 2].parse::<u32>().is_ok(),
+            "{out}"
+        );
+        assert_eq!(cells[cells.len() - 1], "ok", "{out}");
+        let (_, out, _) = run(&d, &["links", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let diag = &v[0]["diagnosis"];
+        assert!(
+            diag["clockSkewMillis"].as_i64().unwrap().abs() < 1000,
+            "{out}"
+        );
+        assert!(diag["reportedAt"].as_i64().is_some(), "{out}");
 
         // agent-manifest: only the URL by default (so $(…) works), YAML with -o yaml.
         let (code, out, err) = run(

@@ -54,6 +54,23 @@ pub struct LinkDiagnosis {
     /// Tunnel round-trip time measured by keepalive pings, in microseconds.
     #[prost(int64, optional, tag = "3")]
     pub rtt_micros: ::core::option::Option<i64>,
+    /// How far the hub's clock is ahead of the agent's, in milliseconds
+    /// (negative when behind), as the agent measured it on the tunnel.
+    #[prost(int64, optional, tag = "4")]
+    pub clock_skew_millis: ::core::option::Option<i64>,
+    /// Why the agent's last certificate renewal failed; empty once one succeeded.
+    #[prost(string, optional, tag = "5")]
+    pub last_renewal_error: ::core::option::Option<::prost::alloc::string::String>,
+    /// Certificate renewals that failed since the agent started.
+    #[prost(uint32, optional, tag = "6")]
+    pub renewal_failures: ::core::option::Option<u32>,
+    /// Who ended the agent's previous tunnel ("hub", "proxy" or "network") and
+    /// why, as the agent saw it; empty for its first tunnel.
+    #[prost(string, optional, tag = "7")]
+    pub last_tunnel_end: ::core::option::Option<::prost::alloc::string::String>,
+    /// When the hub received this report from the agent.
+    #[prost(message, optional, tag = "8")]
+    pub reported_at: ::core::option::Option<::prost_types::Timestamp>,
 }
 /// The outcome of trying one transport.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

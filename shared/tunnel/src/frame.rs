@@ -199,6 +199,21 @@ pub const TARGET_DIAG: &str = "diag";
 /// certificate now (after a CA rotation step), rather than when due.
 pub const TARGET_RENEW: &str = "renew";
 
+/// [`RequestHead::target`] of the hub's goodbye: it is about to close this
+/// tunnel, for the reason in [`REASON_HEADER`]. Over TCP a closed
+/// connection looks the same whoever closed it (the hub, a proxy, a
+/// middlebox); the goodbye is what lets the agent tell the hub's close
+/// from the others.
+pub const TARGET_BYE: &str = "bye";
+
+/// Header of a goodbye: why the hub closes the tunnel.
+pub const REASON_HEADER: &str = "otter-reason";
+
+/// Header of the hub's diagnosis request: the hub's clock (Unix
+/// milliseconds) as it sent the request, so the agent learns its skew on
+/// every tunnel, not only when it registers.
+pub const HUB_TIME_HEADER: &str = "otter-hub-time";
+
 /// First chunk from the agent.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHead {

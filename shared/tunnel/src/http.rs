@@ -400,15 +400,52 @@ where
     serve_stream_full(stream, service, kube, AgentSelf::default(), limits).await
 }
 
+/// The agent's report for [`crate::frame::TARGET_DIAG`] (JSON), made when
+/// asked: from the request's headers (the hub's clock) and the agent's
+/// state at that moment.
+pub type DiagFn = std::sync::Arc<dyn Fn(&http::HeaderMap) -> Bytes + Send + Sync>;
+
+/// Where an agent keeps the hub's goodbye for a tunnel: the reason the hub
+/// gave before closing it, or `None` when it gave none.
+pub type Goodbye = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
+/// The longest goodbye reason kept; longer ones are cut.
+pub const MAX_REASON: usize = 256;
+
 /// What the agent answers for itself rather than for a caller.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct AgentSelf {
-    /// Its report on how it connected (JSON), for
-    /// [`crate::frame::TARGET_DIAG`].
-    pub diag: Option<Bytes>,
+    /// Makes its report on how it connected.
+    pub diag: Option<DiagFn>,
     /// Woken by [`crate::frame::TARGET_RENEW`]: the hub asks for a
     /// certificate renewal now.
     pub renew: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Set by [`crate::frame::TARGET_BYE`]: the hub is closing this tunnel.
+    pub goodbye: Option<Goodbye>,
+}
+
+impl std::fmt::Debug for AgentSelf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSelf")
+            .field("diag", &self.diag.is_some())
+            .field("renew", &self.renew.is_some())
+            .field("goodbye", &self.goodbye)
+            .finish()
+    }
+}
+
+/// A peer's reason as kept and logged: printable characters only (no line
+/// breaks or escapes reach a log), at most [`MAX_REASON`] bytes.
+pub fn clean_reason(raw: &[u8]) -> String {
+    let text = String::from_utf8_lossy(raw);
+    let mut out = String::new();
+    for c in text.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > MAX_REASON {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Like [`serve_stream_with`], also answering the hub's own requests to the
@@ -506,10 +543,34 @@ where
                 }
             });
             respond(answer, request, &mut writer, limits).await
+        } else if target == crate::frame::TARGET_BYE {
+            let goodbye = own.goodbye.clone();
+            let answer = tower::service_fn(move |req: http::Request<RequestBody>| {
+                let goodbye = goodbye.clone();
+                async move {
+                    let mut resp = http::Response::new(http_body_util::Empty::<Bytes>::new());
+                    match goodbye {
+                        Some(slot) => {
+                            let reason = req
+                                .headers()
+                                .get(crate::frame::REASON_HEADER)
+                                .map(|v| clean_reason(v.as_bytes()))
+                                .unwrap_or_default();
+                            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+                            *resp.status_mut() = http::StatusCode::NO_CONTENT;
+                        }
+                        None => *resp.status_mut() = http::StatusCode::NOT_FOUND,
+                    }
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            respond(answer, request, &mut writer, limits).await
         } else if target == crate::frame::TARGET_DIAG {
-            let body = own.diag.unwrap_or_else(|| Bytes::from_static(b"{}"));
-            let diag = tower::service_fn(move |_: http::Request<RequestBody>| {
-                let body = body.clone();
+            let make = own.diag.clone();
+            let diag = tower::service_fn(move |req: http::Request<RequestBody>| {
+                let body = make
+                    .as_ref()
+                    .map_or_else(|| Bytes::from_static(b"{}"), |f| f(req.headers()));
                 async move {
                     let mut resp = http::Response::new(http_body_util::Full::new(body));
                     resp.headers_mut().insert(

@@ -97,6 +97,40 @@ impl TunnelError {
     pub(crate) fn protocol(msg: impl Into<String>) -> Self {
         Self::Protocol(msg.into())
     }
+
+    /// How the tunnel connection ended, as far as the transport can tell
+    /// from this error.
+    pub fn connection_end(&self) -> ConnectionEnd {
+        use quinn::ConnectionError as C;
+        match self {
+            Self::Quic(C::ApplicationClosed(c)) => {
+                ConnectionEnd::PeerClosed(http::clean_reason(&c.reason))
+            }
+            Self::Quic(C::ConnectionClosed(c)) => {
+                ConnectionEnd::PeerClosed(format!("QUIC close: {c}"))
+            }
+            Self::Quic(C::Reset) => ConnectionEnd::PeerClosed(
+                "the hub no longer knows this connection (it restarted)".into(),
+            ),
+            Self::Quic(C::TimedOut) => ConnectionEnd::Silent("keepalives unanswered".into()),
+            // HTTP/2 and WebSocket tunnels end this way when their
+            // keepalive goes unanswered.
+            Self::Closed(why) => ConnectionEnd::Silent(why.clone()),
+            other => ConnectionEnd::Broken(other.to_string()),
+        }
+    }
+}
+
+/// How a tunnel connection ended (see [`TunnelError::connection_end`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectionEnd {
+    /// The peer closed it in the transport's own authenticated way (QUIC's
+    /// close frame), with this reason: over TLS+TCP no such close exists.
+    PeerClosed(String),
+    /// Keepalives went unanswered: the path went silent.
+    Silent(String),
+    /// The connection failed or was cut (a reset, a broken pipe).
+    Broken(String),
 }
 
 /// Result alias for this crate.
@@ -117,4 +151,29 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quic_close_is_the_peers_with_its_reason_cleaned() {
+        let close = quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+            error_code: quinn::VarInt::from_u32(0),
+            reason: bytes::Bytes::from_static(b"hub shutting down\n\x1b[31m"),
+        });
+        assert_eq!(
+            TunnelError::Quic(close).connection_end(),
+            ConnectionEnd::PeerClosed("hub shutting down[31m".into())
+        );
+        assert!(matches!(
+            TunnelError::Quic(quinn::ConnectionError::TimedOut).connection_end(),
+            ConnectionEnd::Silent(_)
+        ));
+        assert!(matches!(
+            TunnelError::Io(std::io::ErrorKind::ConnectionReset.into()).connection_end(),
+            ConnectionEnd::Broken(_)
+        ));
+    }
 }

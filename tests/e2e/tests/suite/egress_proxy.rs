@@ -125,6 +125,87 @@ async fn tunnels_through_a_connect_proxy() {
     hub.hub.shutdown().await;
 }
 
+/// The agent names who ended its tunnel: a proxy that went away (killed
+/// with the tunnel's connection open) is the proxy, even though the TCP
+/// connection looks the same as one the hub closed; a hub that closes
+/// tunnels (a deleted link, its own stop) says goodbye first, over HTTP/2,
+/// WebSocket and QUIC, and is named with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_names_who_ended_its_tunnel() {
+    use otter_agent::ended::EndedBy;
+    let Some(tp) = tinyproxy(None) else { return };
+    let hub = TestHub::start().await;
+    let via = format!("http://127.0.0.1:{}", tp.port);
+    let mut agents = Vec::new();
+    for (i, kind, proxied) in [
+        (0, TransportKind::H2, true),
+        (1, TransportKind::H2, false),
+        (2, TransportKind::Ws, false),
+        (3, TransportKind::Quic, false),
+        (4, TransportKind::Quic, false),
+    ] {
+        let cluster = format!("edge-{i}");
+        let token = hub.hub.mint_join_token(&cluster).unwrap();
+        let agent = start_agent_with(&hub, &cluster, "a", &token, kind, |c| {
+            if proxied {
+                c.proxy = Some(proxy(&via));
+            }
+        });
+        agent
+            .agent
+            .wait_for(WAIT, |s| s.connected.is_some())
+            .await
+            .expect("connects");
+        agents.push(agent);
+    }
+    let ended = |i: usize| {
+        let agent = &agents[i].agent;
+        async move {
+            agent
+                .wait_for(WAIT, |s| s.last_tunnel_end.is_some())
+                .await
+                .and_then(|s| s.last_tunnel_end)
+                .expect("the tunnel ended")
+        }
+    };
+
+    // The proxy goes away.
+    drop(tp);
+    let e = ended(0).await;
+    assert_eq!(e.by, EndedBy::Proxy, "{e}");
+    assert!(e.why.contains(&via), "{e}");
+
+    // The hub deletes a link: the goodbye carries the reason.
+    for cluster in ["edge-1", "edge-3"] {
+        let (code, body) = otter_e2e::admin_call(
+            hub.hub.api_addr,
+            hub.hub.ca_pem(),
+            &hub.admin_token,
+            http::Method::DELETE,
+            &format!("/admin/v1/links/{cluster}"),
+            None,
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    for i in [1, 3] {
+        let e = ended(i).await;
+        assert_eq!(e.by, EndedBy::Hub, "{e}");
+        assert_eq!(e.why, "the link was deleted");
+    }
+
+    // The hub stops.
+    hub.hub.shutdown().await;
+    for i in [2, 4] {
+        let e = ended(i).await;
+        assert_eq!(e.by, EndedBy::Hub, "{e}");
+        assert_eq!(e.why, "hub shutting down");
+    }
+    for a in agents {
+        a.agent.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_credentials_are_sent_and_checked() {
     let Some(tp) = tinyproxy(Some(("otter", "s3cret"))) else {

@@ -108,6 +108,10 @@ async fn dead_path_is_noticed(transport: TransportKind) {
         noticed < Duration::from_secs(3 + 1 + 2),
         "took {noticed:?} to notice"
     );
+    // And named as the network's doing, not the hub's.
+    let end = agent.agent.status().last_tunnel_end.expect("an end named");
+    assert_eq!(end.by, otter_agent::ended::EndedBy::Network, "{end}");
+    assert!(end.why.contains("silent"), "{end}");
 
     let connects = agent.agent.status().connects;
     relay.freeze(false);
@@ -210,7 +214,8 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
 async fn a_hanging_renewal_does_not_stall_calls() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let hub = TestHub::start_with(dir, None, |c| {
-        c.agent_cert_lifetime = Duration::from_secs(60)
+        c.agent_cert_lifetime = Duration::from_secs(60);
+        c.diagnosis_max_age = Duration::from_millis(200);
     })
     .await;
     // Register and renewals go through the relay; the tunnel does not.
@@ -265,6 +270,31 @@ async fn a_hanging_renewal_does_not_stall_calls() {
         "{calls} calls while a renewal hung and failed ({}), the slowest {slowest:?}",
         status.last_renewal_error
     );
+    // The hub's link listing shows it too (`otter links -o wide`), from the
+    // agent's report fetched again once the one kept is stale.
+    let channel = hub.channel().await;
+    let listed = |failing: bool| {
+        let channel = channel.clone();
+        let token = hub.admin_token.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let link = otter_e2e::double::link_of(&channel, &token, "edge-1").await;
+                let d = link.diagnosis.unwrap_or_default();
+                if d.last_renewal_error.is_some() == failing {
+                    return d;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "ListLinks never showed the renewal {}: {d:?}",
+                    if failing { "failing" } else { "recovered" }
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let d = listed(true).await;
+    assert!(d.renewal_failures.unwrap_or(0) >= 1, "{d:?}");
 
     api.freeze(false);
     let renewed = agent
@@ -274,6 +304,7 @@ async fn a_hanging_renewal_does_not_stall_calls() {
         .expect("renews once the API answers");
     assert!(renewed.last_renewal_error.is_empty());
     assert_eq!(renewed.connects, first.connects);
+    listed(false).await;
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }

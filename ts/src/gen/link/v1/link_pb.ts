@@ -21,7 +21,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file link/v1/link.proto.
  */
 export const file_link_v1_link: GenFile = /*@__PURE__*/
-  fileDesc("ChJsaW5rL3YxL2xpbmsucHJvdG8SEm90dGVyc2NhbGUubGluay52MSL+BAoETGluaxIUCgdjbHVzdGVyGAEgASgJSACIAQESGgoNYWdlbnRfdmVyc2lvbhgCIAEoCUgBiAEBEh8KEnJhbmNoZXJfcHJvamVjdF9pZBgDIAEoCUgCiAEBEhUKCGFnZW50X2lkGGQgASgJSAOIAQESMQoFc3RhdGUYZSABKA4yHS5vdHRlcnNjYWxlLmxpbmsudjEuTGlua1N0YXRlSASIAQESFgoJdHJhbnNwb3J0GGYgASgJSAWIAQESLQoJbGFzdF9zZWVuGGcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpmaXJzdF9zZWVuGGggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3ChNjZXJ0aWZpY2F0ZV9leHBpcmVzGGkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIfChJjZXJ0aWZpY2F0ZV9zZXJpYWwYaiABKAlIBogBARIbCg5yZW1vdGVfYWRkcmVzcxhrIAEoCUgHiAEBEjkKCWRpYWdub3NpcxhsIAEoCzIhLm90dGVyc2NhbGUubGluay52MS5MaW5rRGlhZ25vc2lzSAiIAQESEwoGdGVuYW50GG0gASgJSAmIAQFCCgoIX2NsdXN0ZXJCEAoOX2FnZW50X3ZlcnNpb25CFQoTX3JhbmNoZXJfcHJvamVjdF9pZEILCglfYWdlbnRfaWRCCAoGX3N0YXRlQgwKCl90cmFuc3BvcnRCFQoTX2NlcnRpZmljYXRlX3NlcmlhbEIRCg9fcmVtb3RlX2FkZHJlc3NCDAoKX2RpYWdub3Npc0IJCgdfdGVuYW50Io0BCg1MaW5rRGlhZ25vc2lzEjYKCGF0dGVtcHRzGAEgAygLMiQub3R0ZXJzY2FsZS5saW5rLnYxLlRyYW5zcG9ydEF0dGVtcHQSEgoFcHJveHkYAiABKAlIAIgBARIXCgpydHRfbWljcm9zGAMgASgDSAGIAQFCCAoGX3Byb3h5Qg0KC19ydHRfbWljcm9zIm4KEFRyYW5zcG9ydEF0dGVtcHQSFgoJdHJhbnNwb3J0GAEgASgJSACIAQESDwoCb2sYAiABKAhIAYgBARISCgVlcnJvchgDIAEoCUgCiAEBQgwKCl90cmFuc3BvcnRCBQoDX29rQggKBl9lcnJvciJUCg5SYW5jaGVyUHJvamVjdBIPCgJpZBgBIAEoCUgAiAEBEhkKDGRpc3BsYXlfbmFtZRgCIAEoCUgBiAEBQgUKA19pZEIPCg1fZGlzcGxheV9uYW1lIhwKGkxpc3RSYW5jaGVyUHJvamVjdHNSZXF1ZXN0IlMKG0xpc3RSYW5jaGVyUHJvamVjdHNSZXNwb25zZRI0Cghwcm9qZWN0cxgBIAMoCzIiLm90dGVyc2NhbGUubGluay52MS5SYW5jaGVyUHJvamVjdCISChBMaXN0TGlua3NSZXF1ZXN0IjwKEUxpc3RMaW5rc1Jlc3BvbnNlEicKBWxpbmtzGAEgAygLMhgub3R0ZXJzY2FsZS5saW5rLnYxLkxpbmsi/wEKD1JlZ2lzdGVyUmVxdWVzdBIUCgdjbHVzdGVyGAEgASgJSACIAQESEAoDY3NyGAIgASgMSAGIAQESFQoIYWdlbnRfaWQYAyABKAlIAogBARIaCg1hZ2VudF92ZXJzaW9uGAQgASgJSAOIAQESHwoScmFuY2hlcl9wcm9qZWN0X2lkGAUgASgJSASIAQESFwoKam9pbl90b2tlbhhkIAEoCUgFiAEBQgoKCF9jbHVzdGVyQgYKBF9jc3JCCwoJX2FnZW50X2lkQhAKDl9hZ2VudF92ZXJzaW9uQhUKE19yYW5jaGVyX3Byb2plY3RfaWRCDQoLX2pvaW5fdG9rZW4ijgIKEFJlZ2lzdGVyUmVzcG9uc2USFQoIZW5kcG9pbnQYASABKAlIAIgBARIYCgtjZXJ0aWZpY2F0ZRgCIAEoDEgBiAEBEhsKDmNhX2NlcnRpZmljYXRlGAMgASgMSAKIAQESGwoOc2VydmVyX3ZlcnNpb24YBCABKAlIA4gBARITCgt0dW5uZWxfdXJscxhkIAMoCRI3ChNjZXJ0aWZpY2F0ZV9leHBpcmVzGGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEILCglfZW5kcG9pbnRCDgoMX2NlcnRpZmljYXRlQhEKD19jYV9jZXJ0aWZpY2F0ZUIRCg9fc2VydmVyX3ZlcnNpb24iiAEKF0dldEFnZW50TWFuaWZlc3RSZXF1ZXN0EhQKB2NsdXN0ZXIYASABKAlIAIgBARITCgtleHRyYV91c2VycxgCIAMoCRIfChJyYW5jaGVyX3Byb2plY3RfaWQYAyABKAlIAYgBAUIKCghfY2x1c3RlckIVChNfcmFuY2hlcl9wcm9qZWN0X2lkIlgKGEdldEFnZW50TWFuaWZlc3RSZXNwb25zZRIVCghtYW5pZmVzdBgBIAEoCUgAiAEBEhAKA3VybBgCIAEoCUgBiAEBQgsKCV9tYW5pZmVzdEIGCgRfdXJsKlkKCUxpbmtTdGF0ZRIaChZMSU5LX1NUQVRFX1VOU1BFQ0lGSUVEEAASGAoUTElOS19TVEFURV9DT05ORUNURUQQARIWChJMSU5LX1NUQVRFX09GRkxJTkUQAjL+AwoLTGlua1NlcnZpY2USbQoJTGlzdExpbmtzEiQub3R0ZXJzY2FsZS5saW5rLnYxLkxpc3RMaW5rc1JlcXVlc3QaJS5vdHRlcnNjYWxlLmxpbmsudjEuTGlzdExpbmtzUmVzcG9uc2UiE4rf1R0OCgxsaW5rLWVuYWJsZWQSagoIUmVnaXN0ZXISIy5vdHRlcnNjYWxlLmxpbmsudjEuUmVnaXN0ZXJSZXF1ZXN0GiQub3R0ZXJzY2FsZS5saW5rLnYxLlJlZ2lzdGVyUmVzcG9uc2UiE4rf1R0OCgxsaW5rLWVuYWJsZWQShQEKEEdldEFnZW50TWFuaWZlc3QSKy5vdHRlcnNjYWxlLmxpbmsudjEuR2V0QWdlbnRNYW5pZmVzdFJlcXVlc3QaLC5vdHRlcnNjYWxlLmxpbmsudjEuR2V0QWdlbnRNYW5pZmVzdFJlc3BvbnNlIhaQAgGK39UdDgoMbGluay1lbmFibGVkEosBChNMaXN0UmFuY2hlclByb2plY3RzEi4ub3R0ZXJzY2FsZS5saW5rLnYxLkxpc3RSYW5jaGVyUHJvamVjdHNSZXF1ZXN0Gi8ub3R0ZXJzY2FsZS5saW5rLnYxLkxpc3RSYW5jaGVyUHJvamVjdHNSZXNwb25zZSITit/VHQ4KDGxpbmstZW5hYmxlZEIqWihnaXRodWIuY29tL290dGVyc2NhbGUvYXBpL2xpbmsvdjE7bGlua3YxYgZwcm90bzM", [file_feature, file_google_protobuf_timestamp]);
+  fileDesc("ChJsaW5rL3YxL2xpbmsucHJvdG8SEm90dGVyc2NhbGUubGluay52MSL+BAoETGluaxIUCgdjbHVzdGVyGAEgASgJSACIAQESGgoNYWdlbnRfdmVyc2lvbhgCIAEoCUgBiAEBEh8KEnJhbmNoZXJfcHJvamVjdF9pZBgDIAEoCUgCiAEBEhUKCGFnZW50X2lkGGQgASgJSAOIAQESMQoFc3RhdGUYZSABKA4yHS5vdHRlcnNjYWxlLmxpbmsudjEuTGlua1N0YXRlSASIAQESFgoJdHJhbnNwb3J0GGYgASgJSAWIAQESLQoJbGFzdF9zZWVuGGcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIuCgpmaXJzdF9zZWVuGGggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI3ChNjZXJ0aWZpY2F0ZV9leHBpcmVzGGkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIfChJjZXJ0aWZpY2F0ZV9zZXJpYWwYaiABKAlIBogBARIbCg5yZW1vdGVfYWRkcmVzcxhrIAEoCUgHiAEBEjkKCWRpYWdub3NpcxhsIAEoCzIhLm90dGVyc2NhbGUubGluay52MS5MaW5rRGlhZ25vc2lzSAiIAQESEwoGdGVuYW50GG0gASgJSAmIAQFCCgoIX2NsdXN0ZXJCEAoOX2FnZW50X3ZlcnNpb25CFQoTX3JhbmNoZXJfcHJvamVjdF9pZEILCglfYWdlbnRfaWRCCAoGX3N0YXRlQgwKCl90cmFuc3BvcnRCFQoTX2NlcnRpZmljYXRlX3NlcmlhbEIRCg9fcmVtb3RlX2FkZHJlc3NCDAoKX2RpYWdub3Npc0IJCgdfdGVuYW50IpIDCg1MaW5rRGlhZ25vc2lzEjYKCGF0dGVtcHRzGAEgAygLMiQub3R0ZXJzY2FsZS5saW5rLnYxLlRyYW5zcG9ydEF0dGVtcHQSEgoFcHJveHkYAiABKAlIAIgBARIXCgpydHRfbWljcm9zGAMgASgDSAGIAQESHgoRY2xvY2tfc2tld19taWxsaXMYBCABKANIAogBARIfChJsYXN0X3JlbmV3YWxfZXJyb3IYBSABKAlIA4gBARIdChByZW5ld2FsX2ZhaWx1cmVzGAYgASgNSASIAQESHAoPbGFzdF90dW5uZWxfZW5kGAcgASgJSAWIAQESLwoLcmVwb3J0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQggKBl9wcm94eUINCgtfcnR0X21pY3Jvc0IUChJfY2xvY2tfc2tld19taWxsaXNCFQoTX2xhc3RfcmVuZXdhbF9lcnJvckITChFfcmVuZXdhbF9mYWlsdXJlc0ISChBfbGFzdF90dW5uZWxfZW5kIm4KEFRyYW5zcG9ydEF0dGVtcHQSFgoJdHJhbnNwb3J0GAEgASgJSACIAQESDwoCb2sYAiABKAhIAYgBARISCgVlcnJvchgDIAEoCUgCiAEBQgwKCl90cmFuc3BvcnRCBQoDX29rQggKBl9lcnJvciJUCg5SYW5jaGVyUHJvamVjdBIPCgJpZBgBIAEoCUgAiAEBEhkKDGRpc3BsYXlfbmFtZRgCIAEoCUgBiAEBQgUKA19pZEIPCg1fZGlzcGxheV9uYW1lIhwKGkxpc3RSYW5jaGVyUHJvamVjdHNSZXF1ZXN0IlMKG0xpc3RSYW5jaGVyUHJvamVjdHNSZXNwb25zZRI0Cghwcm9qZWN0cxgBIAMoCzIiLm90dGVyc2NhbGUubGluay52MS5SYW5jaGVyUHJvamVjdCISChBMaXN0TGlua3NSZXF1ZXN0IjwKEUxpc3RMaW5rc1Jlc3BvbnNlEicKBWxpbmtzGAEgAygLMhgub3R0ZXJzY2FsZS5saW5rLnYxLkxpbmsi/wEKD1JlZ2lzdGVyUmVxdWVzdBIUCgdjbHVzdGVyGAEgASgJSACIAQESEAoDY3NyGAIgASgMSAGIAQESFQoIYWdlbnRfaWQYAyABKAlIAogBARIaCg1hZ2VudF92ZXJzaW9uGAQgASgJSAOIAQESHwoScmFuY2hlcl9wcm9qZWN0X2lkGAUgASgJSASIAQESFwoKam9pbl90b2tlbhhkIAEoCUgFiAEBQgoKCF9jbHVzdGVyQgYKBF9jc3JCCwoJX2FnZW50X2lkQhAKDl9hZ2VudF92ZXJzaW9uQhUKE19yYW5jaGVyX3Byb2plY3RfaWRCDQoLX2pvaW5fdG9rZW4ijgIKEFJlZ2lzdGVyUmVzcG9uc2USFQoIZW5kcG9pbnQYASABKAlIAIgBARIYCgtjZXJ0aWZpY2F0ZRgCIAEoDEgBiAEBEhsKDmNhX2NlcnRpZmljYXRlGAMgASgMSAKIAQESGwoOc2VydmVyX3ZlcnNpb24YBCABKAlIA4gBARITCgt0dW5uZWxfdXJscxhkIAMoCRI3ChNjZXJ0aWZpY2F0ZV9leHBpcmVzGGUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcEILCglfZW5kcG9pbnRCDgoMX2NlcnRpZmljYXRlQhEKD19jYV9jZXJ0aWZpY2F0ZUIRCg9fc2VydmVyX3ZlcnNpb24iiAEKF0dldEFnZW50TWFuaWZlc3RSZXF1ZXN0EhQKB2NsdXN0ZXIYASABKAlIAIgBARITCgtleHRyYV91c2VycxgCIAMoCRIfChJyYW5jaGVyX3Byb2plY3RfaWQYAyABKAlIAYgBAUIKCghfY2x1c3RlckIVChNfcmFuY2hlcl9wcm9qZWN0X2lkIlgKGEdldEFnZW50TWFuaWZlc3RSZXNwb25zZRIVCghtYW5pZmVzdBgBIAEoCUgAiAEBEhAKA3VybBgCIAEoCUgBiAEBQgsKCV9tYW5pZmVzdEIGCgRfdXJsKlkKCUxpbmtTdGF0ZRIaChZMSU5LX1NUQVRFX1VOU1BFQ0lGSUVEEAASGAoUTElOS19TVEFURV9DT05ORUNURUQQARIWChJMSU5LX1NUQVRFX09GRkxJTkUQAjL+AwoLTGlua1NlcnZpY2USbQoJTGlzdExpbmtzEiQub3R0ZXJzY2FsZS5saW5rLnYxLkxpc3RMaW5rc1JlcXVlc3QaJS5vdHRlcnNjYWxlLmxpbmsudjEuTGlzdExpbmtzUmVzcG9uc2UiE4rf1R0OCgxsaW5rLWVuYWJsZWQSagoIUmVnaXN0ZXISIy5vdHRlcnNjYWxlLmxpbmsudjEuUmVnaXN0ZXJSZXF1ZXN0GiQub3R0ZXJzY2FsZS5saW5rLnYxLlJlZ2lzdGVyUmVzcG9uc2UiE4rf1R0OCgxsaW5rLWVuYWJsZWQShQEKEEdldEFnZW50TWFuaWZlc3QSKy5vdHRlcnNjYWxlLmxpbmsudjEuR2V0QWdlbnRNYW5pZmVzdFJlcXVlc3QaLC5vdHRlcnNjYWxlLmxpbmsudjEuR2V0QWdlbnRNYW5pZmVzdFJlc3BvbnNlIhaQAgGK39UdDgoMbGluay1lbmFibGVkEosBChNMaXN0UmFuY2hlclByb2plY3RzEi4ub3R0ZXJzY2FsZS5saW5rLnYxLkxpc3RSYW5jaGVyUHJvamVjdHNSZXF1ZXN0Gi8ub3R0ZXJzY2FsZS5saW5rLnYxLkxpc3RSYW5jaGVyUHJvamVjdHNSZXNwb25zZSITit/VHQ4KDGxpbmstZW5hYmxlZEIqWihnaXRodWIuY29tL290dGVyc2NhbGUvYXBpL2xpbmsvdjE7bGlua3YxYgZwcm90bzM", [file_feature, file_google_protobuf_timestamp]);
 
 /**
  * One member cluster as the hub sees it.
@@ -248,6 +248,43 @@ export type LinkDiagnosis = Message<"otterscale.link.v1.LinkDiagnosis"> & {
    * @generated from field: optional int64 rtt_micros = 3;
    */
   rttMicros?: bigint | undefined;
+
+  /**
+   * How far the hub's clock is ahead of the agent's, in milliseconds
+   * (negative when behind), as the agent measured it on the tunnel.
+   *
+   * @generated from field: optional int64 clock_skew_millis = 4;
+   */
+  clockSkewMillis?: bigint | undefined;
+
+  /**
+   * Why the agent's last certificate renewal failed; empty once one succeeded.
+   *
+   * @generated from field: optional string last_renewal_error = 5;
+   */
+  lastRenewalError?: string | undefined;
+
+  /**
+   * Certificate renewals that failed since the agent started.
+   *
+   * @generated from field: optional uint32 renewal_failures = 6;
+   */
+  renewalFailures?: number | undefined;
+
+  /**
+   * Who ended the agent's previous tunnel ("hub", "proxy" or "network") and
+   * why, as the agent saw it; empty for its first tunnel.
+   *
+   * @generated from field: optional string last_tunnel_end = 7;
+   */
+  lastTunnelEnd?: string | undefined;
+
+  /**
+   * When the hub received this report from the agent.
+   *
+   * @generated from field: google.protobuf.Timestamp reported_at = 8;
+   */
+  reportedAt?: Timestamp | undefined;
 };
 
 /**
@@ -276,6 +313,43 @@ export type LinkDiagnosisJson = {
    * @generated from field: optional int64 rtt_micros = 3;
    */
   rttMicros?: string;
+
+  /**
+   * How far the hub's clock is ahead of the agent's, in milliseconds
+   * (negative when behind), as the agent measured it on the tunnel.
+   *
+   * @generated from field: optional int64 clock_skew_millis = 4;
+   */
+  clockSkewMillis?: string;
+
+  /**
+   * Why the agent's last certificate renewal failed; empty once one succeeded.
+   *
+   * @generated from field: optional string last_renewal_error = 5;
+   */
+  lastRenewalError?: string;
+
+  /**
+   * Certificate renewals that failed since the agent started.
+   *
+   * @generated from field: optional uint32 renewal_failures = 6;
+   */
+  renewalFailures?: number;
+
+  /**
+   * Who ended the agent's previous tunnel ("hub", "proxy" or "network") and
+   * why, as the agent saw it; empty for its first tunnel.
+   *
+   * @generated from field: optional string last_tunnel_end = 7;
+   */
+  lastTunnelEnd?: string;
+
+  /**
+   * When the hub received this report from the agent.
+   *
+   * @generated from field: google.protobuf.Timestamp reported_at = 8;
+   */
+  reportedAt?: TimestampJson;
 };
 
 /**
