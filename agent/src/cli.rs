@@ -79,6 +79,11 @@ pub struct Cli {
     /// Tunnel keepalive interval in seconds.
     #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
     pub keepalive_secs: u64,
+    /// How far into its certificate's life (by the hub's clock) the agent
+    /// renews it, from 0.1 to 0.95; earlier leaves more time for renewals
+    /// that fail (a proxy or the hub down) before the certificate expires.
+    #[arg(long, env = "OTTER_RENEW_AT", default_value_t = 2.0 / 3.0)]
+    pub renew_at: f64,
     /// SHA-256 of the hub CA certificate (hex); the CA file must match it.
     #[arg(long, env = "OTTER_HUB_CA_FINGERPRINT")]
     pub hub_ca_fingerprint: Option<String>,
@@ -194,6 +199,7 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
     config.transport_retry = std::time::Duration::from_secs(cli.transport_retry_secs);
+    config.renew_at = cli.renew_at;
     config.validate()?;
     otter_pki::tls::install_default_provider();
     // A KUBECONFIG that names several files is left to kube's own loader.

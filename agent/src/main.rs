@@ -10,6 +10,9 @@ async fn main() {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: log collectors (`kubectl logs`, files)
+        // would keep the escape codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = otter_agent::cli::Cli::parse();
     std::process::exit(otter_agent::cli::run(cli).await);

@@ -496,7 +496,14 @@ async fn run(
                     last_good = Some(kind);
                     let newest = creds.as_ref().unwrap_or(&current);
                     route = proxy_route(&config, newest, kind);
-                    diag = diagnosis(&config, &[(kind, Ok(()))], route.as_deref(), &status);
+                    // A switch reports the probe that found the better
+                    // transport; a redial on a renewed certificate keeps the
+                    // connect round's report (what failed before it worked).
+                    if moved {
+                        status.send_modify(|s| s.attempts = vec![(kind, Ok(()))]);
+                    }
+                    let attempts = status.borrow().attempts.clone();
+                    diag = diagnosis(&config, &attempts, route.as_deref(), &status);
                     serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag, &goodbye), &config.gauges);
                     probe_at = next_probe(&config, kind);
                     status.send_modify(|s| {

@@ -57,6 +57,13 @@ impl Diagnosis {
         self.lock().as_ref().map(|(_, at, v)| (*at, v.clone()))
     }
 
+    /// Takes `older`'s report (a replaced tunnel of the same agent), so a
+    /// listing between the two shows the last report rather than none.
+    pub fn inherit(&self, older: &Diagnosis) {
+        let kept = older.lock().clone();
+        *self.lock() = kept;
+    }
+
     pub fn set(&self, report: serde_json::Value) {
         *self.lock() = Some((std::time::Instant::now(), crate::unix_now(), report));
     }

@@ -100,6 +100,13 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         max_calls,
         diagnosis: Default::default(),
     });
+    if let Some(prev) = state
+        .registry
+        .get(&cluster)
+        .filter(|p| p.agent_id == entry.agent_id)
+    {
+        entry.diagnosis.inherit(&prev.diagnosis);
+    }
     if let Some(old) = state.registry.insert(entry.clone()) {
         drain(
             old,

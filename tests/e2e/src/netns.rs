@@ -63,6 +63,26 @@ impl NetPair {
         Ok(pair)
     }
 
+    /// [`NetPair::create`], or `None` with a line saying why this machine
+    /// cannot; under `OTTER_REQUIRE_TOOLS=1` (`make test`) that panics
+    /// instead, so a green run never means "skipped".
+    pub fn create_or_skip() -> Option<NetPair> {
+        match NetPair::create() {
+            Ok(p) => Some(p),
+            Err(e) if crate::tools::tools_required() => panic!(
+                "cannot create the network namespaces and OTTER_REQUIRE_TOOLS=1: {e}\n\
+                 (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN, and `ip` from iproute2: \
+                 `scripts/setup.sh apt` installs it)"
+            ),
+            Err(e) => {
+                eprintln!(
+                    "skipped: this machine does not let the test create network namespaces ({e})"
+                );
+                None
+            }
+        }
+    }
+
     fn setup(&self) -> Result<(), String> {
         let (h, a) = (self.hub.as_str(), self.agent.as_str());
         ip(&[
@@ -111,4 +131,61 @@ impl Drop for NetPair {
             }
         }
     }
+}
+
+/// Owned strings of `v`, for process arguments.
+pub fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Polls `check` every 100 ms until it holds; panics with `what` after
+/// `limit`. Returns how long it took.
+pub fn until(
+    what: &str,
+    limit: std::time::Duration,
+    mut check: impl FnMut() -> bool,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    while !check() {
+        assert!(started.elapsed() < limit, "timed out: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    started.elapsed()
+}
+
+/// Prepares a hub's data directory with a hub in this process (the store
+/// is then handed to a hub process): mints a join token for `cluster` into
+/// `token_file`; returns the admin token.
+pub fn prepare_hub(data: &std::path::Path, token_file: &std::path::Path, cluster: &str) -> String {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut config = otter_hub::HubConfig::new(data);
+        config.api_listen = "127.0.0.1:0".parse().expect("address");
+        config.tunnel_listen = "127.0.0.1:0".parse().expect("address");
+        let hub = otter_hub::Hub::start(config).await.expect("setup hub");
+        let token = hub.mint_join_token(cluster).expect("join token");
+        std::fs::write(token_file, token).expect("token file");
+        hub.shutdown().await;
+    });
+    std::fs::read_to_string(data.join("admin-token"))
+        .expect("admin token")
+        .trim()
+        .to_owned()
+}
+
+/// One read of an agent's `/metrics` at `health` from inside namespace
+/// `netns` (the probe's output file in `dir` is removed after).
+pub fn agent_metrics(netns: &str, health: &str, dir: &std::path::Path) -> Option<String> {
+    use crate::procs::{Proc, Role};
+    let mut probe = Proc::start(
+        "probe",
+        Role::HttpGet,
+        &strings(&[health, "/metrics"]),
+        dir,
+        Some(netns),
+    );
+    let code = probe.wait(std::time::Duration::from_secs(10));
+    let out = probe.stdout();
+    let _ = std::fs::remove_file(dir.join("probe.out"));
+    (code == Some(0)).then_some(out)
 }

@@ -14,6 +14,7 @@ mod agent_runtime;
 mod ca_rotation;
 mod crash;
 mod crds;
+mod egress_netns;
 mod egress_proxy;
 mod hostile_api;
 mod hostile_enrollment;

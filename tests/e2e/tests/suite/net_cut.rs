@@ -10,14 +10,11 @@
 //! iproute2; without them the test says so in one line and passes, unless
 //! `OTTER_REQUIRE_TOOLS=1` (set by `make test`), which makes it fail.
 
-use std::{
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use otter_agent::gauges::sample;
 use otter_e2e::{
-    netns::{HUB_IP, NetPair},
+    netns::{HUB_IP, NetPair, agent_metrics, prepare_hub, strings, until},
     procs::{Proc, Role, wait_for_file},
 };
 
@@ -27,39 +24,6 @@ const KEEPALIVE_SECS: u64 = 1;
 const CUT: Duration = Duration::from_secs(6);
 const WAIT: Duration = Duration::from_secs(30);
 const AGENT_HEALTH: &str = "127.0.0.1:9090";
-
-fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// Mints the join token with a hub in this process (the store is then
-/// handed to the hub process); returns the admin token.
-fn prepare_hub(data: &Path, token_file: &Path) -> String {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let mut config = otter_hub::HubConfig::new(data);
-        config.api_listen = "127.0.0.1:0".parse().expect("address");
-        config.tunnel_listen = "127.0.0.1:0".parse().expect("address");
-        let hub = otter_hub::Hub::start(config).await.expect("setup hub");
-        let token = hub.mint_join_token("edge-0").expect("join token");
-        std::fs::write(token_file, token).expect("token file");
-        hub.shutdown().await;
-    });
-    std::fs::read_to_string(data.join("admin-token"))
-        .expect("admin token")
-        .trim()
-        .to_owned()
-}
-
-/// Polls `check` every 100 ms until it holds; panics with `what` after `limit`.
-fn until(what: &str, limit: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < limit, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    started.elapsed()
-}
 
 /// Names printed by `otter get -w` (first column), in order.
 fn printed_names(stdout: &str) -> Vec<String> {
@@ -78,43 +42,18 @@ struct Scene {
 }
 
 impl Scene {
-    /// One probe of the agent's `/metrics` from inside its namespace.
-    fn agent_metrics(&self) -> Option<String> {
-        let mut probe = Proc::start(
-            "probe",
-            Role::HttpGet,
-            &strings(&[AGENT_HEALTH, "/metrics"]),
-            self.dir.path(),
-            Some(&self.pair.agent),
-        );
-        let code = probe.wait(Duration::from_secs(10));
-        let out = probe.stdout();
-        // The probe's log file is appended to; keep only this answer.
-        let _ = std::fs::remove_file(self.dir.path().join("probe.out"));
-        (code == Some(0)).then_some(out)
-    }
-
     fn agent_metric(&self, name: &str) -> Option<f64> {
         self.agent_metrics().and_then(|m| sample(&m, name))
+    }
+
+    fn agent_metrics(&self) -> Option<String> {
+        agent_metrics(&self.pair.agent, AGENT_HEALTH, self.dir.path())
     }
 }
 
 fn watch_resumes_across_a_cut(transport: &str) {
-    let pair = match NetPair::create() {
-        Ok(p) => p,
-        Err(e) => {
-            if otter_e2e::tools::tools_required() {
-                panic!(
-                    "cannot create the network namespaces and OTTER_REQUIRE_TOOLS=1: {e}\n\
-                     (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN, and `ip` from iproute2: \
-                     `scripts/setup.sh apt` installs it)"
-                );
-            }
-            eprintln!(
-                "skipped: this machine does not let the test create network namespaces ({e})"
-            );
-            return;
-        }
+    let Some(pair) = NetPair::create_or_skip() else {
+        return;
     };
     let scene = Scene {
         pair,
@@ -123,7 +62,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
     let d = scene.dir.path();
     let data = d.join("hub");
     std::fs::create_dir_all(&data).expect("data dir");
-    let admin = prepare_hub(&data, &d.join("token"));
+    let admin = prepare_hub(&data, &d.join("token"), "edge-0");
     let ca = data.join("ca.crt").display().to_string();
     let api = format!("https://{HUB_IP}:8443");
 
