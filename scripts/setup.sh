@@ -23,7 +23,7 @@ want=${1:-all}
 
 # protobuf-compiler: etcd-client's build compiles etcd's API with protoc.
 BUILD_PACKAGES=(protobuf-compiler)
-APT_PACKAGES=("${BUILD_PACKAGES[@]}" tinyproxy stunnel4 iproute2 python3-venv curl docker-registry etcd-server)
+APT_PACKAGES=("${BUILD_PACKAGES[@]}" tinyproxy stunnel4 iproute2 python3-venv curl docker-registry etcd-server faketime)
 
 log() { printf 'setup: %s\n' "$*"; }
 
