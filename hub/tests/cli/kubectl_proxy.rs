@@ -767,10 +767,10 @@ async fn oversized_request_headers_are_refused() {
     hub.hub.shutdown().await;
 }
 
-/// A `kubectl port-forward` through the hub ends, with an error kubectl
-/// shows, soon after its tunnel dies (a path that goes silent: the relay
-/// in front of the tunnel port swallows every byte), instead of hanging on
-/// a dead stream.
+/// A `kubectl port-forward` and an interactive `kubectl exec -i` through
+/// the hub end, with an error kubectl shows, soon after their tunnel dies
+/// (a path that goes silent: the relay in front of the tunnel port
+/// swallows every byte), instead of hanging on a dead stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn port_forward_ends_when_its_tunnel_dies() {
     let Some(k133) = kubectl_133() else {
@@ -794,30 +794,67 @@ async fn port_forward_ends_when_its_tunnel_dies() {
     let work = tempfile::tempdir().unwrap();
     let kube_path = write_kubeconfig(&hub, work.path()).await;
 
-    let (code, took) = tokio::task::block_in_place(|| {
+    let ends = tokio::task::block_in_place(|| {
         let mut cmd = std::process::Command::new(&k133);
         cmd.arg("--kubeconfig").arg(&kube_path);
-        let (mut child, local) = port_forward(cmd);
+        let (forward, local) = port_forward(cmd);
         round_trip(local, b"before the cut", "before the cut");
         // A connection kept open through the forward, as a client would.
         let _held = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
+        // An interactive exec whose input stays open, echoing it back.
+        let mut exec = std::process::Command::new(&k133)
+            .arg("--kubeconfig")
+            .arg(&kube_path)
+            .args(["exec", "-i", "web-0", "--", "cat"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kept open until kubectl has ended.
+        let mut input = exec.stdin.take().unwrap();
+        {
+            use std::io::{BufRead, Write};
+            input.write_all(b"before the cut\n").unwrap();
+            input.flush().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(exec.stdout.as_mut().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line, "before the cut\n");
+        }
         relay.freeze(true);
         let cut = std::time::Instant::now();
         let deadline = cut + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break (status.code(), cut.elapsed());
+        let mut running = vec![("port-forward", forward), ("exec", exec)];
+        let mut ends = Vec::new();
+        while !running.is_empty() {
+            let mut i = 0;
+            while i < running.len() {
+                if let Some(status) = running[i].1.try_wait().unwrap() {
+                    ends.push((running[i].0, status.code(), cut.elapsed()));
+                    running.remove(i);
+                } else {
+                    i += 1;
+                }
             }
             if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("kubectl port-forward still running 60 s after its tunnel died");
+                let names: Vec<&str> = running.iter().map(|(what, _)| *what).collect();
+                for (_, child) in &mut running {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                panic!("kubectl {names:?} still running 60 s after the tunnel died");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        drop(input);
+        ends
     });
-    assert_ne!(code, Some(0), "kubectl reports the lost connection");
-    println!("kubectl port-forward exited {code:?} {took:?} after the tunnel's path went silent");
+    for (what, code, took) in ends {
+        assert_ne!(code, Some(0), "kubectl {what} reports the lost connection");
+        println!("kubectl {what} exited {code:?} {took:?} after the tunnel's path went silent");
+    }
     wait_no_upgrades(&hub, "admin").await;
     echo.abort();
     agent.shutdown().await;
