@@ -66,7 +66,13 @@ pub struct AgentStatus {
     /// How far the hub's clock is ahead of this agent's (milliseconds), as
     /// last measured on a tunnel; `None` until measured.
     pub clock_skew_ms: Option<i64>,
+    /// The tunnel URLs the hub said it serves, on the last tunnel it asked
+    /// for a diagnosis; empty until told.
+    pub advertised_urls: Vec<Url>,
 }
+
+/// The most tunnel URLs taken from one advertisement.
+const MAX_ADVERTISED_URLS: usize = 16;
 
 /// Bound of one renewal (connect, TLS, Register). It runs beside the
 /// tunnel, so waiting this long costs no call anything.
@@ -204,6 +210,8 @@ async fn run(
     let mut urls_refreshed: Option<tokio::time::Instant> = None;
     // When the hub last refused this agent with a hint.
     let mut refused_at: Option<tokio::time::Instant> = None;
+    // The last tunnel URLs the hub advertised that were taken.
+    let mut adopted: Vec<Url> = Vec::new();
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -267,6 +275,7 @@ async fn run(
                 }
             }
         }
+        adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await;
         let Some(current) = creds.clone() else {
             continue;
         };
@@ -374,6 +383,7 @@ async fn run(
             if let (Some(c), Some(ms)) = (creds.as_mut(), status.borrow().clock_skew_ms) {
                 c.skew = (ms as f64 / 1000.0).round() as i64;
             }
+            adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await;
             let renew_in = match renew_retry_at {
                 Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
                 None => Duration::from_secs(creds.as_ref().map_or(0, |c| {
@@ -568,6 +578,24 @@ fn diagnosis(
                 changed
             });
         }
+        let advertised: Vec<Url> = headers
+            .get(otter_tunnel::frame::TUNNEL_URLS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|u| Url::parse(u.trim()).ok())
+                    .filter(|u| u.scheme().parse::<TransportKind>().is_ok() && u.host().is_some())
+                    .take(MAX_ADVERTISED_URLS)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !advertised.is_empty() {
+            status.send_if_modified(|s| {
+                let changed = s.advertised_urls != advertised;
+                s.advertised_urls = advertised;
+                changed
+            });
+        }
         let s = status.borrow();
         let mut report = fixed.clone();
         report["clock_skew_ms"] = s.clock_skew_ms.into();
@@ -576,6 +604,41 @@ fn diagnosis(
         report["last_tunnel_end"] = s.last_tunnel_end.as_ref().map(|e| e.to_string()).into();
         bytes::Bytes::from(report.to_string())
     })
+}
+
+/// Takes the tunnel URLs the hub advertised on its last diagnosis request
+/// into the credentials (and keeps them with them) when they differ: the
+/// next dial (a reconnect, a probe, a redial) goes where the hub serves
+/// tunnels now, not where it did when this agent registered.
+///
+/// Each advertisement is taken once (`adopted` is the last one taken): a
+/// Register after it (a moved port found by a renewal) brings newer URLs,
+/// which an older advertisement must not overwrite.
+async fn adopt_advertised_urls(
+    config: &AgentConfig,
+    creds: &mut Option<Credentials>,
+    status: &watch::Sender<AgentStatus>,
+    adopted: &mut Vec<Url>,
+) {
+    let urls = status.borrow().advertised_urls.clone();
+    let Some(c) = creds.as_mut() else {
+        return;
+    };
+    if urls.is_empty() || urls == *adopted {
+        return;
+    }
+    *adopted = urls.clone();
+    if urls == c.tunnel_urls {
+        return;
+    }
+    let shown: Vec<&str> = urls.iter().map(Url::as_str).collect();
+    tracing::info!(urls = ?shown, "the hub serves tunnels at new URLs");
+    c.tunnel_urls = urls;
+    if let Some(store) = &config.state
+        && let Err(e) = store.save(c).await
+    {
+        tracing::warn!(error = %e, "could not keep the hub's new tunnel URLs");
+    }
 }
 
 /// The proxy a tunnel over `kind` actually goes through (without its

@@ -127,9 +127,10 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
     tracing::info!(%cluster, agent_id = %entry.agent_id, transport = %a.transport, remote = %a.remote, "tunnel up");
 
     let diagnosed = entry.clone();
+    let urls = state.tunnel_urls.clone();
     state.tasks.spawn(async move {
         if diagnosed.diagnosis.claim_refresh(std::time::Duration::ZERO) {
-            fetch_diagnosis(&diagnosed).await;
+            fetch_diagnosis(&urls, &diagnosed).await;
         }
         drop(admission);
     });
@@ -208,9 +209,10 @@ pub fn refresh_diagnosis(state: &HubState, entry: &Arc<TunnelEntry>) {
         return;
     }
     let (entry, limit) = (entry.clone(), state.registry.diagnosing.clone());
+    let urls = state.tunnel_urls.clone();
     state.tasks.spawn(async move {
         if let Ok(_slot) = limit.acquire_owned().await {
-            fetch_diagnosis(&entry).await;
+            fetch_diagnosis(&urls, &entry).await;
         } else {
             entry.diagnosis.fetched();
         }
@@ -218,9 +220,10 @@ pub fn refresh_diagnosis(state: &HubState, entry: &Arc<TunnelEntry>) {
 }
 
 /// Asks the agent, on a stream of its own, how it got through (transports
-/// tried, proxy, clock, renewals) and keeps the answer for ListLinks.
+/// tried, proxy, clock, renewals) and keeps the answer for ListLinks; tells
+/// it the hub's clock and `tunnel_urls`, where the hub serves tunnels now.
 /// The caller claimed the fetch ([`crate::registry::Diagnosis::claim_refresh`]).
-async fn fetch_diagnosis(entry: &TunnelEntry) {
+async fn fetch_diagnosis(tunnel_urls: &[url::Url], entry: &TunnelEntry) {
     use http_body_util::BodyExt;
     let fetch = async {
         // The hub's clock, so the agent learns its skew on every tunnel.
@@ -230,6 +233,12 @@ async fn fetch_diagnosis(entry: &TunnelEntry) {
             .map_or(0, |d| d.as_millis());
         if let Ok(v) = http::HeaderValue::from_str(&now_ms.to_string()) {
             headers.insert(otter_tunnel::frame::HUB_TIME_HEADER, v);
+        }
+        // And where it serves tunnels now, which may have moved since the
+        // agent registered.
+        let urls: Vec<&str> = tunnel_urls.iter().map(url::Url::as_str).collect();
+        if let Ok(v) = http::HeaderValue::from_str(&urls.join(",")) {
+            headers.insert(otter_tunnel::frame::TUNNEL_URLS_HEADER, v);
         }
         let resp = crate::registry::ask_agent(
             entry,

@@ -214,6 +214,11 @@ pub const REASON_HEADER: &str = "otter-reason";
 /// every tunnel, not only when it registers.
 pub const HUB_TIME_HEADER: &str = "otter-hub-time";
 
+/// Header of the hub's diagnosis request: the tunnel URLs it serves now,
+/// comma-separated, so an agent learns a moved port or a new transport on
+/// every connect, not only when it registers.
+pub const TUNNEL_URLS_HEADER: &str = "otter-tunnel-urls";
+
 /// First chunk from the agent.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHead {

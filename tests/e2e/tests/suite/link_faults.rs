@@ -524,6 +524,59 @@ async fn agents_find_a_moved_tunnel_port() {
     hub.hub.shutdown().await;
 }
 
+/// The hub tells its tunnel URLs on every tunnel (with its diagnosis
+/// request), so an agent learns where it serves now while its old URL
+/// still leads there: here the old URL is a relay in front of a hub that
+/// came back on another tunnel port and lists its own. When the relay's
+/// path goes silent, the agent is back on the new port within its backoff,
+/// with no renewal and no failed rounds to wait out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_learn_the_hubs_tunnel_urls_on_every_tunnel() {
+    let relay = Relay::start().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let via_relay = url::Url::parse(&format!("h2://localhost:{}", relay.addr.port())).unwrap();
+    let hub = TestHub::start_with(dir.clone(), None, |c| {
+        c.tunnel_urls = vec![via_relay.clone()]
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    let api = hub.hub.api_addr;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::H2);
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.advertised_urls == [via_relay.clone()])
+        .await
+        .expect("connects through the relay, which the hub lists");
+    hub.hub.shutdown().await;
+
+    // The same hub data on another tunnel port, listing that port.
+    let hub = TestHub::start_in(dir, Some((api, "127.0.0.1:0".parse().unwrap()))).await;
+    relay.set_target(hub.hub.tunnel_addr);
+    let own = format!(":{}", hub.hub.tunnel_addr.port());
+    let told = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some() && s.advertised_urls.iter().any(|u| u.as_str().contains(&own))
+        })
+        .await
+        .expect("back through the relay and told the new URLs");
+    relay.freeze(true);
+    let back = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some() && s.connects > told.connects
+        })
+        .await
+        .expect("back on the URL the hub told, without the relay");
+    assert_eq!(back.renewals, 0, "no renewal was needed: {back:?}");
+    assert_eq!(back.registrations, 1);
+    let remote = hub.hub.state.registry.get("edge-1").expect("tunnel").remote;
+    assert_ne!(remote, relay.addr, "dialled the hub directly");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
 /// An agent limited to WebSocket, on a hub that lists only QUIC and
 /// HTTP/2 URLs but serves WebSocket on the same port, still connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
