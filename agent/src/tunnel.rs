@@ -69,7 +69,16 @@ pub struct AgentStatus {
     /// The tunnel URLs the hub said it serves, on the last tunnel it asked
     /// for a diagnosis; empty until told.
     pub advertised_urls: Vec<Url>,
+    /// This agent's last tunnel set-ups (at most [`MAX_SETUPS`]) as it saw
+    /// them: from the hub's first sign of admitting it to its answer to
+    /// the hub's diagnosis request, a span inside the hub's admission
+    /// window. Tests count overlapping spans across agents to check the
+    /// hub's bound on set-ups at once from outside the hub.
+    pub setups: Vec<(std::time::Instant, std::time::Instant)>,
 }
+
+/// Set-up spans kept in [`AgentStatus::setups`].
+pub const MAX_SETUPS: usize = 16;
 
 /// The most tunnel URLs taken from one advertisement.
 const MAX_ADVERTISED_URLS: usize = 16;
@@ -286,7 +295,7 @@ async fn run(
         // back instead, and then no other transport is tried either.
         status.send_modify(|s| s.dials += 1);
         let mut attempts = Vec::new();
-        let mut up: Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> = None;
+        let mut up: Option<Admitted> = None;
         let mut hint = None;
         for kind in &dial_order(&config.transports, last_good) {
             match dial_admitted(&config, &current, *kind, &quic).await {
@@ -305,7 +314,12 @@ async fn run(
                 }
             }
         }
-        let Some((mut acceptor, first)) = up else {
+        let Some(Admitted {
+            mut acceptor,
+            first,
+            setup_started,
+        }) = up
+        else {
             if hint.is_none() {
                 failed_rounds += 1;
                 failing_since.get_or_insert_with(tokio::time::Instant::now);
@@ -338,7 +352,7 @@ async fn run(
         failing_since = None;
         // What the hub asks for to show how this agent got through.
         let mut route = proxy_route(&config, &current, kind);
-        let mut diag = diagnosis(&config, &attempts, route.as_deref(), &status);
+        let mut diag = diagnosis(&config, &attempts, route.as_deref(), &status, setup_started);
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
         status.send_modify(|s| {
             s.connected = Some(kind);
@@ -485,7 +499,7 @@ async fn run(
                         continue; // from a tunnel that is gone; dropping it closes it
                     }
                     probing = false;
-                    let Some((better, first)) = found else {
+                    let Some(Admitted { acceptor: better, first, setup_started }) = found else {
                         if let Some((why, _)) = closing.take() {
                             break why;
                         }
@@ -513,7 +527,7 @@ async fn run(
                         status.send_modify(|s| s.attempts = vec![(kind, Ok(()))]);
                     }
                     let attempts = status.borrow().attempts.clone();
-                    diag = diagnosis(&config, &attempts, route.as_deref(), &status);
+                    diag = diagnosis(&config, &attempts, route.as_deref(), &status, setup_started);
                     serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag, &goodbye), &config.gauges);
                     probe_at = next_probe(&config, kind);
                     status.send_modify(|s| {
@@ -555,6 +569,7 @@ fn diagnosis(
     attempts: &[(TransportKind, Result<(), String>)],
     route: Option<&str>,
     status: &watch::Sender<AgentStatus>,
+    setup_started: std::time::Instant,
 ) -> otter_tunnel::http::DiagFn {
     let fixed = serde_json::json!({
         "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
@@ -565,7 +580,18 @@ fn diagnosis(
         "proxy": route,
     });
     let (status, clock) = (status.clone(), config.clock);
+    let answered = std::sync::atomic::AtomicBool::new(false);
     Arc::new(move |headers: &http::HeaderMap| {
+        // The first answer on a tunnel ends its set-up.
+        if !answered.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            let span = (setup_started, std::time::Instant::now());
+            status.send_modify(|s| {
+                if s.setups.len() == MAX_SETUPS {
+                    s.setups.remove(0);
+                }
+                s.setups.push(span);
+            });
+        }
         let hub_ms = headers
             .get(otter_tunnel::frame::HUB_TIME_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -839,11 +865,21 @@ async fn pause_at_least(after: Duration, shutdown: &CancellationToken) -> bool {
 }
 
 /// What [`dial_new_tunnel`] reports: the tunnel it was started for, and
-/// the new tunnel with its first stream, if one was admitted.
-type NewTunnel = (
-    u64,
-    Option<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)>,
-);
+/// the new tunnel, if one was admitted.
+type NewTunnel = (u64, Option<Admitted>);
+
+/// A tunnel the hub admitted.
+struct Admitted {
+    acceptor: Box<dyn AcceptorDyn>,
+    /// The hub's first stream on it (its diagnosis request).
+    first: otter_tunnel::TunnelStream,
+    /// The first moment this agent knew the hub had started admitting it:
+    /// the hub's HTTP/2 preface (sent once admission began) or, over QUIC,
+    /// its first stream. With the diagnosis answer as the end, a span
+    /// inside the hub's own admission window, so the agents' spans show,
+    /// from outside the hub, how many tunnels it set up at once.
+    setup_started: std::time::Instant,
+}
 
 /// A tunnel set up beside the one in use (a better transport, a renewed
 /// certificate): the first of `order` the hub admits, reported to the
@@ -874,11 +910,20 @@ async fn dial_admitted(
     creds: &Credentials,
     kind: TransportKind,
     quic: &quic::Dialer,
-) -> Result<(Box<dyn AcceptorDyn>, otter_tunnel::TunnelStream)> {
+) -> Result<Admitted> {
     let mut acceptor = dial(config, creds, kind, quic).await?;
+    // HTTP/2 (also inside WebSocket) is dialled once the hub's preface came.
+    let preface = std::time::Instant::now();
     let limit = config.connect_timeout;
     match tokio::time::timeout(limit, acceptor.accept_dyn()).await {
-        Ok(Ok(Some(first))) => Ok((acceptor, first)),
+        Ok(Ok(Some(first))) => Ok(Admitted {
+            acceptor,
+            first,
+            setup_started: match kind {
+                TransportKind::Quic => std::time::Instant::now(),
+                _ => preface,
+            },
+        }),
         Ok(Ok(None)) => Err(AgentError::Connect(
             "the hub closed the tunnel before admitting it".into(),
         )),

@@ -66,6 +66,22 @@ async fn all_connected(hub: &TestHub, agents: &[TestAgent]) -> Duration {
     }
 }
 
+/// The most spans open at one moment (an end and a start at the same
+/// instant do not overlap).
+fn most_at_once(spans: &[(Instant, Instant)]) -> usize {
+    let mut edges: Vec<(Instant, i32)> = spans
+        .iter()
+        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        open += step;
+        most = most.max(open);
+    }
+    most as usize
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_under_200_agents_is_paced() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
@@ -132,6 +148,28 @@ async fn restart_under_200_agents_is_paced() {
         started - stopped,
         pacer.peak(),
         pacer.refused()
+    );
+    // From outside the hub: each agent's own span of its set-up (the hub's
+    // first sign of admitting it to its answer to the diagnosis request),
+    // which lies inside the hub's admission window; overlapping spans
+    // across agents are set-ups the hub was running at once.
+    let spans: Vec<_> = agents
+        .iter()
+        .flat_map(|a| a.agent.status().setups)
+        .filter(|(start, _)| *start >= stopped)
+        .collect();
+    let seen_at_once = most_at_once(&spans);
+    eprintln!(
+        "agents' own spans: {} set-ups after the restart, at most {seen_at_once} at once",
+        spans.len()
+    );
+    assert!(
+        spans.len() >= AGENTS,
+        "every agent's set-up after the restart was recorded"
+    );
+    assert!(
+        seen_at_once <= CONCURRENCY,
+        "the agents saw {seen_at_once} tunnels set up at once, over the hub's limit of {CONCURRENCY}"
     );
     assert!(
         pacer.peak() <= CONCURRENCY,
