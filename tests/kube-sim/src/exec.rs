@@ -283,7 +283,7 @@ async fn run_attach(state: Arc<State>, mut ws: Ws, opts: Opts, rr: ResReq, uid: 
         let notified = state.logs.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let fresh = state.logs.since(&k, pos);
+        let fresh = state.logs.since(&k, pos, usize::MAX);
         if !fresh.is_empty() {
             pos += fresh.len();
             if opts.stdout {

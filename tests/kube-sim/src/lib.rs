@@ -147,6 +147,21 @@ impl State {
     }
 }
 
+/// Appends to one container's log (see [`KubeSim::log_writer`]).
+#[derive(Debug, Clone)]
+pub struct LogWriter {
+    state: Arc<State>,
+    at: (String, String, String),
+}
+
+impl LogWriter {
+    /// Appends a line; `logs -f` readers see it at once.
+    pub fn append(&self, line: &str) {
+        let (ns, pod, container) = &self.at;
+        self.state.logs.append(ns, pod, container, line);
+    }
+}
+
 /// A running Kubernetes API test server. Dropping it (or [`KubeSim::shutdown`]) stops the
 /// listener, every connection and every process it started.
 #[derive(Debug)]
@@ -235,6 +250,25 @@ impl KubeSim {
     /// Appends a line to a container's log; `logs -f` readers see it at once.
     pub fn append_log(&self, namespace: &str, pod: &str, container: &str, line: &str) {
         self.state.logs.append(namespace, pod, container, line);
+    }
+
+    /// A handle that appends to a container's log from anywhere (another
+    /// thread, a task): a pod that keeps logging on its own.
+    pub fn log_writer(&self, namespace: &str, pod: &str, container: &str) -> LogWriter {
+        LogWriter {
+            state: self.state.clone(),
+            at: (namespace.into(), pod.into(), container.into()),
+        }
+    }
+
+    /// Bytes of log that `follow` streams have written so far (after the
+    /// lines there when each started): stops growing while their readers
+    /// stop reading, once flow control has reached this server.
+    pub fn followed_log_bytes(&self) -> u64 {
+        self.state
+            .logs
+            .followed_bytes
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Forgets all watch history: resuming a watch from any earlier resourceVersion, or

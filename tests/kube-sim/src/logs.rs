@@ -30,10 +30,19 @@ type LogKey = (String, String, String);
 pub struct LogBook {
     lines: Mutex<HashMap<LogKey, Vec<LogLine>>>,
     pub(crate) notify: Notify,
+    /// Bytes that `follow` streams have handed to their HTTP response
+    /// bodies: a reader that stops reading stops this too, once flow
+    /// control reaches the server's writes.
+    pub(crate) followed_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// Lines kept per container; older ones are dropped so a chatty test cannot grow memory.
 const MAX_LINES: usize = 100_000;
+
+/// Lines a follower takes from the log at a time, and so the most one of
+/// its writes carries: its writes block as soon as the reader's side is
+/// full, as a kubelet's would.
+const FOLLOW_BATCH: usize = 64;
 
 impl LogBook {
     pub fn append(&self, ns: &str, pod: &str, container: &str, line: &str) {
@@ -62,11 +71,15 @@ impl LogBook {
         self.notify.notify_waiters();
     }
 
-    pub(crate) fn since(&self, k: &LogKey, from: usize) -> Vec<LogLine> {
+    /// At most `max` lines from index `from`.
+    pub(crate) fn since(&self, k: &LogKey, from: usize, max: usize) -> Vec<LogLine> {
         self.lines
             .lock()
             .ok()
-            .and_then(|l| l.get(k).map(|v| v.iter().skip(from).cloned().collect()))
+            .and_then(|l| {
+                l.get(k)
+                    .map(|v| v.iter().skip(from).take(max).cloned().collect())
+            })
             .unwrap_or_default()
     }
 
@@ -141,7 +154,7 @@ pub(crate) fn handle(
         (None, None) => None,
     };
     let k: LogKey = (ns.clone(), pod_name.clone(), container.clone());
-    let all = state.logs.since(&k, 0);
+    let all = state.logs.since(&k, 0, usize::MAX);
     let seen = all.len();
     let mut lines: Vec<LogLine> = all
         .into_iter()
@@ -180,13 +193,17 @@ pub(crate) fn handle(
                 if st.logs.len(&k) < pos {
                     pos = 0;
                 }
-                let fresh = st.logs.since(&k, pos);
+                let fresh = st.logs.since(&k, pos, FOLLOW_BATCH);
                 pos += fresh.len();
                 let text: String = fresh.iter().map(|l| render(l, timestamps)).collect();
                 let text = take_bytes(text, &mut limit);
+                let sent = text.len() as u64;
                 if !text.is_empty() && tx.send(Bytes::from(text)).await.is_err() {
                     return;
                 }
+                st.logs
+                    .followed_bytes
+                    .fetch_add(sent, std::sync::atomic::Ordering::SeqCst);
                 if limit == Some(0) {
                     return;
                 }

@@ -297,7 +297,7 @@ async fn run_attach(
         let notified = state.logs.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let fresh = state.logs.since(&k, pos);
+        let fresh = state.logs.since(&k, pos, usize::MAX);
         if !fresh.is_empty() {
             pos += fresh.len();
             if let Some(id) = s.stdout {

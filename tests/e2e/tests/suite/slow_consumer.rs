@@ -1,10 +1,13 @@
 //! A caller that stops reading: a `logs -f` (PodLog follow) and a
 //! port-forward whose clients read nothing while 64 MiB each are pushed at
-//! them. Flow control carries the stall back to the source (the pod's
-//! sender stops being able to write), hub and agent memory (processes of
-//! their own, measured as RSS) grows by a bounded amount well under what
-//! was pushed, other calls on the same tunnels keep working, and once the
-//! readers read again every byte arrives, in order.
+//! them: the pod logs 64 MiB of numbered lines and its port's source sends
+//! 64 MiB of a position-dependent pattern, both after the readers stopped.
+//! Flow control carries the stall back to the sources (the apiserver's
+//! follow stream and the pod's socket stop being able to write), hub and
+//! agent memory (processes of their own, measured as RSS) grows by a
+//! bounded amount well under what was pushed, other calls on the same
+//! tunnels keep working, and once the readers read again every byte and
+//! every line arrives, once and in order.
 
 use std::{
     io::Write,
@@ -80,6 +83,12 @@ fn rss(fleet: &Fleet) -> [f64; 3] {
     ]
 }
 
+/// Log line `i` of the pod, LOG_LINE bytes with its newline.
+fn numbered_line(i: usize) -> String {
+    let head = format!("seq {i:08} ");
+    format!("{head}{}", "l".repeat(LOG_LINE - 1 - head.len()))
+}
+
 fn get(cluster: &str) -> GetRequest {
     GetRequest {
         cluster: Some(cluster.into()),
@@ -132,23 +141,19 @@ async fn stalled_readers_hold_bounded_memory_and_other_calls_work() {
     while let Some(m) = warm.next().await {
         before_bytes += m.expect("log").data.unwrap_or_default().len() as u64;
     }
-    let base = rss(&fleet);
-
-    // 64 MiB of log, there before the follower starts.
-    let line = "l".repeat(LOG_LINE - 1);
-    let lines = TOTAL as usize / LOG_LINE;
-    for _ in 0..lines {
-        sim.append_log("default", "web", "app", &line);
-    }
     let mut logs = rt
         .pod_log(with_token(log_req(true), &token))
         .await
         .expect("follow")
         .into_inner();
-    let first_log = tokio::time::timeout(WAIT, logs.next())
-        .await
-        .expect("log data");
-    let mut log_bytes = first_log.unwrap().unwrap().data.unwrap_or_default().len() as u64;
+    // The follower reads what the log held, then nothing more.
+    let mut log_bytes = 0u64;
+    while log_bytes < before_bytes {
+        let m = tokio::time::timeout(WAIT, logs.next())
+            .await
+            .expect("log data");
+        log_bytes += m.unwrap().unwrap().data.unwrap_or_default().len() as u64;
+    }
     let mut pf = rt
         .port_forward(with_token(
             pb::PortForwardRequest {
@@ -166,34 +171,56 @@ async fn stalled_readers_hold_bounded_memory_and_other_calls_work() {
         .await
         .expect("session id");
     assert!(first.unwrap().unwrap().session_id.is_some());
+    let base = rss(&fleet);
 
-    // Nobody reads now. The source must stall: flow control reached it.
+    // Nobody reads now. The pod keeps logging, 64 MiB of numbered lines,
+    // and the port's source keeps sending: both must stall at the source
+    // (the apiserver's follow stream, the pod's socket) once flow control
+    // has reached them, not pile up in the hub or the agents.
+    let lines = TOTAL as usize / LOG_LINE;
+    let producer = {
+        let pod = sim.log_writer("default", "web", "app");
+        std::thread::spawn(move || {
+            for i in 0..lines {
+                pod.append(&numbered_line(i));
+            }
+        })
+    };
     let started = Instant::now();
-    let mut last = (written.load(Ordering::SeqCst), Instant::now());
+    let counters = || (written.load(Ordering::SeqCst), sim.followed_log_bytes());
+    let mut last = (counters(), Instant::now());
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = written.load(Ordering::SeqCst);
-        if now != last.0 {
+        let now = counters();
+        if now != last.0 || !producer.is_finished() {
             last = (now, Instant::now());
         } else if last.1.elapsed() > Duration::from_secs(2) {
             break;
         }
         assert!(
-            now < TOTAL,
+            now.0 < TOTAL,
             "all {TOTAL} bytes went out to a reader that reads nothing"
         );
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the source never stalled"
+            "the sources never stalled"
         );
     }
-    let stalled_at = last.0;
+    producer.join().expect("the pod's logging");
+    let (stalled_at, log_stalled_at) = last.0;
+    assert!(
+        log_stalled_at < TOTAL / 2,
+        "the log stream wrote {log_stalled_at} of {TOTAL} bytes to a reader that reads nothing"
+    );
     let during = rss(&fleet);
     let growth: Vec<f64> = during.iter().zip(base).map(|(d, b)| d - b).collect();
     eprintln!(
-        "stalled readers: the port-forward source stopped after {:.1} MiB of {} MiB; \
+        "stalled readers: the port-forward source stopped after {:.1} MiB of {} MiB, the log \
+         stream after {:.1} MiB while the pod logged all {} MiB; \
          RSS MiB hub {:.1} -> {:.1}, agent (logs, quic) {:.1} -> {:.1}, agent (port-forward, h2) {:.1} -> {:.1}",
         stalled_at as f64 / 1048576.0,
+        TOTAL >> 20,
+        log_stalled_at as f64 / 1048576.0,
         TOTAL >> 20,
         base[0],
         during[0],
@@ -221,6 +248,7 @@ async fn stalled_readers_hold_bounded_memory_and_other_calls_work() {
     let drained = Instant::now();
     let log_total = TOTAL + before_bytes;
     let mut got = 0u64;
+    let mut next_line = 0usize;
     tokio::time::timeout(Duration::from_secs(120), async {
         while got < TOTAL {
             let data = pf
@@ -240,7 +268,9 @@ async fn stalled_readers_hold_bounded_memory_and_other_calls_work() {
             }
             got += data.len() as u64;
         }
-        while log_bytes < log_total {
+        // Every numbered line, once, in order.
+        let mut partial = Vec::new();
+        while next_line < lines {
             let data = logs
                 .next()
                 .await
@@ -249,11 +279,23 @@ async fn stalled_readers_hold_bounded_memory_and_other_calls_work() {
                 .data
                 .unwrap();
             log_bytes += data.len() as u64;
+            partial.extend_from_slice(&data);
+            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                assert_eq!(
+                    line,
+                    format!("{}\n", numbered_line(next_line)).into_bytes(),
+                    "log line {next_line} lost, repeated, reordered or changed"
+                );
+                next_line += 1;
+            }
         }
+        assert!(partial.is_empty(), "a partial line after the last");
     })
     .await
     .expect("both readers catch up within two minutes");
     assert_eq!(got, TOTAL);
+    assert_eq!(next_line, lines);
     assert_eq!(log_bytes, log_total);
     eprintln!(
         "readers caught up in {:?}; RSS MiB after: {:?}",
