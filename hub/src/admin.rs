@@ -156,6 +156,7 @@ fn refused(status: &tonic::Status) -> http::Response<HttpBody> {
         tonic::Code::PermissionDenied => http::StatusCode::FORBIDDEN,
         tonic::Code::NotFound => http::StatusCode::NOT_FOUND,
         tonic::Code::AlreadyExists | tonic::Code::FailedPrecondition => http::StatusCode::CONFLICT,
+        tonic::Code::Unavailable => http::StatusCode::SERVICE_UNAVAILABLE,
         _ => http::StatusCode::INTERNAL_SERVER_ERROR,
     };
     plain(code, status.message())

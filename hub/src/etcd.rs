@@ -98,9 +98,14 @@ impl EtcdOptions {
     }
 
     fn connect_options(&self) -> Result<ConnectOptions> {
+        // One attempt gets a part of the call's bound (see `wait_on`), and
+        // a member without a leader refuses at once rather than holding the
+        // request: after a member's loss the call moves on to a member of
+        // the new majority within the bound.
         let mut o = ConnectOptions::new()
-            .with_connect_timeout(self.timeout)
-            .with_timeout(self.timeout)
+            .with_connect_timeout(self.timeout.min(ATTEMPT_TIMEOUT))
+            .with_timeout(self.timeout.min(ATTEMPT_TIMEOUT))
+            .with_require_leader(true)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         if let (Some(user), Some(password)) = (&self.user, &self.password) {
             o = o.with_user(user.clone(), password.clone());
@@ -205,8 +210,44 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
+/// Whether an etcd error may pass if the call is made again.
+enum Transient {
+    Yes,
+    No,
+}
+
+/// One that a retry may cure: no member reachable, no leader, no quorum,
+/// a timeout (the client's own ends a call as `Cancelled`), a connection
+/// that broke under the call (`Unknown`, from the transport).
+fn etcd_err_ref(e: &etcd_client::Error) -> Transient {
+    use etcd_client::Error as E;
+    let transient = match e {
+        E::TransportError(_) | E::IoError(_) => true,
+        E::GRpcStatus(s) => match s.code() {
+            tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Aborted
+            | tonic::Code::Cancelled => true,
+            tonic::Code::Unknown => std::error::Error::source(s)
+                .is_some_and(|c| c.downcast_ref::<tonic::transport::Error>().is_some()),
+            _ => false,
+        },
+        _ => false,
+    };
+    if transient {
+        Transient::Yes
+    } else {
+        Transient::No
+    }
+}
+
+/// An etcd error as the hub's: a transient one is
+/// [`HubError::StoreUnavailable`], so callers get `Unavailable`.
 fn etcd_err(e: etcd_client::Error) -> HubError {
-    HubError::Store(format!("etcd: {e}"))
+    match etcd_err_ref(&e) {
+        Transient::Yes => HubError::StoreUnavailable(format!("etcd: {e}")),
+        Transient::No => HubError::Store(format!("etcd: {e}")),
+    }
 }
 
 impl EtcdStore {
@@ -250,14 +291,16 @@ impl EtcdStore {
             .collect();
         let connect_options = options.connect_options()?;
         let timeout = options.timeout;
-        let client = wait_on(&runtime, timeout, async move {
-            Client::connect(endpoints, Some(connect_options)).await
+        let client = wait_on(&runtime, timeout, move || {
+            let (endpoints, options) = (endpoints.clone(), connect_options.clone());
+            async move { Client::connect(endpoints, Some(options)).await }
         })?;
         let lease = Arc::new(Lease::default());
         let granted = {
-            let mut c = client.clone();
-            wait_on(&runtime, timeout, async move {
-                c.lease_grant(LEASE_TTL, None).await
+            let c = client.clone();
+            wait_on(&runtime, timeout, move || {
+                let mut c = c.clone();
+                async move { c.lease_grant(LEASE_TTL, None).await }
             })?
         };
         lease
@@ -293,14 +336,14 @@ impl EtcdStore {
     /// Reads every key under the prefix into the copy; the revision read at.
     fn reload(&self) -> Result<i64> {
         let (client, prefix) = (self.client.clone(), self.prefix.clone());
-        let all = self.wait(async move { read_all(client, prefix).await })?;
+        let all = self.wait(move || read_all(client.clone(), prefix.clone()))?;
         Ok(replace_copy(&self.copy, &self.prefix, all))
     }
 
-    fn wait<T: Send + 'static>(
-        &self,
-        call: impl Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
-    ) -> Result<T> {
+    fn wait<T: Send + 'static, F>(&self, call: impl FnMut() -> F + Send + 'static) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+    {
         wait_on(&self.runtime, self.timeout, call)
     }
 
@@ -316,8 +359,13 @@ impl EtcdStore {
         value: &[u8],
         options: Option<PutOptions>,
     ) -> Result<()> {
-        let (mut client, k, v) = (self.client.clone(), self.key(tree, key), value.to_vec());
-        let resp = self.wait(async move { client.put(k, v, options).await })?;
+        let (client, k, v) = (self.client.clone(), self.key(tree, key), value.to_vec());
+        // A put is idempotent: sent again when a member did not take it.
+        let resp = self.wait(move || {
+            let (mut client, k, v, options) =
+                (client.clone(), k.clone(), v.clone(), options.clone());
+            async move { client.put(k, v, options).await }
+        })?;
         let revision = resp.header().map_or(0, |h| h.revision());
         self.copy.lock().expect("copy").apply(
             format!("{tree}/{key}"),
@@ -328,25 +376,60 @@ impl EtcdStore {
     }
 }
 
-/// Runs `call` on the client's thread and waits for it, at most `timeout`.
-fn wait_on<T: Send + 'static>(
+/// Bound of the readiness probe's write.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Runs `call` on the client's thread and waits for it, at most `timeout`
+/// in all. A call that fails in a way a retry may cure (the member it went
+/// to is down or gone, no leader yet) is made again until then, so one
+/// member down changes nothing for the hub: the client's balancing across
+/// members still sends a request to a dead one now and then.
+fn wait_on<T: Send + 'static, F>(
     runtime: &tokio::runtime::Handle,
     timeout: Duration,
-    call: impl Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
-) -> Result<T> {
+    mut call: impl FnMut() -> F + Send + 'static,
+) -> Result<T>
+where
+    F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+{
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     runtime.spawn(async move {
-        let _ = tx.send(tokio::time::timeout(timeout, call).await);
+        // Until the bound: a member's loss can cost an election (a second
+        // or two without a leader) before the others take writes again.
+        let attempts = async {
+            let mut pause = RETRY_PAUSE;
+            loop {
+                match call().await {
+                    Err(e) if matches!(etcd_err_ref(&e), Transient::Yes) => {
+                        tracing::debug!(error = %e, ?pause, "etcd call failed; again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                    }
+                    other => return other,
+                }
+            }
+        };
+        let _ = tx.send(tokio::time::timeout(timeout, attempts).await);
     });
     match rx.recv() {
         Ok(Ok(Ok(v))) => Ok(v),
         Ok(Ok(Err(e))) => Err(etcd_err(e)),
-        Ok(Err(_)) => Err(HubError::Store(format!(
+        Ok(Err(_)) => Err(HubError::StoreUnavailable(format!(
             "etcd: no answer within {timeout:?}"
         ))),
-        Err(_) => Err(HubError::Store("etcd: the client has stopped".into())),
+        Err(_) => Err(HubError::StoreUnavailable(
+            "etcd: the client has stopped".into(),
+        )),
     }
 }
+
+/// The longest one attempt of an etcd call may take.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pauses between attempts of one etcd call in [`wait_on`]: doubling from
+/// the first to the last.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(800);
 
 /// Keeps the replica's lease alive; when etcd let it expire anyway, takes
 /// a new one and writes the records it held again.
@@ -529,8 +612,11 @@ impl Store for EtcdStore {
         }
         // A token minted on another replica a moment ago, used here at
         // once (a script, an agent joining through a load balancer).
-        let (mut client, k) = (self.client.clone(), self.key(tree, key));
-        let resp = self.wait(async move { client.get(k, None).await })?;
+        let (client, k) = (self.client.clone(), self.key(tree, key));
+        let resp = self.wait(move || {
+            let (mut client, k) = (client.clone(), k.clone());
+            async move { client.get(k, None).await }
+        })?;
         Ok(resp.kvs().first().map(|kv| {
             let value = kv.value().to_vec();
             self.copy
@@ -562,8 +648,11 @@ impl Store for EtcdStore {
             .lock()
             .expect("lease")
             .remove(&self.key(tree, key));
-        let (mut client, k) = (self.client.clone(), self.key(tree, key));
-        let resp = self.wait(async move { client.delete(k, None).await })?;
+        let (client, k) = (self.client.clone(), self.key(tree, key));
+        let resp = self.wait(move || {
+            let (mut client, k) = (client.clone(), k.clone());
+            async move { client.delete(k, None).await }
+        })?;
         let revision = resp.header().map_or(0, |h| h.revision());
         self.copy
             .lock()
@@ -593,8 +682,18 @@ impl Store for EtcdStore {
             .when([when])
             .and_then([then])
             .or_else([TxnOp::get(k, None)]);
-        let mut client = self.client.clone();
-        let resp = self.wait(async move { client.txn(txn).await })?;
+        let client = self.client.clone();
+        // Sent again when a member did not take it; should a first attempt
+        // have been applied after all, a later one finds the key holding
+        // `new` already, which then counts as done (below).
+        let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = attempts.clone();
+        let resp = self.wait(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (mut client, txn) = (client.clone(), txn.clone());
+            async move { client.txn(txn).await }
+        })?;
+        let retried = attempts.load(std::sync::atomic::Ordering::Relaxed) > 1;
         let revision = resp.header().map_or(0, |h| h.revision());
         let mut copy = self.copy.lock().expect("copy");
         let name = format!("{tree}/{key}");
@@ -609,18 +708,26 @@ impl Store for EtcdStore {
             copy.apply(name, new.map(<[u8]>::to_vec), revision);
             return Ok(true);
         }
-        // Lost: the copy learns the value that won.
+        // Lost: the copy learns the value that won. Unless, after a retry,
+        // that value is `new` itself: the earlier attempt was applied
+        // although its answer never came. (Without a retry an equal value
+        // is another writer's: a counter two writers both moved to 5.)
+        let mut holds_new = false;
         for op in resp.op_responses() {
             if let TxnOpResponse::Get(get) = op {
                 match get.kvs().first() {
                     Some(kv) => {
+                        holds_new = new == Some(kv.value());
                         copy.apply(name.clone(), Some(kv.value().to_vec()), kv.mod_revision())
                     }
-                    None => copy.apply(name.clone(), None, revision),
+                    None => {
+                        holds_new = new.is_none();
+                        copy.apply(name.clone(), None, revision)
+                    }
                 }
             }
         }
-        Ok(false)
+        Ok(retried && holds_new)
     }
 
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
@@ -639,9 +746,19 @@ impl Store for EtcdStore {
         Ok(())
     }
 
+    /// Following the store and a probe write answered within a second: a
+    /// readiness probe must not wait out the store's own timeout when etcd
+    /// has lost its quorum.
     fn writable(&self) -> bool {
-        self.copy.lock().expect("copy").following
-            && self.put_raw(tree::META, "health-probe", b"1").is_ok()
+        if !self.copy.lock().expect("copy").following {
+            return false;
+        }
+        let (client, k) = (self.client.clone(), self.key(tree::META, "health-probe"));
+        wait_on(&self.runtime, PROBE_TIMEOUT, move || {
+            let (mut client, k) = (client.clone(), k.clone());
+            async move { client.put(k, b"1".to_vec(), None).await }
+        })
+        .is_ok()
     }
 }
 

@@ -67,6 +67,10 @@ pub enum HubError {
     /// The store failed or holds something unreadable.
     #[error("store: {0}")]
     Store(String),
+    /// The shared store cannot take a write now (no etcd quorum, no
+    /// member reachable): worth retrying, unlike [`HubError::Store`].
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(String),
     /// Another store user (a hub still running, or one of this process
     /// still letting go) holds the data directory's lock.
     #[error("store: the data directory {0} is in use by another hub (its lock is held)")]
@@ -90,6 +94,13 @@ impl HubError {
     pub fn into_status(self) -> tonic::Status {
         match self {
             HubError::Pki(e) => tonic::Status::invalid_argument(e.to_string()),
+            HubError::StoreUnavailable(e) => {
+                tracing::warn!(error = %e, "store unavailable");
+                tonic::Status::unavailable(
+                    "the hub's store cannot take writes right now (its etcd has no quorum or \
+                     cannot be reached); calls to connected clusters still work: retry this later",
+                )
+            }
             other => {
                 tracing::error!(error = %other, "internal error");
                 tonic::Status::internal("internal error in the hub; see its log")

@@ -170,21 +170,29 @@ impl LinkSvc {
             .map_err(|e| e.into_status())?;
         // The certificate a renewal proved possession of.
         let mut renewed_with = None;
+        // This agent retrying a Register whose outcome it never learnt: no
+        // link yet, or its own that never carried a tunnel.
+        let maybe_retry = current
+            .as_ref()
+            .is_none_or(|l| l.agent_id == agent_id && l.last_transport.is_empty());
         let join_token = match req.join_token.as_deref().filter(|t| !t.is_empty()) {
             Some(token) => {
-                let checked = match tokens::check_join_token(&*self.state.store, token, &cluster)
-                    .map_err(|e| e.into_status())?
-                {
-                    Ok(checked) => checked,
-                    Err(e @ JoinTokenError::WrongCluster(_)) => {
-                        return Err(Status::permission_denied(e.to_string()));
-                    }
-                    Err(e) => return Err(Status::unauthenticated(e.to_string())),
-                };
+                let retry_by = maybe_retry.then_some(agent_id.as_str());
+                let checked =
+                    match tokens::check_join_token(&*self.state.store, token, &cluster, retry_by)
+                        .map_err(|e| e.into_status())?
+                    {
+                        Ok(checked) => checked,
+                        Err(e @ JoinTokenError::WrongCluster(_)) => {
+                            return Err(Status::permission_denied(e.to_string()));
+                        }
+                        Err(e) => return Err(Status::unauthenticated(e.to_string())),
+                    };
                 // A token does not take an enrolled cluster over: only an
                 // admin's re-enrollment lets a new agent in, with a token
                 // authorized after it.
-                if let Some(link) = &current {
+                let retrying = checked.record.uses > 0;
+                if let Some(link) = current.as_ref().filter(|_| !retrying) {
                     match link.reenroll_after {
                         Some(after) if checked.record.authorized >= after => {}
                         Some(_) => {

@@ -120,7 +120,7 @@ pub fn probe(state: &HubState, path: &str) -> Option<http::Response<HttpBody>> {
 fn not_ready(state: &HubState) -> Option<&'static str> {
     if !state.serving.load(Ordering::Acquire) {
         Some("not serving: starting or shutting down")
-    } else if !state.store.writable() {
+    } else if !state.store_writable.load(Ordering::Acquire) {
         Some("the store does not take writes")
     } else {
         None

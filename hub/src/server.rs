@@ -81,6 +81,10 @@ pub struct HubState {
     /// Set once every listener is serving, cleared when shutdown starts:
     /// `/readyz` answers 503 outside that window.
     pub serving: std::sync::atomic::AtomicBool,
+    /// Whether the store took the last probe write ([`watch_health`]
+    /// keeps it current): what readiness reports, read without waiting on
+    /// the store.
+    pub store_writable: std::sync::atomic::AtomicBool,
     /// API connections that have not yet sent a whole request head: the
     /// same bounds as the tunnel port's handshakes (a fair share per
     /// source, the oldest dropped for a newcomer when full).
@@ -306,6 +310,7 @@ impl Hub {
             renewals: Default::default(),
             charts,
             serving: Default::default(),
+            store_writable: std::sync::atomic::AtomicBool::new(true),
             // The oldest pending connection always makes room for a new
             // one: a user's TLS handshake and request head take
             // milliseconds, so under a flood of stalled connections it
@@ -653,11 +658,19 @@ const SERVICES: [&str; 3] = [
 ];
 
 /// Keeps the health status in step with the store: SERVING only while
-/// writes succeed (listeners are bound before this starts).
+/// writes succeed (listeners are bound before this starts). The probe
+/// write blocks (an etcd store waits up to a second for it), so it runs
+/// off the async workers.
 async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
     let mut last = None;
     loop {
-        let ok = state.store.writable();
+        let probing = state.clone();
+        let ok = tokio::task::spawn_blocking(move || probing.store.writable())
+            .await
+            .unwrap_or(false);
+        state
+            .store_writable
+            .store(ok, std::sync::atomic::Ordering::Release);
         if last != Some(ok) {
             let status = |serving: bool| {
                 if serving {
@@ -682,11 +695,14 @@ async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
             last = Some(ok);
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = tokio::time::sleep(HEALTH_EVERY) => {}
             _ = shutdown.cancelled() => return,
         }
     }
 }
+
+/// How often the store's writability is probed for health and readiness.
+const HEALTH_EVERY: Duration = Duration::from_secs(2);
 
 /// Accepts API connections; each handshake and connection runs in its own
 /// task. Without TLS (local development) HTTP/1.1 and h2c are served.

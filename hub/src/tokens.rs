@@ -160,10 +160,19 @@ pub struct CheckedJoinToken {
 }
 
 /// Checks a join token for `cluster` without spending it.
+///
+/// `retry_by` names the agent of a Register that may be retrying one whose
+/// outcome it never learnt: the caller passes it only when the cluster's
+/// link never carried a tunnel. A token that agent spent is then accepted
+/// again. Without this, a spend the store applied after the Register had
+/// given up on it (a write that timed out while etcd had no quorum, then
+/// committed when the quorum came back) would leave the agent with a spent
+/// token and no certificate.
 pub fn check_join_token(
     store: &dyn Store,
     token: &str,
     cluster: &str,
+    retry_by: Option<&str>,
 ) -> Result<Result<CheckedJoinToken, JoinTokenError>> {
     let Some((id, secret)) = parse(JOIN_PREFIX, token) else {
         return Ok(Err(JoinTokenError::Malformed));
@@ -182,7 +191,8 @@ pub fn check_join_token(
     if record.cluster != cluster {
         return Ok(Err(JoinTokenError::WrongCluster(record.cluster)));
     }
-    if record.uses > 0 {
+    let own_retry = retry_by.is_some_and(|a| record.used_by.as_deref() == Some(a));
+    if record.uses > 0 && !own_retry {
         return Ok(Err(JoinTokenError::Used));
     }
     Ok(Ok(CheckedJoinToken { record, raw }))
@@ -426,8 +436,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
         let token = mint_join_token(&store, "edge-1", "default", Duration::from_secs(60)).unwrap();
-        let check =
-            |t: &str, cluster: &str| check_join_token(&store, t, cluster).unwrap().map(|_| ());
+        let check = |t: &str, cluster: &str| {
+            check_join_token(&store, t, cluster, None)
+                .unwrap()
+                .map(|_| ())
+        };
         assert_eq!(
             check(&token, "edge-2"),
             Err(JoinTokenError::WrongCluster("edge-1".into()))
@@ -439,17 +452,27 @@ mod tests {
         assert_eq!(check(&expired, "edge-1"), Err(JoinTokenError::Expired));
 
         // Two Registers check the same token; only the first to spend it wins.
-        let first = check_join_token(&store, &token, "edge-1").unwrap().unwrap();
-        let second = check_join_token(&store, &token, "edge-1").unwrap().unwrap();
+        let first = check_join_token(&store, &token, "edge-1", None)
+            .unwrap()
+            .unwrap();
+        let second = check_join_token(&store, &token, "edge-1", None)
+            .unwrap()
+            .unwrap();
         assert_eq!(spend_join_token(&store, first, "agent-a").unwrap(), Ok(()));
         assert_eq!(
             spend_join_token(&store, second, "rogue").unwrap(),
             Err(JoinTokenError::Used)
         );
         assert_eq!(check(&token, "edge-1"), Err(JoinTokenError::Used));
+        // The agent that spent it, retrying a Register it never heard back
+        // from, may spend it again; nobody else may.
+        let retry = |by: &str| check_join_token(&store, &token, "edge-1", Some(by)).unwrap();
+        assert_eq!(retry("rogue").map(|_| ()), Err(JoinTokenError::Used));
+        let again = retry("agent-a").expect("the spender's retry");
+        assert_eq!(spend_join_token(&store, again, "agent-a").unwrap(), Ok(()));
         let id = parse(JOIN_PREFIX, &token).unwrap().0;
         let rec: JoinTokenRecord = store.get(tree::JOIN_TOKENS, id).unwrap().unwrap();
-        assert_eq!((rec.uses, rec.used_by.as_deref()), (1, Some("agent-a")));
+        assert_eq!((rec.uses, rec.used_by.as_deref()), (2, Some("agent-a")));
         assert!(
             !rec.secret_sha256
                 .contains(parse(JOIN_PREFIX, &token).unwrap().1)

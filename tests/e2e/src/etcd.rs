@@ -12,48 +12,119 @@ use crate::{TestHub, double::WAIT, procs::free_port};
 /// dropped.
 #[derive(Debug)]
 pub struct Etcd {
-    child: Child,
+    child: Option<Child>,
+    bin: &'static str,
+    name: String,
     pub client_port: u16,
+    peer_port: u16,
+    /// `--initial-cluster`: every member's name and peer URL.
+    cluster: String,
     pub dir: tempfile::TempDir,
+}
+
+fn etcd_bin() -> Option<&'static str> {
+    let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    if bin.is_none() {
+        crate::tool_missing("etcd (Debian's etcd-server; scripts/setup.sh installs it)");
+    }
+    bin
 }
 
 impl Etcd {
     /// Starts etcd and waits until it answers; none (with the message of
     /// [`crate::tool_missing`]) when the binary is not installed.
     pub fn start() -> Option<Etcd> {
-        let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        let mut one = Self::cluster(1)?;
+        one.pop()
+    }
+
+    /// `n` members forming one cluster, each started and answering; none
+    /// when etcd is not installed.
+    pub fn cluster(n: usize) -> Option<Vec<Etcd>> {
+        let bin = etcd_bin()?;
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<Etcd> = ports
             .into_iter()
-            .find(|p| std::path::Path::new(p).exists());
-        let Some(bin) = bin else {
-            crate::tool_missing("etcd (Debian's etcd-server; scripts/setup.sh installs it)");
-            return None;
-        };
-        let dir = tempfile::tempdir().expect("etcd dir");
-        let (client_port, peer_port) = (free_port(), free_port());
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd log");
-        let child = Command::new(bin)
-            .args(["--name", "test"])
+            .enumerate()
+            .map(|(i, (client_port, peer_port))| Etcd {
+                child: None,
+                bin,
+                name: format!("m{i}"),
+                client_port,
+                peer_port,
+                cluster: cluster.clone(),
+                dir: tempfile::tempdir().expect("etcd dir"),
+            })
+            .collect();
+        // All at once: a member answers only once a quorum has formed.
+        for m in &mut members {
+            m.spawn();
+        }
+        for m in &members {
+            m.wait_healthy();
+        }
+        Some(members)
+    }
+
+    fn spawn(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("etcd log");
+        // A member started again finds its data and rejoins; the initial
+        // cluster only matters the first time.
+        let child = Command::new(self.bin)
+            .args(["--name", &self.name])
             .arg("--data-dir")
-            .arg(dir.path().join("data"))
+            .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("test={peer}")])
+            .args(["--initial-cluster", &self.cluster])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
             .expect("etcd starts");
-        let etcd = Etcd {
-            child,
-            client_port,
-            dir,
-        };
-        etcd.wait_healthy();
-        Some(etcd)
+        self.child = Some(child);
+    }
+
+    /// Kills this member (SIGKILL), keeping its data.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts a stopped member again on its data; returns once it answers
+    /// (which needs a quorum of the cluster up).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        self.wait_healthy();
+    }
+
+    /// `etcd://` with every member's client address, as `otter hub
+    /// --store` takes it.
+    pub fn urls(members: &[Etcd]) -> String {
+        let hosts: Vec<String> = members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect();
+        format!("etcd://{}", hosts.join(","))
     }
 
     /// `etcd://127.0.0.1:<port>`, as `otter hub --store` takes it.
@@ -97,8 +168,7 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
 }
 
@@ -137,6 +207,11 @@ pub fn store_key(dir: &std::path::Path) -> std::path::PathBuf {
 /// `peers`, each with a peer port). Checks they agree on one CA and one
 /// first admin token; returns them with that token.
 pub async fn start_replicas(etcd: &Etcd, n: usize, peers: bool) -> (Vec<TestHub>, String) {
+    start_replicas_on(&etcd.url(), n, peers).await
+}
+
+/// [`start_replicas`] on the etcd cluster at `store` (an `etcd://` URL).
+pub async fn start_replicas_on(store: &str, n: usize, peers: bool) -> (Vec<TestHub>, String) {
     let dirs: Vec<_> = (0..n)
         .map(|_| std::sync::Arc::new(tempfile::tempdir().expect("data dir")))
         .collect();
@@ -148,7 +223,7 @@ pub async fn start_replicas(etcd: &Etcd, n: usize, peers: bool) -> (Vec<TestHub>
         c.tunnel_listen = "127.0.0.1:0".parse().expect("address");
         c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
         c.drain_timeout = Duration::from_secs(2);
-        c.store = Some(otter_hub::etcd::EtcdOptions::from_url(&etcd.url()).expect("store URL"));
+        c.store = Some(otter_hub::etcd::EtcdOptions::from_url(store).expect("store URL"));
         c.store_key_file = Some(key.clone());
         c.recheck_tokens_every = Duration::from_millis(300);
         c.replica = format!("r{i}");

@@ -17,6 +17,7 @@ mod crash;
 mod crds;
 mod egress_netns;
 mod egress_proxy;
+mod etcd_quorum;
 mod hostile_api;
 mod hostile_enrollment;
 mod hostile_identity;
