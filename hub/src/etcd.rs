@@ -351,6 +351,81 @@ impl EtcdStore {
         format!("{}{tree}/{key}", self.prefix)
     }
 
+    /// A compare-and-swap as one etcd transaction; the new value under the
+    /// replica's lease when `leased`.
+    fn swap(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: Option<&[u8]>,
+        leased: bool,
+    ) -> Result<bool> {
+        let lease = leased.then(|| {
+            PutOptions::new().with_lease(self.lease.id.load(std::sync::atomic::Ordering::Relaxed))
+        });
+        let k = self.key(tree, key);
+        let when = match old {
+            Some(v) => Compare::value(k.clone(), CompareOp::Equal, v.to_vec()),
+            // Absent: never made, or deleted since.
+            None => Compare::version(k.clone(), CompareOp::Equal, 0),
+        };
+        let then = match new {
+            Some(v) => TxnOp::put(k.clone(), v.to_vec(), lease),
+            None => TxnOp::delete(k.clone(), None),
+        };
+        let txn = Txn::new()
+            .when([when])
+            .and_then([then])
+            .or_else([TxnOp::get(k, None)]);
+        let client = self.client.clone();
+        // Sent again when a member did not take it; should a first attempt
+        // have been applied after all, a later one finds the key holding
+        // `new` already, which then counts as done (below).
+        let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = attempts.clone();
+        let resp = self.wait(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (mut client, txn) = (client.clone(), txn.clone());
+            async move { client.txn(txn).await }
+        })?;
+        let retried = attempts.load(std::sync::atomic::Ordering::Relaxed) > 1;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut copy = self.copy.lock().expect("copy");
+        let name = format!("{tree}/{key}");
+        if resp.succeeded() {
+            if new.is_none() {
+                self.lease
+                    .held
+                    .lock()
+                    .expect("lease")
+                    .remove(&self.key(tree, key));
+            }
+            copy.apply(name, new.map(<[u8]>::to_vec), revision);
+            return Ok(true);
+        }
+        // Lost: the copy learns the value that won. Unless, after a retry,
+        // that value is `new` itself: the earlier attempt was applied
+        // although its answer never came. (Without a retry an equal value
+        // is another writer's: a counter two writers both moved to 5.)
+        let mut holds_new = false;
+        for op in resp.op_responses() {
+            if let TxnOpResponse::Get(get) = op {
+                match get.kvs().first() {
+                    Some(kv) => {
+                        holds_new = new == Some(kv.value());
+                        copy.apply(name.clone(), Some(kv.value().to_vec()), kv.mod_revision())
+                    }
+                    None => {
+                        holds_new = new.is_none();
+                        copy.apply(name.clone(), None, revision)
+                    }
+                }
+            }
+        }
+        Ok(retried && holds_new)
+    }
+
     /// One put, then the value in the copy at the put's revision.
     fn put_with(
         &self,
@@ -668,66 +743,25 @@ impl Store for EtcdStore {
         old: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool> {
-        let k = self.key(tree, key);
-        let when = match old {
-            Some(v) => Compare::value(k.clone(), CompareOp::Equal, v.to_vec()),
-            // Absent: never made, or deleted since.
-            None => Compare::version(k.clone(), CompareOp::Equal, 0),
-        };
-        let then = match new {
-            Some(v) => TxnOp::put(k.clone(), v.to_vec(), None),
-            None => TxnOp::delete(k.clone(), None),
-        };
-        let txn = Txn::new()
-            .when([when])
-            .and_then([then])
-            .or_else([TxnOp::get(k, None)]);
-        let client = self.client.clone();
-        // Sent again when a member did not take it; should a first attempt
-        // have been applied after all, a later one finds the key holding
-        // `new` already, which then counts as done (below).
-        let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let counted = attempts.clone();
-        let resp = self.wait(move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let (mut client, txn) = (client.clone(), txn.clone());
-            async move { client.txn(txn).await }
-        })?;
-        let retried = attempts.load(std::sync::atomic::Ordering::Relaxed) > 1;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let mut copy = self.copy.lock().expect("copy");
-        let name = format!("{tree}/{key}");
-        if resp.succeeded() {
-            if new.is_none() {
-                self.lease
-                    .held
-                    .lock()
-                    .expect("lease")
-                    .remove(&self.key(tree, key));
-            }
-            copy.apply(name, new.map(<[u8]>::to_vec), revision);
-            return Ok(true);
+        self.swap(tree, key, old, new, false)
+    }
+
+    fn compare_and_swap_leased(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool> {
+        let swapped = self.swap(tree, key, old, Some(new), true)?;
+        if swapped {
+            self.lease
+                .held
+                .lock()
+                .expect("lease")
+                .insert(self.key(tree, key), new.to_vec());
         }
-        // Lost: the copy learns the value that won. Unless, after a retry,
-        // that value is `new` itself: the earlier attempt was applied
-        // although its answer never came. (Without a retry an equal value
-        // is another writer's: a counter two writers both moved to 5.)
-        let mut holds_new = false;
-        for op in resp.op_responses() {
-            if let TxnOpResponse::Get(get) = op {
-                match get.kvs().first() {
-                    Some(kv) => {
-                        holds_new = new == Some(kv.value());
-                        copy.apply(name.clone(), Some(kv.value().to_vec()), kv.mod_revision())
-                    }
-                    None => {
-                        holds_new = new.is_none();
-                        copy.apply(name.clone(), None, revision)
-                    }
-                }
-            }
-        }
-        Ok(retried && holds_new)
+        Ok(swapped)
     }
 
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {

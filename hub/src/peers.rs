@@ -71,12 +71,48 @@ pub fn claim(state: &HubState, entry: &TunnelEntry) {
         tunnel: entry.id,
         since: entry.connected_at,
     };
-    let written = serde_json::to_vec(&owner)
-        .map_err(|e| crate::HubError::Store(e.to_string()))
-        .and_then(|v| state.store.put_leased(tree::TUNNELS, &entry.cluster, &v));
-    if let Err(e) = written {
-        tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica");
+    let mine = match serde_json::to_vec(&owner) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica");
+            return;
+        }
+    };
+    // Ownership moves only by transaction, from the record read: absent,
+    // this replica's, or an older tunnel's elsewhere. A newer one elsewhere
+    // keeps it, and this tunnel is drained by the periodic check. A lost
+    // race reads the winner (the store learns it) and decides again.
+    for _ in 0..3 {
+        let current = match state.store.get_raw(tree::TUNNELS, &entry.cluster) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(cluster = %entry.cluster, error = %e, "could not read the tunnel's replica");
+                return;
+            }
+        };
+        let newer_elsewhere = current
+            .as_deref()
+            .and_then(|raw| serde_json::from_slice::<TunnelOwner>(raw).ok())
+            .is_some_and(|o| o.replica != owner.replica && o.since > owner.since);
+        if newer_elsewhere {
+            tracing::info!(cluster = %entry.cluster, "a newer tunnel of the cluster is on another replica");
+            return;
+        }
+        match state.store.compare_and_swap_leased(
+            tree::TUNNELS,
+            &entry.cluster,
+            current.as_deref(),
+            &mine,
+        ) {
+            Ok(true) => return,
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica");
+                return;
+            }
+        }
     }
+    tracing::warn!(cluster = %entry.cluster, "the cluster's tunnel record kept changing; not taken");
 }
 
 /// Forgets that this replica holds the cluster's tunnel `id`, unless

@@ -206,6 +206,17 @@ impl<S: Store> Store for SealedStore<S> {
         self.inner.put_leased(tree, key, value)
     }
 
+    fn compare_and_swap_leased(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool> {
+        // Never a sealed tree, as above.
+        self.inner.compare_and_swap_leased(tree, key, old, new)
+    }
+
     fn flush(&self) -> Result<()> {
         self.inner.flush()
     }

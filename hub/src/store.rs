@@ -61,6 +61,18 @@ pub trait Store: Send + Sync + 'static {
     fn put_leased(&self, _tree: &str, _key: &str, _value: &[u8]) -> Result<()> {
         Ok(())
     }
+    /// [`Store::compare_and_swap_raw`] writing `new` as [`Store::put_leased`]
+    /// does: how a replica takes a cluster's tunnel record, so ownership
+    /// moves only by transaction.
+    fn compare_and_swap_leased(
+        &self,
+        tree: &str,
+        key: &str,
+        old: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<bool> {
+        self.compare_and_swap_raw(tree, key, old, Some(new))
+    }
     /// Makes every write so far durable.
     fn flush(&self) -> Result<()>;
     /// Whether writes currently succeed (for health).

@@ -107,6 +107,39 @@ async fn stores_on_one_etcd_decide_races_once() {
     )
     .await;
     assert!(stores[1].writable());
+
+    // Tunnel records are taken by transaction under each replica's lease:
+    // two replicas that both read a cluster's record as absent, then both
+    // take it, are decided once: exactly one wins each of 20.
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let racers: Vec<_> = (0..2)
+        .map(|i| {
+            let (store, barrier) = (stores[i].clone(), barrier.clone());
+            std::thread::spawn(move || {
+                (0..20)
+                    .map(|c| {
+                        let key = format!("edge-{c}");
+                        let current = store.get_raw("tunnels", &key).unwrap();
+                        assert_eq!(current, None);
+                        barrier.wait();
+                        let mine = format!("replica-{i}");
+                        let won = store
+                            .compare_and_swap_leased("tunnels", &key, None, mine.as_bytes())
+                            .unwrap();
+                        barrier.wait();
+                        won
+                    })
+                    .collect::<Vec<bool>>()
+            })
+        })
+        .collect();
+    let won: Vec<Vec<bool>> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+    for (c, (first, second)) in won[0].iter().zip(&won[1]).enumerate() {
+        assert!(first ^ second, "edge-{c}: {first} and {second}");
+        let winner = if *first { "replica-0" } else { "replica-1" };
+        let held = stores[1].get_raw("tunnels", &format!("edge-{c}")).unwrap();
+        assert_eq!(held.as_deref(), Some(winner.as_bytes()));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
