@@ -13,9 +13,16 @@ use crate::{Agent, AgentConfig, config::Secret};
 #[derive(Debug, Parser)]
 #[command(name = "otter-agent", version, about)]
 pub struct Cli {
-    /// The hub's API URL.
-    #[arg(long, env = "OTTER_HUB_URL")]
-    pub hub_url: Url,
+    /// The hub's API URL; repeat (or separate with commas) for hub
+    /// replicas without a load balancer in front: Register and renewals
+    /// go to the first that answers.
+    #[arg(
+        long = "hub-url",
+        env = "OTTER_HUB_URL",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub hub_urls: Vec<Url>,
     /// This cluster's name at the hub (a DNS label).
     #[arg(long, env = "OTTER_CLUSTER")]
     pub cluster: String,
@@ -163,7 +170,12 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
         .or_else(|| std::env::var("POD_NAME").ok())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "agent".into());
-    let mut config = AgentConfig::new(cli.hub_url, &cli.cluster, &agent_id, &ca);
+    let mut hub_urls = cli.hub_urls.into_iter();
+    let first = hub_urls
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--hub-url is required"))?;
+    let mut config = AgentConfig::new(first, &cli.cluster, &agent_id, &ca);
+    config.more_hub_urls = hub_urls.collect();
     if let Some(path) = cli.join_token_file {
         let token = std::fs::read_to_string(&path)
             .map_err(|e| anyhow::anyhow!("cannot read join token {}: {e}", path.display()))?;

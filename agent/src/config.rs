@@ -51,6 +51,9 @@ impl Clock {
 pub struct AgentConfig {
     /// The hub's API URL (Register).
     pub hub_url: Url,
+    /// Other hub replicas' API URLs, tried in turn when `hub_url` does not
+    /// answer (replicas without a load balancer in front).
+    pub more_hub_urls: Vec<Url>,
     pub cluster: String,
     pub agent_id: String,
     pub agent_version: String,
@@ -89,6 +92,7 @@ impl AgentConfig {
     pub fn new(hub_url: Url, cluster: &str, agent_id: &str, hub_ca_pem: &str) -> Self {
         Self {
             hub_url,
+            more_hub_urls: Vec::new(),
             cluster: cluster.to_owned(),
             agent_id: agent_id.to_owned(),
             agent_version: crate::VERSION.to_owned(),
@@ -109,13 +113,17 @@ impl AgentConfig {
         }
     }
 
+    /// Every hub API URL, the first one first.
+    pub fn hub_urls(&self) -> impl Iterator<Item = &Url> {
+        std::iter::once(&self.hub_url).chain(&self.more_hub_urls)
+    }
+
     /// Checks the settings before anything is dialled.
     pub fn validate(&self) -> crate::Result<()> {
         otter_pki::identity::AgentIdentity::new(&self.cluster, &self.agent_id)?;
-        if self.hub_url.scheme() != "https" {
+        if let Some(url) = self.hub_urls().find(|u| u.scheme() != "https") {
             return Err(crate::AgentError::Config(format!(
-                "hub URL {} must be https://",
-                self.hub_url
+                "hub URL {url} must be https://"
             )));
         }
         if self.transports.is_empty() {

@@ -184,8 +184,22 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
     let (key_pem, csr_pem) = otter_pki::csr::generate(&config.cluster, &config.agent_id)?;
     let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
     let tls = tls::client_config(hub_trust(config, current), client_cert, &[b"h2"])?;
-    let mut client =
-        LinkServiceClient::new(channel(&config.hub_url, tls, config.proxy.as_ref()).await?);
+    // The first replica that answers; the error of the last when none does.
+    let mut reached = None;
+    let mut failed = None;
+    for url in config.hub_urls() {
+        match channel(url, tls.clone(), config.proxy.as_ref()).await {
+            Ok(ch) => {
+                reached = Some(ch);
+                break;
+            }
+            Err(e) => failed = Some(e),
+        }
+    }
+    let Some(reached) = reached else {
+        return Err(failed.unwrap_or_else(|| AgentError::Config("no hub URL".into())));
+    };
+    let mut client = LinkServiceClient::new(reached);
     let request = RegisterRequest {
         cluster: Some(config.cluster.clone()),
         csr: Some(csr_pem.into_bytes()),

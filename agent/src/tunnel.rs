@@ -221,6 +221,9 @@ async fn run(
     let mut refused_at: Option<tokio::time::Instant> = None;
     // The last tunnel URLs the hub advertised that were taken.
     let mut adopted: Vec<Url> = Vec::new();
+    // Which hub replica's tunnel URLs to dial (see `sites`): the first
+    // listed (the replica that answered) until a round fails, then the next.
+    let mut site = 0usize;
     loop {
         if shutdown.is_cancelled() {
             return;
@@ -259,6 +262,7 @@ async fn run(
                     creds = Some(c);
                     failed_rounds = 0;
                     failing_since = None;
+                    site = 0;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "register failed");
@@ -284,8 +288,10 @@ async fn run(
                 }
             }
         }
-        adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await;
-        let Some(current) = creds.clone() else {
+        if adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await {
+            site = 0;
+        }
+        let Some(current) = creds.as_ref().map(|c| at_site(c, site)) else {
             continue;
         };
 
@@ -321,6 +327,9 @@ async fn run(
         }) = up
         else {
             if hint.is_none() {
+                // The next round tries the next replica's URLs, if the hub
+                // listed more than one (replicas without a load balancer).
+                site = site.wrapping_add(1);
                 failed_rounds += 1;
                 failing_since.get_or_insert_with(tokio::time::Instant::now);
                 failed_with_api_up = failed_rounds >= URL_REFRESH_ROUNDS
@@ -397,7 +406,9 @@ async fn run(
             if let (Some(c), Some(ms)) = (creds.as_mut(), status.borrow().clock_skew_ms) {
                 c.skew = (ms as f64 / 1000.0).round() as i64;
             }
-            adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await;
+            if adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await {
+                site = 0;
+            }
             let renew_in = match renew_retry_at {
                 Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
                 None => Duration::from_secs(creds.as_ref().map_or(0, |c| {
@@ -470,7 +481,9 @@ async fn run(
                             if !probing {
                                 probing = true;
                                 let order = dial_order(&config.transports, Some(kind));
-                                tasks.spawn(dial_new_tunnel(config.clone(), c, order, quic.clone(), probe_tx.clone(), generation));
+                                // The replica that renewed it lists its own URLs first.
+                                site = 0;
+                                tasks.spawn(dial_new_tunnel(config.clone(), at_site(&c, site), order, quic.clone(), probe_tx.clone(), generation));
                             }
                         }
                         Err(e) => {
@@ -490,7 +503,7 @@ async fn run(
                 _ = sleep_until_some(probe_at), if !probing => {
                     // Dialled off this loop, so calls keep being served meanwhile.
                     probing = true;
-                    let newest = creds.clone().unwrap_or_else(|| current.clone());
+                    let newest = creds.as_ref().map_or_else(|| current.clone(), |c| at_site(c, site));
                     let better = better_than(&config.transports, kind);
                     tasks.spawn(dial_new_tunnel(config.clone(), newest, better, quic.clone(), probe_tx.clone(), generation));
                 }
@@ -518,8 +531,8 @@ async fn run(
                     tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag, &old_goodbye), config.gauges.clone(), shutdown.clone()));
                     kind = new_kind;
                     last_good = Some(kind);
-                    let newest = creds.as_ref().unwrap_or(&current);
-                    route = proxy_route(&config, newest, kind);
+                    let newest = creds.as_ref().map_or_else(|| current.clone(), |c| at_site(c, site));
+                    route = proxy_route(&config, &newest, kind);
                     // A switch reports the probe that found the better
                     // transport; a redial on a renewed certificate keeps the
                     // connect round's report (what failed before it worked).
@@ -640,22 +653,24 @@ fn diagnosis(
 /// Each advertisement is taken once (`adopted` is the last one taken): a
 /// Register after it (a moved port found by a renewal) brings newer URLs,
 /// which an older advertisement must not overwrite.
+///
+/// Whether the credentials' URLs changed.
 async fn adopt_advertised_urls(
     config: &AgentConfig,
     creds: &mut Option<Credentials>,
     status: &watch::Sender<AgentStatus>,
     adopted: &mut Vec<Url>,
-) {
+) -> bool {
     let urls = status.borrow().advertised_urls.clone();
     let Some(c) = creds.as_mut() else {
-        return;
+        return false;
     };
     if urls.is_empty() || urls == *adopted {
-        return;
+        return false;
     }
     *adopted = urls.clone();
     if urls == c.tunnel_urls {
-        return;
+        return false;
     }
     let shown: Vec<&str> = urls.iter().map(Url::as_str).collect();
     tracing::info!(urls = ?shown, "the hub serves tunnels at new URLs");
@@ -665,6 +680,37 @@ async fn adopt_advertised_urls(
     {
         tracing::warn!(error = %e, "could not keep the hub's new tunnel URLs");
     }
+    true
+}
+
+/// The tunnel URLs grouped by where they lead (host and port), in the
+/// order the hub listed them: with hub replicas, one group per replica
+/// (the one that answered first). A port that serves several transports
+/// is one group.
+fn sites(urls: &[Url]) -> Vec<Vec<Url>> {
+    let mut groups: Vec<Vec<Url>> = Vec::new();
+    for u in urls {
+        let place = (u.host_str(), u.port());
+        match groups
+            .iter_mut()
+            .find(|g| (g[0].host_str(), g[0].port()) == place)
+        {
+            Some(g) => g.push(u.clone()),
+            None => groups.push(vec![u.clone()]),
+        }
+    }
+    groups
+}
+
+/// `creds` dialling only the URLs of site `site` (counted round and
+/// round); all of them when the hub listed none.
+fn at_site(creds: &Credentials, site: usize) -> Credentials {
+    let groups = sites(&creds.tunnel_urls);
+    let mut at = creds.clone();
+    if !groups.is_empty() {
+        at.tunnel_urls = groups[site % groups.len()].clone();
+    }
+    at
 }
 
 /// The proxy a tunnel over `kind` actually goes through (without its
@@ -1131,6 +1177,25 @@ fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Respo
 mod tests {
     use super::*;
     use TransportKind::{H2, Quic, Ws};
+
+    #[test]
+    fn replicas_urls_are_dialled_one_replica_at_a_time_round_and_round() {
+        let urls: Vec<Url> = [
+            "quic://a.example:8444",
+            "h2://a.example:8444",
+            "ws://a.example:443",
+            "quic://b.example:8444",
+            "h2://b.example:8444",
+        ]
+        .iter()
+        .map(|u| Url::parse(u).unwrap())
+        .collect();
+        let groups = sites(&urls);
+        assert_eq!(groups.len(), 3, "{groups:?}");
+        assert_eq!(groups[0], urls[..2].to_vec());
+        assert_eq!(groups[2], urls[3..].to_vec());
+        assert!(sites(&[]).is_empty());
+    }
 
     #[test]
     fn a_transport_the_hub_does_not_list_is_dialled_on_its_tunnel_port() {

@@ -350,9 +350,8 @@ impl LinkSvc {
         }
         tracing::info!(%cluster, %agent_id, serial = %issued.serial, "agent registered");
 
-        let tunnel_urls: Vec<String> = self
-            .state
-            .tunnel_urls
+        // This replica's first, then the other live replicas'.
+        let tunnel_urls: Vec<String> = crate::peers::tunnel_urls_for_agents(&self.state)
             .iter()
             .map(|u| u.to_string())
             .collect();

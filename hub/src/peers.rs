@@ -17,6 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use url::Url;
 
 use crate::{
     auth::Principal,
@@ -137,6 +138,55 @@ pub fn release(state: &HubState, cluster: &str, id: u64) {
     if let Err(e) = release() {
         tracing::warn!(%cluster, error = %e, "could not clear the tunnel's replica");
     }
+}
+
+/// Where a replica serves, as the others (and agents, through them) learn
+/// it: under the replica's lease, so a replica that died is gone from the
+/// list once its lease is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ReplicaRecord {
+    pub api_url: String,
+    pub tunnel_urls: Vec<String>,
+}
+
+/// Records this replica's URLs in the shared store.
+pub fn announce(state: &HubState) {
+    let record = ReplicaRecord {
+        api_url: state.external_url.to_string(),
+        tunnel_urls: state.tunnel_urls.iter().map(Url::to_string).collect(),
+    };
+    let written = serde_json::to_vec(&record)
+        .map_err(|e| crate::HubError::Store(e.to_string()))
+        .and_then(|v| {
+            state
+                .store
+                .put_leased(tree::REPLICAS, &state.config.replica, &v)
+        });
+    if let Err(e) = written {
+        tracing::warn!(error = %e, "could not record this replica's URLs");
+    }
+}
+
+/// The tunnel URLs agents are told: this replica's first, then every other
+/// live replica's, so an agent whose replica is gone tries the next
+/// without a load balancer in front.
+pub fn tunnel_urls_for_agents(state: &HubState) -> Vec<Url> {
+    let mut urls = state.tunnel_urls.clone();
+    if state.config.store.is_none() {
+        return urls;
+    }
+    let others = state
+        .store
+        .scan::<ReplicaRecord>(tree::REPLICAS)
+        .unwrap_or_default();
+    for u in others.iter().flat_map(|r| &r.tunnel_urls) {
+        if let Ok(u) = Url::parse(u)
+            && !urls.contains(&u)
+        {
+            urls.push(u);
+        }
+    }
+    urls
 }
 
 /// The replica other than `me` that holds the cluster's tunnel, if any.

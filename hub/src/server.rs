@@ -379,6 +379,7 @@ impl Hub {
             ));
         }
         if state.config.store.is_some() {
+            crate::peers::announce(&state);
             tasks.spawn(crate::peers::check_local_tunnels(
                 state.clone(),
                 shutdown.clone(),
@@ -480,6 +481,14 @@ impl Hub {
         .await;
         for t in tunnels {
             crate::peers::release(&self.state, &t.cluster, t.id);
+        }
+        if self.state.config.store.is_some()
+            && let Err(e) = self
+                .state
+                .store
+                .delete(crate::store::tree::REPLICAS, &self.state.config.replica)
+        {
+            tracing::warn!(error = %e, "could not remove this replica from the list");
         }
         // The routing table holds the tunnels' connections, and a QUIC
         // connection holds the endpoint's socket: drop them now rather than

@@ -30,6 +30,9 @@ pub mod tree {
     /// `TunnelOwner` (the replica holding a cluster's tunnel) by cluster,
     /// kept for as long as that replica lives.
     pub const TUNNELS: &str = "tunnels";
+    /// `ReplicaRecord` (where a replica serves its API and tunnels) by
+    /// replica name, kept for as long as that replica lives.
+    pub const REPLICAS: &str = "replicas";
     /// When a cluster's link was deleted (unix seconds, JSON), by cluster:
     /// join tokens authorized before then enroll nobody.
     pub const RELEASED: &str = "released_clusters";

@@ -127,7 +127,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
     tracing::info!(%cluster, agent_id = %entry.agent_id, transport = %a.transport, remote = %a.remote, "tunnel up");
 
     let diagnosed = entry.clone();
-    let urls = state.tunnel_urls.clone();
+    let urls = crate::peers::tunnel_urls_for_agents(state);
     state.tasks.spawn(async move {
         if diagnosed.diagnosis.claim_refresh(std::time::Duration::ZERO) {
             fetch_diagnosis(&urls, &diagnosed).await;
@@ -209,7 +209,7 @@ pub fn refresh_diagnosis(state: &HubState, entry: &Arc<TunnelEntry>) {
         return;
     }
     let (entry, limit) = (entry.clone(), state.registry.diagnosing.clone());
-    let urls = state.tunnel_urls.clone();
+    let urls = crate::peers::tunnel_urls_for_agents(state);
     state.tasks.spawn(async move {
         if let Ok(_slot) = limit.acquire_owned().await {
             fetch_diagnosis(&urls, &entry).await;

@@ -874,3 +874,68 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
         get().await.expect("calls after the take-over");
     }
 }
+
+/// Without a load balancer in front: an agent given both replicas' API
+/// URLs registers through the first, learns every live replica's tunnel
+/// URLs (Register's answer lists them, and each tunnel tells them again),
+/// and when its replica stops it is back through the other replica within
+/// its backoff, with its certificate: no renewal, no new Register.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (a, b, root) = two_replicas(&etcd, true).await;
+    let token = a.hub.mint_join_token("edge-1").unwrap();
+    let agent = otter_e2e::double::start_agent_at(
+        a.api_url(),
+        a.hub.ca_pem(),
+        "edge-1",
+        "a1",
+        &token,
+        TransportKind::H2,
+        |c| {
+            c.more_hub_urls = vec![b.api_url()];
+            c.backoff_cap = Duration::from_secs(2);
+        },
+    );
+    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
+    let first = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some()
+                && s.advertised_urls
+                    .iter()
+                    .any(|u| u.as_str().ends_with(&b_port))
+        })
+        .await
+        .expect("connected through a, and told b's tunnel URLs");
+    assert!(
+        a.hub.state.registry.get("edge-1").is_some(),
+        "a holds the tunnel"
+    );
+
+    let stopped = std::time::Instant::now();
+    a.hub.shutdown().await;
+    let back = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some() && s.connects > first.connects
+        })
+        .await
+        .expect("back through b");
+    let took = stopped.elapsed();
+    assert!(
+        b.hub.state.registry.get("edge-1").is_some(),
+        "b holds the tunnel"
+    );
+    assert_eq!((back.registrations, back.renewals), (1, 0), "{back:?}");
+    let r = ResourceServiceClient::new(b.channel().await)
+        .get(with_token(otter_e2e::double::get("edge-1", "after"), &root))
+        .await
+        .expect("a call through b");
+    assert_eq!(otter_e2e::double::field(r.get_ref(), "name"), "after");
+    eprintln!(
+        "the agent's replica stopped: back through the other {took:?} later, no load balancer"
+    );
+    agent.agent.shutdown().await;
+    b.hub.shutdown().await;
+}
