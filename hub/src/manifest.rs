@@ -614,4 +614,97 @@ mod hub_manifest_tests {
         // The audit log lives on the hub's volume.
         assert!(args_have(c, "--audit-log=/var/lib/otter/audit.log"));
     }
+
+    /// The HA variant: three replicas on etcd, rolled one at a time, a
+    /// budget keeping two, readiness gated on the store, one load balancer
+    /// for the API and both protocols of the tunnel port, and flags `otter
+    /// hub` takes once Kubernetes has put the pod's name and address in.
+    #[test]
+    fn hub_ha_manifest_runs_replicas_on_etcd() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/hub-ha.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let docs: Vec<Value> = text
+            .split("\n---\n")
+            .map(|d| serde_saphyr::from_str(d).expect("document parses"))
+            .collect();
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            ["Namespace", "Deployment", "PodDisruptionBudget", "Service"]
+        );
+        let deploy = &docs[1]["spec"];
+        assert_eq!(deploy["replicas"], 3);
+        assert_eq!(deploy["strategy"]["type"], "RollingUpdate");
+        assert_eq!(deploy["strategy"]["rollingUpdate"]["maxUnavailable"], 1);
+        let labels = &deploy["template"]["metadata"]["labels"];
+        let pdb = &docs[2]["spec"];
+        assert_eq!(pdb["minAvailable"], 2);
+        assert_eq!(&pdb["selector"]["matchLabels"], labels);
+        assert_eq!(&docs[3]["spec"]["selector"], labels);
+        let pod = &deploy["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        let c = &pod["containers"][0];
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        // The pod's name and address as Kubernetes substitutes them.
+        let env: Vec<&str> = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(env, ["POD_NAME", "POD_IP"]);
+        let args: Vec<String> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                a.as_str()
+                    .unwrap()
+                    .replace("$(POD_NAME)", "otter-hub-5d9c7-x2x4q")
+                    .replace("$(POD_IP)", "10.42.0.7")
+            })
+            .collect();
+        let mut argv = vec!["otter".to_owned()];
+        argv.extend(args);
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv)
+            .expect("the manifest's args parse");
+        let crate::cli::Command::Hub(hub) = cli.command else {
+            panic!("not `otter hub`");
+        };
+        let config = hub.into_config().expect("a hub configuration");
+        let store = config.store.as_ref().expect("a store on etcd");
+        assert_eq!(store.endpoints.len(), 3);
+        assert!(config.store_key_file.is_some(), "sealed");
+        assert_eq!(config.replica, "otter-hub-5d9c7-x2x4q");
+        assert_eq!(
+            config.peer_url.as_ref().map(url::Url::as_str),
+            Some("https://10.42.0.7:8445/")
+        );
+        // The store key comes from a Secret the pod's group may read.
+        let key_volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "store-key")
+            .unwrap();
+        assert_eq!(key_volume["secret"]["secretName"], "otter-hub-store");
+        // One load balancer: the API, and the tunnel port over TCP and UDP.
+        let ports: Vec<(String, i64, String)> = docs[3]["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap().to_owned(),
+                    p["port"].as_i64().unwrap(),
+                    p["protocol"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert!(ports.contains(&("tunnel-tcp".into(), 8444, "TCP".into())));
+        assert!(ports.contains(&("tunnel-udp".into(), 8444, "UDP".into())));
+        assert_eq!(docs[3]["spec"]["type"], "LoadBalancer");
+    }
 }
