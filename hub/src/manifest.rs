@@ -571,15 +571,21 @@ mod hub_manifest_tests {
             .is_some_and(|a| a.iter().any(|v| v == arg))
     }
 
+    /// The documents of `manifests/<name>`, parsed.
+    fn documents(name: &str) -> Vec<Value> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../manifests")
+            .join(name);
+        let text = std::fs::read_to_string(path).unwrap();
+        text.split("\n---\n")
+            .map(|d| serde_saphyr::from_str(d).expect("document parses"))
+            .collect()
+    }
+
     /// The hub's own manifest parses and passes the restricted profile too.
     #[test]
     fn hub_manifest_is_restricted_and_complete() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/hub.yaml");
-        let text = std::fs::read_to_string(path).unwrap();
-        let docs: Vec<Value> = text
-            .split("\n---\n")
-            .map(|d| serde_saphyr::from_str(d).expect("document parses"))
-            .collect();
+        let docs = documents("hub.yaml");
         let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
@@ -621,13 +627,7 @@ mod hub_manifest_tests {
     /// hub` takes once Kubernetes has put the pod's name and address in.
     #[test]
     fn hub_ha_manifest_runs_replicas_on_etcd() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/hub-ha.yaml");
-        let text = std::fs::read_to_string(path).unwrap();
-        let docs: Vec<Value> = text
-            .split("\n---\n")
-            .map(|d| serde_saphyr::from_str(d).expect("document parses"))
-            .collect();
+        let docs = documents("hub-ha.yaml");
         let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,

@@ -711,7 +711,9 @@ async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
 }
 
 /// How often the store's writability is probed for health and readiness.
-const HEALTH_EVERY: Duration = Duration::from_secs(2);
+/// Each probe is a write: on etcd, the idle cost of a replica (0.2 writes
+/// a second), whatever the number of agents.
+const HEALTH_EVERY: Duration = Duration::from_secs(5);
 
 /// Accepts API connections; each handshake and connection runs in its own
 /// task. Without TLS (local development) HTTP/1.1 and h2c are served.

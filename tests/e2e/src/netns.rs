@@ -138,6 +138,45 @@ pub fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// `otter-agent`'s arguments for cluster `edge-0` (agent `agent-0`) of a
+/// scene: its join token (`token`), state (`state`) and kubeconfig in
+/// `dir`, its health port on `health`, then `more`.
+pub fn agent_args(
+    api: &str,
+    ca: &str,
+    dir: &std::path::Path,
+    transports: &str,
+    keepalive_secs: u64,
+    health: &str,
+    more: &[&str],
+) -> Vec<String> {
+    let file = |name: &str| dir.join(name).display().to_string();
+    let mut args = strings(&[
+        "--hub-url",
+        api,
+        "--cluster",
+        "edge-0",
+        "--agent-id",
+        "agent-0",
+        "--hub-ca-file",
+        ca,
+        "--join-token-file",
+        &file("token"),
+        "--state-dir",
+        &file("state"),
+        "--transports",
+        transports,
+        "--keepalive-secs",
+        &keepalive_secs.to_string(),
+        "--health-listen",
+        health,
+        "--kubeconfig",
+        &file("kubeconfig"),
+    ]);
+    args.extend(strings(more));
+    args
+}
+
 /// Polls `check` every 100 ms until it holds; panics with `what` after
 /// `limit`. Returns how long it took.
 pub fn until(

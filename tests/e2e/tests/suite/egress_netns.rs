@@ -27,7 +27,7 @@ use std::{
 
 use otter_agent::gauges::sample;
 use otter_e2e::{
-    netns::{AGENT_IP, HUB_IP, NetPair, agent_metrics, prepare_hub, strings, until},
+    netns::{AGENT_IP, HUB_IP, NetPair, agent_args, agent_metrics, prepare_hub, strings, until},
     procs::{Proc, Role, wait_for_file},
     tool_missing,
 };
@@ -188,30 +188,15 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
     let agent = Proc::start_env(
         "agent",
         Role::Agent,
-        &strings(&[
-            "--hub-url",
+        &agent_args(
             api,
-            "--cluster",
-            "edge-0",
-            "--agent-id",
-            "agent-0",
-            "--hub-ca-file",
             &ca,
-            "--join-token-file",
-            &d.join("token").display().to_string(),
-            "--state-dir",
-            &d.join("state").display().to_string(),
-            "--transports",
+            d,
             "quic,h2",
-            "--keepalive-secs",
-            &KEEPALIVE_SECS.to_string(),
-            "--renew-at",
-            "0.1",
-            "--health-listen",
+            KEEPALIVE_SECS,
             AGENT_HEALTH,
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-        ]),
+            &["--renew-at", "0.1"],
+        ),
         d,
         Some(&pair.agent),
         &[

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use otter_agent::gauges::sample;
 use otter_e2e::{
-    netns::{HUB_IP, NetPair, agent_metrics, prepare_hub, strings, until},
+    netns::{HUB_IP, NetPair, agent_args, agent_metrics, prepare_hub, strings, until},
     procs::{Proc, Role, wait_for_file},
 };
 
@@ -104,28 +104,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
     let agent = Proc::start(
         "agent",
         Role::Agent,
-        &strings(&[
-            "--hub-url",
-            &api,
-            "--cluster",
-            "edge-0",
-            "--agent-id",
-            "agent-0",
-            "--hub-ca-file",
-            &ca,
-            "--join-token-file",
-            &d.join("token").display().to_string(),
-            "--state-dir",
-            &d.join("state").display().to_string(),
-            "--transports",
-            transport,
-            "--keepalive-secs",
-            &KEEPALIVE_SECS.to_string(),
-            "--health-listen",
-            AGENT_HEALTH,
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-        ]),
+        &agent_args(&api, &ca, d, transport, KEEPALIVE_SECS, AGENT_HEALTH, &[]),
         d,
         Some(&scene.pair.agent),
     );
