@@ -75,9 +75,10 @@ checkout:
 test: setup checkout
 	OTTER_REQUIRE_TOOLS=1 $(CARGO) test --workspace --no-fail-fast
 
-## demo: hub + two simulated clusters with their agents on loopback
+## demo: hub + two simulated clusters with their agents on loopback;
+## HA=1: three hub replicas on a 3-member etcd, one of them killed
 demo:
-	scripts/demo.sh
+	@if [ "$(HA)" = 1 ]; then scripts/demo-ha.sh; else scripts/demo.sh; fi
 
 ## bench: throughput, latency, head-of-line isolation, scale, reconnect storm,
 ## footprint (table on stdout, target/bench/results.json); QUICK=1 short, FULL=1

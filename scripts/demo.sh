@@ -9,43 +9,7 @@
 # Ctrl-C, cleaning up everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$(pwd)
-: "${CARGO_TARGET_DIR:=$HOME/.cache/otterscale-link/target}"
-export CARGO_TARGET_DIR
-
-scripts/setup.sh build >/dev/null
-scripts/setup.sh python >/dev/null
-# OTTER_DEMO_PROFILE=debug skips the (slower) release build when iterating.
-profile=${OTTER_DEMO_PROFILE:-release}
-echo "== building $profile binaries (first time: several minutes)"
-if [ "$profile" = release ]; then
-    cargo build --release -q -p otter-hub -p otter-agent -p kube-sim
-else
-    cargo build -q -p otter-hub -p otter-agent -p kube-sim
-fi
-bin=$CARGO_TARGET_DIR/$profile
-
-demo=$(mktemp -d "${TMPDIR:-/tmp}/otter-demo.XXXXXX")
-pids=()
-cleanup() {
-    trap - EXIT INT TERM
-    echo
-    echo "== stopping the demo"
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$demo"
-}
-trap cleanup EXIT INT TERM
-
-wait_for() { # file pattern seconds
-    for _ in $(seq 1 $(($3 * 10))); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "timed out waiting for '$2' in $1:" >&2
-    cat "$1" >&2
-    return 1
-}
+. scripts/demo-common.sh
 
 echo "== starting the hub (data in $demo/hub)"
 "$bin/otter" hub --data-dir "$demo/hub" --listen 127.0.0.1:0 --tunnel-listen 127.0.0.1:0 >"$demo/hub.log" 2>&1 &
@@ -72,22 +36,9 @@ for cluster in edge-1 edge-2; do
         "$kubectl_133" --kubeconfig "$demo/$cluster.kubeconfig" -n otterscale-system get secret otter-agent -o json >"$demo/$cluster-join/secret.json"
     else
         echo "   (kubectl 1.33 not found: reading the manifest's Secret directly)"
-        curl -fsS --cacert "$demo/hub/ca.crt" "$url" >"$demo/$cluster-join/manifest.yaml"
-        .venv/bin/python - "$demo/$cluster-join/manifest.yaml" "$demo/$cluster-join/secret.json" <<'PY'
-import json, sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "Secret"]
-json.dump(docs[0], open(sys.argv[2], "w"))
-PY
+        manifest_secret "$url" "$demo/hub/ca.crt" "$demo/$cluster-join"
     fi
-    # The agent gets exactly what the Secret holds: the join token and the hub CA.
-    .venv/bin/python - "$demo/$cluster-join" <<'PY'
-import base64, json, os, sys
-d = sys.argv[1]
-s = json.load(open(os.path.join(d, "secret.json")))
-data = s.get("stringData") or {k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()}
-open(os.path.join(d, "join-token"), "w").write(data["join-token"])
-open(os.path.join(d, "hub-ca.crt"), "w").write(data["hub-ca.crt"])
-PY
+    join_files "$demo/$cluster-join"
     echo "   starting the agent for $cluster"
     KUBECONFIG="$demo/$cluster.kubeconfig" "$bin/otter-agent" --hub-url "$hub_url" --cluster "$cluster" \
         --agent-id "$cluster-agent" --hub-ca-file "$demo/$cluster-join/hub-ca.crt" \
