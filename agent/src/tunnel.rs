@@ -661,13 +661,18 @@ async fn adopt_advertised_urls(
     status: &watch::Sender<AgentStatus>,
     adopted: &mut Vec<Url>,
 ) -> bool {
-    let urls = status.borrow().advertised_urls.clone();
     let Some(c) = creds.as_mut() else {
         return false;
     };
-    if urls.is_empty() || urls == *adopted {
-        return false;
-    }
+    // Runs once per stream the hub opens: compared in place, copied only
+    // when there is something new to take.
+    let urls = {
+        let s = status.borrow();
+        if s.advertised_urls.is_empty() || s.advertised_urls == *adopted {
+            return false;
+        }
+        s.advertised_urls.clone()
+    };
     *adopted = urls.clone();
     if urls == c.tunnel_urls {
         return false;
