@@ -621,8 +621,13 @@ fn ca(
             );
         }
     };
+    // A step refused because another was taken meanwhile took that one up.
+    cas_changed(state);
     match result {
         None => {}
+        Some(Err(e @ crate::HubError::StoreUnavailable(_))) => {
+            return plain(http::StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+        }
         Some(Err(e)) => return plain(http::StatusCode::CONFLICT, &e.to_string()),
         Some(Ok(Err(NotReady { step, clusters }))) => {
             return plain(
@@ -636,13 +641,27 @@ fn ca(
         }
         Some(Ok(Ok(()))) => {
             tracing::info!(by = %caller.user, step = step.unwrap_or_default(), "CA rotation step");
-            ask_agents_to_renew(state);
         }
     }
     match status(state) {
         Ok(v) => json(http::StatusCode::OK, &v),
         Err(e) => plain(http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+/// After a rotation step, here or on another replica (once per change):
+/// new connections to the other replicas present a certificate of the CAs
+/// now, and connected agents renew.
+pub fn cas_changed(state: &HubState) {
+    if !state.authority.take_change() {
+        return;
+    }
+    if let Some(peers) = &state.peers
+        && let Err(e) = peers.refresh(&state.authority, &state.config.replica)
+    {
+        tracing::warn!(error = %e, "could not renew the replica certificate");
+    }
+    ask_agents_to_renew(state);
 }
 
 /// Asks every connected agent, on a stream of its own, to renew its

@@ -19,7 +19,7 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
 };
 
 use otter_pki::{CertificateAuthority, live::LiveTls};
@@ -67,6 +67,8 @@ pub enum Phase {
     Activated,
 }
 
+/// The rotation record of hubs before the CAs were kept as one record:
+/// read once, to move to [`SetRecord`].
 #[derive(Serialize, Deserialize)]
 struct RotationRecord {
     phase: Phase,
@@ -74,6 +76,38 @@ struct RotationRecord {
     other: CaRecord,
     /// Unix seconds of the last step.
     since: i64,
+}
+
+/// Every CA of the hub and where the rotation stands, as one record: a
+/// rotation step replaces it by one compare-and-swap, so two replicas (or
+/// two admins) taking a step at once cannot both succeed, and a replica
+/// never sees half a step.
+#[derive(Serialize, Deserialize)]
+struct SetRecord {
+    active: CaRecord,
+    other: Option<CaRecord>,
+    phase: Phase,
+    since: i64,
+}
+
+impl SetRecord {
+    fn of(set: &CaSet) -> Self {
+        SetRecord {
+            active: CaRecord::of(&set.active),
+            other: set.other.as_ref().map(CaRecord::of),
+            phase: set.phase,
+            since: set.since,
+        }
+    }
+
+    fn load(&self) -> Result<CaSet> {
+        Ok(CaSet {
+            active: self.active.load()?,
+            other: self.other.as_ref().map(CaRecord::load).transpose()?,
+            phase: self.phase,
+            since: self.since,
+        })
+    }
 }
 
 /// The CAs at one moment.
@@ -111,7 +145,11 @@ impl CaSet {
     }
 }
 
-const ROTATION: &str = "ca.rotation";
+/// The record of every CA.
+const CA_SET: &str = "ca.set";
+/// What hubs before [`CA_SET`] kept: the active CA and the rotation.
+const LEGACY_CA: &str = "ca";
+const LEGACY_ROTATION: &str = "ca.rotation";
 
 /// A rotation step that would strand agents: the links that are not ready.
 #[derive(Debug)]
@@ -123,6 +161,13 @@ pub struct NotReady {
 /// The hub's CAs and the TLS of its listeners, which follow them.
 pub struct Authority {
     set: RwLock<Arc<CaSet>>,
+    /// The stored record `set` was made from: another replica's step shows
+    /// as a different one.
+    record: Mutex<Vec<u8>>,
+    /// CA sets taken up since the start, and how many of them were
+    /// acted upon (see [`Authority::take_change`]).
+    adopted: std::sync::atomic::AtomicU64,
+    handled: std::sync::atomic::AtomicU64,
     live: Arc<LiveTls>,
     server_names: Vec<String>,
     data_dir: PathBuf,
@@ -136,40 +181,74 @@ impl std::fmt::Debug for Authority {
     }
 }
 
+/// The stored record of every CA, made on first start (from a former
+/// hub's records when there are some). Replicas starting together on a
+/// shared store agree on one.
+fn stored(store: &dyn Store) -> Result<(Vec<u8>, SetRecord)> {
+    let parse = |raw: Vec<u8>| -> Result<(Vec<u8>, SetRecord)> {
+        let record = serde_json::from_slice(&raw)
+            .map_err(|e| HubError::Store(format!("{}/{CA_SET}: {e}", tree::META)))?;
+        Ok((raw, record))
+    };
+    if let Some(raw) = store.get_raw(tree::META, CA_SET)? {
+        return parse(raw);
+    }
+    let legacy = store.get::<CaRecord>(tree::META, LEGACY_CA)?;
+    let moved = legacy.is_some();
+    let fresh = match legacy {
+        Some(active) => {
+            let rotation = store.get::<RotationRecord>(tree::META, LEGACY_ROTATION)?;
+            SetRecord {
+                active,
+                phase: rotation.as_ref().map_or(Phase::Steady, |r| r.phase),
+                since: rotation.as_ref().map_or(0, |r| r.since),
+                other: rotation.map(|r| r.other),
+            }
+        }
+        None => {
+            let ca = CertificateAuthority::generate("OtterScale Link hub CA")?;
+            SetRecord {
+                active: CaRecord::of(&ca),
+                other: None,
+                phase: Phase::Steady,
+                since: 0,
+            }
+        }
+    };
+    let raw = serde_json::to_vec(&fresh).map_err(|e| HubError::Store(e.to_string()))?;
+    if store.compare_and_swap_raw(tree::META, CA_SET, None, Some(&raw))? {
+        if moved {
+            // The keys live in the new record only from now on.
+            store.delete(tree::META, LEGACY_ROTATION)?;
+            store.delete(tree::META, LEGACY_CA)?;
+            tracing::info!("moved the hub CAs to one record");
+        } else {
+            tracing::info!(fingerprint = %fresh.active.load()?.fingerprint(), "created hub CA");
+        }
+        return Ok((raw, fresh));
+    }
+    // Another replica made it first.
+    let raw = store
+        .get_raw(tree::META, CA_SET)?
+        .ok_or_else(|| HubError::Store(format!("{}/{CA_SET}: written and gone", tree::META)))?;
+    parse(raw)
+}
+
 impl Authority {
     /// Loads the CAs from the store, creating the first on first start
     /// (keeping it is what lets agents reconnect after a hub restart with
     /// the certificates they have), and issues the server certificate for
     /// `server_names`. The bundle is written to `<data dir>/ca.crt`.
     pub fn load(store: &dyn Store, server_names: Vec<String>, data_dir: PathBuf) -> Result<Self> {
-        // Replicas starting together on a shared store agree on one CA.
-        let (record, created) = store.get_or_create(tree::META, "ca", || {
-            Ok(CaRecord::of(&CertificateAuthority::generate(
-                "OtterScale Link hub CA",
-            )?))
-        })?;
-        let active = record.load()?;
-        if created {
-            tracing::info!(fingerprint = %active.fingerprint(), "created hub CA");
-        }
-        let set = match store.get::<RotationRecord>(tree::META, ROTATION)? {
-            Some(r) => CaSet {
-                active,
-                other: Some(r.other.load()?),
-                phase: r.phase,
-                since: r.since,
-            },
-            None => CaSet {
-                active,
-                other: None,
-                phase: Phase::Steady,
-                since: 0,
-            },
-        };
+        let (raw, record) = stored(store)?;
+        let set = record.load()?;
         let (cert, key) = set.active.issue_server_cert(&server_names)?;
         let live = LiveTls::new(&cert, &key, &set.bundle_pem())?;
         let authority = Authority {
             set: RwLock::new(Arc::new(set)),
+            record: Mutex::new(raw),
+            adopted: Default::default(),
+            handled: Default::default(),
             live,
             server_names,
             data_dir,
@@ -180,7 +259,7 @@ impl Authority {
 
     /// The CAs now.
     pub fn current(&self) -> Arc<CaSet> {
-        self.set.read().expect("authority lock").clone()
+        self.set.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The listeners' swappable TLS material.
@@ -194,51 +273,101 @@ impl Authority {
         Ok(())
     }
 
-    /// Makes `next` current: store first, then the listeners, then the file.
-    fn install(&self, store: &dyn Store, next: CaSet) -> Result<()> {
-        match &next.other {
-            Some(other) => store.put(
-                tree::META,
-                ROTATION,
-                &RotationRecord {
-                    phase: next.phase,
-                    other: CaRecord::of(other),
-                    since: next.since,
-                },
-            )?,
-            None => store.delete(tree::META, ROTATION)?,
-        }
-        store.put(tree::META, "ca", &CaRecord::of(&next.active))?;
+    /// Makes the CAs of the stored record `raw` current: the listeners,
+    /// then the bundle file.
+    fn adopt(&self, raw: Vec<u8>, next: CaSet) -> Result<()> {
         let (cert, key) = next.active.issue_server_cert(&self.server_names)?;
         self.live.update(&cert, &key, &next.bundle_pem())?;
-        *self.set.write().expect("authority lock") = Arc::new(next);
+        *self.set.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        *self.record.lock().unwrap_or_else(|p| p.into_inner()) = raw;
+        self.adopted
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.write_bundle()
+    }
+
+    /// Whether the CAs changed since the last call: what follows them
+    /// (agents asked to renew, the replica certificate) runs once per
+    /// change, whichever path took the change up (a step here, a step
+    /// taken up at the start of one, the store's watch).
+    pub fn take_change(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let now = self.adopted.load(Ordering::Acquire);
+        self.handled.swap(now, Ordering::AcqRel) != now
+    }
+
+    /// Takes up a step another replica took: whether the CAs changed.
+    pub fn follow(&self, store: &dyn Store) -> Result<bool> {
+        let Some(raw) = store.get_raw(tree::META, CA_SET)? else {
+            return Ok(false);
+        };
+        if *self.record.lock().unwrap_or_else(|p| p.into_inner()) == raw {
+            return Ok(false);
+        }
+        let record: SetRecord = serde_json::from_slice(&raw)
+            .map_err(|e| HubError::Store(format!("{}/{CA_SET}: {e}", tree::META)))?;
+        let next = record.load()?;
+        tracing::info!(phase = ?next.phase, active = %next.active.fingerprint(), "took up a CA rotation step made on another replica");
+        self.adopt(raw, next)?;
+        Ok(true)
+    }
+
+    /// One rotation step: `decide` gets the CAs as the store has them now
+    /// (another replica may have stepped since this one looked) and says
+    /// what comes next; the store takes it only if nobody stepped
+    /// meanwhile.
+    fn step(
+        &self,
+        store: &dyn Store,
+        decide: impl FnOnce(&CaSet) -> Result<std::result::Result<CaSet, NotReady>>,
+    ) -> Result<std::result::Result<(), NotReady>> {
+        self.follow(store)?;
+        let now = self.current();
+        let raw = self
+            .record
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let next = match decide(&now)? {
+            Ok(next) => next,
+            Err(not_ready) => return Ok(Err(not_ready)),
+        };
+        let new_raw = serde_json::to_vec(&SetRecord::of(&next))
+            .map_err(|e| HubError::Store(e.to_string()))?;
+        if !store.compare_and_swap_raw(tree::META, CA_SET, Some(&raw), Some(&new_raw))? {
+            // Someone stepped in between: take up theirs, refuse this one.
+            self.follow(store)?;
+            return Err(HubError::Config(format!(
+                "the CA rotation moved on meanwhile (now {:?}, on another replica or by \
+                 another admin); look at the status and try again",
+                self.current().phase
+            )));
+        }
+        self.adopt(new_raw, next).map(Ok)
     }
 
     /// Step 1: a new CA, trusted but not signing yet.
     pub fn stage(&self, store: &dyn Store) -> Result<()> {
-        let now = self.current();
-        if now.phase != Phase::Steady {
-            return Err(HubError::Config(format!(
-                "a rotation is already {:?}; activate or finish it first",
-                now.phase
-            )));
-        }
-        let next = CertificateAuthority::generate(&format!(
-            "OtterScale Link hub CA {}",
-            crate::unix_now()
-        ))?;
-        tracing::info!(fingerprint = %next.fingerprint(), "staged a new hub CA");
-        let active = CertificateAuthority::from_pem(now.active.cert_pem(), now.active.key_pem())?;
-        self.install(
-            store,
-            CaSet {
-                active,
+        let staged = self.step(store, |now| {
+            if now.phase != Phase::Steady {
+                return Err(HubError::Config(format!(
+                    "a rotation is already {:?}; activate or finish it first",
+                    now.phase
+                )));
+            }
+            let next = CertificateAuthority::generate(&format!(
+                "OtterScale Link hub CA {}",
+                crate::unix_now()
+            ))?;
+            tracing::info!(fingerprint = %next.fingerprint(), "staged a new hub CA");
+            Ok(Ok(CaSet {
+                active: copy(&now.active)?,
                 other: Some(next),
                 phase: Phase::Staged,
                 since: crate::unix_now(),
-            },
-        )
+            }))
+        })?;
+        // Staging strands nobody: it is never refused for links.
+        staged.map_err(|n| HubError::Config(format!("{} refused", n.step)))
     }
 
     /// Step 2: the staged CA signs from now on. Refused while a link was not
@@ -249,31 +378,28 @@ impl Authority {
         store: &dyn Store,
         force: bool,
     ) -> Result<std::result::Result<(), NotReady>> {
-        let now = self.current();
-        let (Phase::Staged, Some(staged)) = (now.phase, &now.other) else {
-            return Err(HubError::Config(
-                "no staged CA to activate; stage one first".into(),
-            ));
-        };
-        let staged_fp = staged.fingerprint();
-        let stale = links_where(store, |l| !l.trusted_cas.contains(&staged_fp))?;
-        if !stale.is_empty() && !force {
-            return Ok(Err(NotReady {
-                step: "activate",
-                clusters: stale,
-            }));
-        }
-        let next = CaSet {
-            active: CertificateAuthority::from_pem(staged.cert_pem(), staged.key_pem())?,
-            other: Some(CertificateAuthority::from_pem(
-                now.active.cert_pem(),
-                now.active.key_pem(),
-            )?),
-            phase: Phase::Activated,
-            since: crate::unix_now(),
-        };
-        tracing::info!(fingerprint = %next.active.fingerprint(), "activated the new hub CA");
-        self.install(store, next).map(Ok)
+        self.step(store, |now| {
+            let (Phase::Staged, Some(staged)) = (now.phase, &now.other) else {
+                return Err(HubError::Config(
+                    "no staged CA to activate; stage one first".into(),
+                ));
+            };
+            let staged_fp = staged.fingerprint();
+            let stale = links_where(store, |l| !l.trusted_cas.contains(&staged_fp))?;
+            if !stale.is_empty() && !force {
+                return Ok(Err(NotReady {
+                    step: "activate",
+                    clusters: stale,
+                }));
+            }
+            tracing::info!(fingerprint = %staged_fp, "activated the new hub CA");
+            Ok(Ok(CaSet {
+                active: copy(staged)?,
+                other: Some(copy(&now.active)?),
+                phase: Phase::Activated,
+                since: crate::unix_now(),
+            }))
+        })
     }
 
     /// Step 3: the previous CA is no longer trusted. Refused while a link
@@ -283,26 +409,26 @@ impl Authority {
         store: &dyn Store,
         force: bool,
     ) -> Result<std::result::Result<(), NotReady>> {
-        let now = self.current();
-        if now.phase != Phase::Activated {
-            return Err(HubError::Config("no activated rotation to finish".into()));
-        }
-        let active = now.active.fingerprint();
-        let stale = links_where(store, |l| l.cert_ca != active)?;
-        if !stale.is_empty() && !force {
-            return Ok(Err(NotReady {
-                step: "finish",
-                clusters: stale,
-            }));
-        }
-        let next = CaSet {
-            active: CertificateAuthority::from_pem(now.active.cert_pem(), now.active.key_pem())?,
-            other: None,
-            phase: Phase::Steady,
-            since: crate::unix_now(),
-        };
-        tracing::info!("finished the hub CA rotation");
-        self.install(store, next).map(Ok)
+        self.step(store, |now| {
+            if now.phase != Phase::Activated {
+                return Err(HubError::Config("no activated rotation to finish".into()));
+            }
+            let active = now.active.fingerprint();
+            let stale = links_where(store, |l| l.cert_ca != active)?;
+            if !stale.is_empty() && !force {
+                return Ok(Err(NotReady {
+                    step: "finish",
+                    clusters: stale,
+                }));
+            }
+            tracing::info!("finished the hub CA rotation");
+            Ok(Ok(CaSet {
+                active: copy(&now.active)?,
+                other: None,
+                phase: Phase::Steady,
+                since: crate::unix_now(),
+            }))
+        })
     }
 
     /// Links that are not ready for the next step, for the status report.
@@ -324,6 +450,10 @@ impl Authority {
             }
         }
     }
+}
+
+fn copy(ca: &CertificateAuthority) -> Result<CertificateAuthority> {
+    Ok(CertificateAuthority::from_pem(ca.cert_pem(), ca.key_pem())?)
 }
 
 fn links_where(store: &dyn Store, pred: impl Fn(&LinkRecord) -> bool) -> Result<Vec<String>> {
@@ -353,4 +483,75 @@ pub fn server_names<'a>(urls: impl IntoIterator<Item = &'a url::Url>) -> Vec<Str
         }
     }
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+
+    /// A hub's data from before the CAs were one record: the active CA and
+    /// a staged one come through, and the old keys are gone.
+    #[test]
+    fn a_former_hubs_cas_move_to_one_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let active = CertificateAuthority::generate("old active").unwrap();
+        let staged = CertificateAuthority::generate("old staged").unwrap();
+        store
+            .put(tree::META, LEGACY_CA, &CaRecord::of(&active))
+            .unwrap();
+        store
+            .put(
+                tree::META,
+                LEGACY_ROTATION,
+                &RotationRecord {
+                    phase: Phase::Staged,
+                    other: CaRecord::of(&staged),
+                    since: 42,
+                },
+            )
+            .unwrap();
+        let authority =
+            Authority::load(&store, vec!["localhost".into()], dir.path().into()).unwrap();
+        let set = authority.current();
+        assert_eq!(
+            set.fingerprints(),
+            [active.fingerprint(), staged.fingerprint()]
+        );
+        assert_eq!((set.phase, set.since), (Phase::Staged, 42));
+        assert!(store.get_raw(tree::META, LEGACY_CA).unwrap().is_none());
+        assert!(
+            store
+                .get_raw(tree::META, LEGACY_ROTATION)
+                .unwrap()
+                .is_none()
+        );
+        // And a second start reads the one record.
+        drop(authority);
+        let again = Authority::load(&store, vec!["localhost".into()], dir.path().into()).unwrap();
+        assert_eq!(again.current().fingerprints(), set.fingerprints());
+    }
+
+    /// Two hubs on one store: a step taken by one is taken up by the other,
+    /// and a step decided on what the other has since replaced is refused.
+    #[test]
+    fn a_step_taken_elsewhere_is_taken_up_and_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let names = || vec!["localhost".to_owned()];
+        for d in ["1", "2"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        let one = Authority::load(&store, names(), dir.path().join("1")).unwrap();
+        let two = Authority::load(&store, names(), dir.path().join("2")).unwrap();
+        one.stage(&store).unwrap();
+        assert_eq!(two.current().phase, Phase::Steady);
+        // Staging again on the other is refused: it looks at the store.
+        let err = two.stage(&store).unwrap_err().to_string();
+        assert!(err.contains("already Staged"), "{err}");
+        assert_eq!(two.current().fingerprints(), one.current().fingerprints());
+        assert!(two.take_change(), "the other took a change up");
+        assert!(!two.take_change(), "once");
+    }
 }

@@ -198,6 +198,8 @@ pub struct EtcdStore {
     lease: Arc<Lease>,
     runtime: tokio::runtime::Handle,
     timeout: Duration,
+    /// Ticked by the watch after it brought changes.
+    changed: tokio::sync::watch::Sender<u64>,
     /// Dropped with the store: ends the client's thread.
     _stop: oneshot::Sender<()>,
 }
@@ -314,6 +316,7 @@ impl EtcdStore {
             lease,
             runtime,
             timeout,
+            changed: tokio::sync::watch::Sender::new(0),
             _stop: stop,
         };
         let revision = store.reload()?;
@@ -328,6 +331,7 @@ impl EtcdStore {
             store.client.clone(),
             store.prefix.clone(),
             store.copy.clone(),
+            store.changed.clone(),
             revision,
         ));
         Ok(store)
@@ -615,7 +619,13 @@ fn replace_copy(copy: &Mutex<Copy>, prefix: &str, (kvs, revision): Snapshot) -> 
 /// Follows every change under `prefix` from `revision` on, for as long as
 /// the client's thread runs. A broken watch is made again from where it
 /// stopped; one whose history etcd compacted away reads everything anew.
-async fn follow(client: Client, prefix: String, copy: Arc<Mutex<Copy>>, mut revision: i64) {
+async fn follow(
+    client: Client,
+    prefix: String,
+    copy: Arc<Mutex<Copy>>,
+    changed: tokio::sync::watch::Sender<u64>,
+    mut revision: i64,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let mut c = client.clone();
@@ -640,7 +650,10 @@ async fn follow(client: Client, prefix: String, copy: Arc<Mutex<Copy>>, mut revi
                         "etcd compacted past the watch; reading every key again"
                     );
                     match read_all(client.clone(), prefix.clone()).await {
-                        Ok(all) => revision = replace_copy(&copy, &prefix, all),
+                        Ok(all) => {
+                            revision = replace_copy(&copy, &prefix, all);
+                            changed.send_modify(|n| *n = n.wrapping_add(1));
+                        }
                         Err(e) => tracing::warn!(error = %e, "etcd read failed"),
                     }
                     break;
@@ -649,6 +662,7 @@ async fn follow(client: Client, prefix: String, copy: Arc<Mutex<Copy>>, mut revi
                 Ok(Some(resp)) => {
                     backoff = Duration::from_millis(100);
                     let mut copy = copy.lock().expect("copy");
+                    let brought = !resp.events().is_empty();
                     copy.following = true;
                     for event in resp.events() {
                         let Some(kv) = event.kv() else { continue };
@@ -664,6 +678,10 @@ async fn follow(client: Client, prefix: String, copy: Arc<Mutex<Copy>>, mut revi
                         revision = revision.max(kv.mod_revision());
                     }
                     copy.advance(revision);
+                    drop(copy);
+                    if brought {
+                        changed.send_modify(|n| *n = n.wrapping_add(1));
+                    }
                 }
                 Ok(None) | Err(_) => {
                     copy.lock().expect("copy").following = false;
@@ -773,6 +791,10 @@ impl Store for EtcdStore {
             .take_while(|(k, _)| k.starts_with(&start))
             .filter_map(|(k, e)| Some((k[start.len()..].to_owned(), e.value.clone()?)))
             .collect())
+    }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.changed.subscribe())
     }
 
     /// etcd answers a write once a quorum has it on disk.

@@ -197,19 +197,24 @@ pub fn owner(store: &dyn Store, cluster: &str, me: &str) -> crate::Result<Option
 }
 
 /// How often a replica on a shared store checks its tunnels against it.
-const TUNNEL_CHECK: Duration = Duration::from_millis(500);
+/// The closing below runs when the store's watch brings changes, at most
+/// this often (a storm of tunnel records must not make it spin)...
+const TUNNEL_CHECK_GAP: Duration = Duration::from_millis(50);
+/// ...and at least this often.
+const TUNNEL_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Closes this replica's tunnels whose link was deleted, or taken by
 /// another agent, on another replica, and lets go of those another
 /// replica took over (a newer tunnel of the same cluster): one cluster is
-/// served by one replica. Reads the store's local copy only.
+/// served by one replica. Woken by the store's watch; reads the store's
+/// local copy only.
 pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(TUNNEL_CHECK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut follower =
+        crate::store::Follower::new(&*state.store, TUNNEL_CHECK_GAP, TUNNEL_CHECK_EVERY);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
+            () = follower.next() => {}
         }
         for t in state.registry.all() {
             let link = state
@@ -246,8 +251,11 @@ pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationTok
 
 /// Connections to the other replicas.
 pub struct Peers {
-    tls: tokio_rustls::TlsConnector,
-    conns: tokio::sync::Mutex<HashMap<String, SendRequest<HttpBody>>>,
+    /// A replica certificate of the CAs now (replaced after a rotation
+    /// step: a finished rotation leaves the old CA's untrusted).
+    tls: std::sync::RwLock<(u64, tokio_rustls::TlsConnector)>,
+    /// By peer URL, with the generation of `tls` each was made with.
+    conns: tokio::sync::Mutex<HashMap<String, (u64, SendRequest<HttpBody>)>>,
 }
 
 impl std::fmt::Debug for Peers {
@@ -260,16 +268,38 @@ impl Peers {
     /// Presents a replica certificate for `replica` issued now by the
     /// active CA, and trusts the CAs of `authority`.
     pub fn new(authority: &crate::authority::Authority, replica: &str) -> crate::Result<Self> {
+        Ok(Peers {
+            tls: std::sync::RwLock::new((0, Self::connector(authority, replica)?)),
+            conns: Default::default(),
+        })
+    }
+
+    fn connector(
+        authority: &crate::authority::Authority,
+        replica: &str,
+    ) -> crate::Result<tokio_rustls::TlsConnector> {
         let set = authority.current();
         let (cert, key) = set
             .active
             .issue_replica_cert(replica, &[], REPLICA_CERT_LIFETIME)?;
         let config =
             otter_pki::tls::client_config(&set.bundle_pem(), Some((&cert, &key)), &[b"h2"])?;
-        Ok(Peers {
-            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
-            conns: Default::default(),
-        })
+        Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    }
+
+    /// After a CA rotation step: the next call to each replica opens a new
+    /// connection, presenting a certificate of the active CA and trusting
+    /// what is trusted now. Calls on the connections made before go on to
+    /// their end (their certificates were checked when they were made).
+    pub fn refresh(
+        &self,
+        authority: &crate::authority::Authority,
+        replica: &str,
+    ) -> crate::Result<()> {
+        let next = Self::connector(authority, replica)?;
+        let mut tls = self.tls.write().unwrap_or_else(|p| p.into_inner());
+        *tls = (tls.0 + 1, next);
+        Ok(())
     }
 
     /// Sends `req` to the replica `owner` names, as `caller` from `remote`.
@@ -303,17 +333,37 @@ impl Peers {
         *req.version_mut() = http::Version::HTTP_2;
         let req = req.map(skip_empty);
         let mut sender = self.connection(&url).await?;
-        sender
-            .send_request(req)
-            .await
-            .map_err(|e| format!("replica {}: {e}", owner.replica))
+        match sender.try_send_request(req).await {
+            Ok(resp) => Ok(resp),
+            // The pooled connection ended before the request left (the
+            // replica restarted, or closed an idle connection): the call
+            // goes once more, on a new connection.
+            Err(mut e) => match e.take_message() {
+                Some(req) => {
+                    tracing::debug!(replica = %owner.replica, error = %e.error(), "peer connection gone; one more try");
+                    self.forget(&url).await;
+                    self.connection(&url)
+                        .await?
+                        .send_request(req)
+                        .await
+                        .map_err(|e| format!("replica {}: {e}", owner.replica))
+                }
+                None => Err(format!("replica {}: {}", owner.replica, e.into_error())),
+            },
+        }
+    }
+
+    async fn forget(&self, url: &url::Url) {
+        self.conns.lock().await.remove(url.as_str());
     }
 
     /// The open connection to `url`, or a new one.
     async fn connection(&self, url: &url::Url) -> Result<SendRequest<HttpBody>, String> {
-        let key = url.to_string();
+        let key = url.as_str().to_owned();
+        let (generation, connector) = self.tls.read().unwrap_or_else(|p| p.into_inner()).clone();
         let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(&key)
+        if let Some((made_with, c)) = conns.get(&key)
+            && *made_with == generation
             && !c.is_closed()
         {
             return Ok(c.clone());
@@ -327,8 +377,7 @@ impl Peers {
             let _ = tcp.set_nodelay(true);
             let name = rustls::pki_types::ServerName::try_from(host.clone())
                 .map_err(|e| format!("{host}: {e}"))?;
-            let tls = self
-                .tls
+            let tls = connector
                 .connect(name, tcp)
                 .await
                 .map_err(|e| format!("TLS to {url}: {e}"))?;
@@ -344,7 +393,7 @@ impl Peers {
         let sender = tokio::time::timeout(Duration::from_secs(10), connect)
             .await
             .map_err(|_| format!("no connection to {url} within 10 s"))??;
-        conns.insert(key, sender.clone());
+        conns.insert(key, (generation, sender.clone()));
         Ok(sender)
     }
 }

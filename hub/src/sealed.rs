@@ -217,6 +217,10 @@ impl<S: Store> Store for SealedStore<S> {
         self.inner.compare_and_swap_leased(tree, key, old, new)
     }
 
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.changes()
+    }
+
     fn flush(&self) -> Result<()> {
         self.inner.flush()
     }

@@ -379,6 +379,7 @@ impl Hub {
             ));
         }
         if state.config.store.is_some() {
+            tasks.spawn(follow_cas(state.clone(), shutdown.clone()));
             crate::peers::announce(&state);
             tasks.spawn(crate::peers::check_local_tunnels(
                 state.clone(),
@@ -670,6 +671,28 @@ const SERVICES: [&str; 3] = [
 /// writes succeed (listeners are bound before this starts). The probe
 /// write blocks (an etcd store waits up to a second for it), so it runs
 /// off the async workers.
+/// Keeps this replica's CAs what the shared store says: a rotation step
+/// taken on another replica is taken up here within the store's watch
+/// (milliseconds), and at the latest after [`FOLLOW_CAS_EVERY`].
+async fn follow_cas(state: Arc<HubState>, shutdown: CancellationToken) {
+    let mut follower =
+        crate::store::Follower::new(&*state.store, Duration::from_millis(100), FOLLOW_CAS_EVERY);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            () = follower.next() => {}
+        }
+        if let Err(e) = state.authority.follow(&*state.store) {
+            tracing::warn!(error = %e, "could not take up the store's CAs");
+        }
+        crate::admin::cas_changed(&state);
+    }
+}
+
+/// How often a replica looks for a CA step taken elsewhere when the
+/// store's watch says nothing.
+const FOLLOW_CAS_EVERY: Duration = Duration::from_secs(5);
+
 async fn watch_health(state: Arc<HubState>, shutdown: CancellationToken) {
     let mut last = None;
     loop {

@@ -76,6 +76,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<bool> {
         self.compare_and_swap_raw(tree, key, old, Some(new))
     }
+    /// Ticks whenever other writers' changes arrive (a shared store's
+    /// watch): what follows the store (closing a deleted link's tunnel, the
+    /// CA of a rotation made on another replica) wakes on it rather than
+    /// on a timer. A store only this process writes has none.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
     /// Makes every write so far durable.
     fn flush(&self) -> Result<()>;
     /// Whether writes currently succeed (for health).
@@ -144,6 +151,52 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
+
+/// Wakes a task that follows the store: when changes arrive (at most once
+/// every `min_gap`, so a reconnect storm's writes do not make it spin), and
+/// at least every `max_gap` whatever the store says.
+#[derive(Debug)]
+pub struct Follower {
+    changes: Option<tokio::sync::watch::Receiver<u64>>,
+    min_gap: std::time::Duration,
+    max_gap: std::time::Duration,
+    last: tokio::time::Instant,
+}
+
+impl Follower {
+    pub fn new(
+        store: &dyn Store,
+        min_gap: std::time::Duration,
+        max_gap: std::time::Duration,
+    ) -> Self {
+        Follower {
+            changes: store.changes(),
+            min_gap,
+            max_gap,
+            last: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Returns when it is time to look at the store again.
+    pub async fn next(&mut self) {
+        let deadline = self.last + self.max_gap;
+        match &mut self.changes {
+            Some(rx) => {
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() {
+                        // The store's watch is gone: the timer alone.
+                        self.changes = None;
+                        tokio::time::sleep_until(deadline).await;
+                    },
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            None => tokio::time::sleep_until(deadline).await,
+        }
+        tokio::time::sleep_until(self.last + self.min_gap).await;
+        self.last = tokio::time::Instant::now();
+    }
+}
 
 /// A random 32-byte secret kept (hex) under `meta/<name>`, made on first
 /// use; replicas starting together agree on one.

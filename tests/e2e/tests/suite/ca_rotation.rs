@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use otter_e2e::{
     TestHub,
-    double::{WAIT, field, get, start_agent, wait_connected},
+    double::{WAIT, field, get, start_agent, wait_connected, wait_until},
     http_call, with_token,
 };
 use otter_proto::{
@@ -207,4 +207,125 @@ async fn ca_rotation_strands_no_agent() {
     q.agent.shutdown().await;
     h.agent.shutdown().await;
     hub.hub.shutdown().await;
+}
+
+/// A rotation on replicas sharing etcd: each step taken on one replica is
+/// taken up by the other (its listeners, its agents asked to renew, its
+/// peer connections), the steps alternate between replicas, two replicas
+/// stepping at once cannot both succeed, and a call through a replica that
+/// does not hold the cluster's tunnel still reaches it after the old CA is
+/// gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_follows_a_rotation_made_on_one() {
+    let Some(etcd) = otter_e2e::etcd::Etcd::start() else {
+        return;
+    };
+    let (hubs, _) = otter_e2e::etcd::start_replicas(&etcd, 2, true).await;
+    let mut hubs = hubs.into_iter();
+    let (a, b) = (hubs.next().unwrap(), hubs.next().unwrap());
+    let first_ca = a.hub.ca_pem().to_owned();
+    // One agent on each replica.
+    let on_a = start_agent(
+        &a,
+        "edge-a",
+        "a1",
+        &a.hub.mint_join_token("edge-a").unwrap(),
+        TransportKind::Quic,
+    );
+    let on_b = start_agent(
+        &b,
+        "edge-b",
+        "b1",
+        &a.hub.mint_join_token("edge-b").unwrap(),
+        TransportKind::H2,
+    );
+    for t in [&on_a, &on_b] {
+        t.agent
+            .wait_for(WAIT, |s| s.connected.is_some())
+            .await
+            .expect("agent connects");
+    }
+    let f0 = status(&a).await["active"].as_str().unwrap().to_owned();
+
+    // Staged on a: b takes it up and asks its own agent to renew.
+    let s = step(&a, "/admin/v1/ca/stage").await;
+    let f1 = s["other"].as_str().unwrap().to_owned();
+    for t in [&on_a, &on_b] {
+        t.agent
+            .wait_for(WAIT, |s| s.renewals >= 1)
+            .await
+            .expect("both replicas' agents renew after staging");
+    }
+    let seen_by_b = status(&b).await;
+    assert_eq!(seen_by_b["phase"], "staged", "{seen_by_b}");
+    assert_eq!(seen_by_b["other"], f1.as_str());
+    assert_eq!(seen_by_b["pending"], serde_json::json!([]), "{seen_by_b}");
+
+    // Activated on b, by both at once: the store takes one.
+    let (ra, rb) = tokio::join!(
+        ca_api(&a, http::Method::POST, "/admin/v1/ca/activate"),
+        ca_api(&b, http::Method::POST, "/admin/v1/ca/activate"),
+    );
+    let mut codes = [ra.0, rb.0];
+    codes.sort();
+    assert_eq!(codes, [200, 409], "a: {ra:?}, b: {rb:?}");
+    eprintln!(
+        "the refused one: {}",
+        if ra.0 == 409 { &ra.1 } else { &rb.1 }
+    );
+    for t in [&on_a, &on_b] {
+        t.agent
+            .wait_for(WAIT, |s| s.renewals >= 2)
+            .await
+            .expect("both replicas' agents renew after activation");
+    }
+    for hub in [&a, &b] {
+        let s = status(hub).await;
+        assert_eq!(
+            (s["phase"].as_str(), s["active"].as_str()),
+            (Some("activated"), Some(f1.as_str())),
+            "{s}"
+        );
+        wait_until(
+            async || !handshake_ok(hub, &first_ca).await,
+            "the old CA alone to stop verifying the replica",
+        )
+        .await;
+        assert!(handshake_ok(hub, &hub.hub.ca_bundle()).await);
+    }
+
+    // Finished on a, once both links hold the new CA's certificates.
+    wait_until(
+        async || status(&a).await["pending"] == serde_json::json!([]),
+        "both links to hold the new CA's certificates",
+    )
+    .await;
+    let s = step(&a, "/admin/v1/ca/finish").await;
+    assert_eq!(s["phase"], "steady", "{s}");
+    wait_until(
+        async || status(&b).await["phase"] == "steady",
+        "b to take up the finish",
+    )
+    .await;
+    let new_only = b.hub.ca_bundle();
+    assert_eq!(new_only.matches("BEGIN CERTIFICATE").count(), 1);
+    assert_eq!(otter_pki::ca::fingerprint_pem(&new_only).unwrap(), f1);
+    assert_ne!(f0, f1);
+    // Calls cross between the replicas on peer connections made with the
+    // new CA's replica certificates (the old CA is trusted nowhere now).
+    for (through, cluster) in [(&a, "edge-b"), (&b, "edge-a"), (&a, "edge-a")] {
+        let r = ResourceServiceClient::new(through.channel_with_ca(&new_only).await)
+            .get(with_token(get(cluster, "x"), &through.admin_token))
+            .await
+            .unwrap_or_else(|e| panic!("{cluster} through a replica: {e:?}"));
+        assert_eq!(field(r.get_ref(), "cluster"), cluster);
+    }
+    // No tunnel was dropped on the way.
+    for t in [&on_a, &on_b] {
+        assert_eq!(t.agent.status().connects, 1);
+    }
+    on_a.agent.shutdown().await;
+    on_b.agent.shutdown().await;
+    a.hub.shutdown().await;
+    b.hub.shutdown().await;
 }
