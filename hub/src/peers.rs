@@ -441,6 +441,21 @@ pub fn into_body(resp: http::Response<Incoming>) -> http::Response<HttpBody> {
     })
 }
 
+/// How long a connection to the peer port may take to show a replica
+/// certificate. Replicas handshake in a few milliseconds.
+const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Bounds of the peer port's connections before they showed a replica
+/// certificate. The port should be reachable from the replicas only, but
+/// nothing guarantees that: a stranger's connections take places among
+/// these, never a replica's, and stalled ones are dropped for newcomers.
+const PEER_HANDSHAKES: otter_tunnel::handshakes::HandshakeLimits =
+    otter_tunnel::handshakes::HandshakeLimits {
+        max_pending: 256,
+        per_source: 16,
+        evict_after: Duration::from_secs(1),
+    };
+
 /// Serves the peer port: only replica certificates from the hub CA.
 pub async fn serve(
     state: Arc<HubState>,
@@ -449,6 +464,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let gate = otter_tunnel::handshakes::Handshakes::new(PEER_HANDSHAKES);
     loop {
         let (tcp, remote) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -461,11 +477,21 @@ pub async fn serve(
                 }
             },
         };
+        // While every place is taken by young handshakes, accepting waits
+        // (new connections stay in the kernel's backlog).
+        let place = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            place = gate.begin(otter_tunnel::handshakes::source_key(remote.ip())) => place,
+        };
+        let Some(place) = place else {
+            tracing::debug!(%remote, "peer connection refused: its source holds its share of handshakes");
+            continue;
+        };
         let (state, acceptor, shutdown) = (state.clone(), acceptor.clone(), shutdown.clone());
         state.tasks.clone().spawn(async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = serve_connection(state, acceptor, tcp, remote) => {}
+                _ = serve_connection(state, acceptor, tcp, remote, place) => {}
             }
         });
     }
@@ -476,10 +502,17 @@ async fn serve_connection(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: tokio::net::TcpStream,
     remote: SocketAddr,
+    place: otter_tunnel::handshakes::Handshake,
 ) {
-    let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-    else {
-        return;
+    let evicted = place.evicted();
+    let tls = tokio::select! {
+        tls = tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => tls,
+        _ = evicted.cancelled() => {
+            return tracing::debug!(%remote, "peer handshake dropped for a newer one");
+        }
+    };
+    let Ok(Ok(tls)) = tls else {
+        return tracing::debug!(%remote, "peer handshake failed or timed out");
     };
     // The chain is the hub CA's (the TLS layer checked it); only a
     // replica's certificate is believed about a caller.
@@ -496,6 +529,7 @@ async fn serve_connection(
             return;
         }
     };
+    place.verified();
     let service = hyper::service::service_fn(move |req| {
         let (state, replica) = (state.clone(), replica.clone());
         async move {

@@ -257,3 +257,55 @@ pub async fn start_replicas_on(store: &str, n: usize, peers: bool) -> (Vec<TestH
         .collect();
     (hubs, root)
 }
+
+/// The ports of a replica run as a process: API, tunnel, peer.
+pub type ReplicaPorts = (u16, u16, u16);
+
+/// A hub replica as a process on the etcd cluster at `store` (an
+/// `etcd://` URL), sealed with `key`, its data in `dir/<name>` and its
+/// ports on 127.0.0.1; `extra` arguments after those.
+pub fn replica_proc(
+    name: &str,
+    dir: &std::path::Path,
+    store: &str,
+    key: &std::path::Path,
+    (api, tunnel, peer): ReplicaPorts,
+    extra: &[String],
+) -> crate::procs::Proc {
+    let mut args: Vec<String> = [
+        "hub".to_owned(),
+        "--data-dir".into(),
+        dir.join(name).display().to_string(),
+        "--store".into(),
+        store.to_owned(),
+        "--store-key-file".into(),
+        key.display().to_string(),
+        "--replica-name".into(),
+        name.to_owned(),
+        "--listen".into(),
+        format!("127.0.0.1:{api}"),
+        "--tunnel-listen".into(),
+        format!("127.0.0.1:{tunnel}"),
+        "--peer-listen".into(),
+        format!("127.0.0.1:{peer}"),
+    ]
+    .to_vec();
+    args.extend_from_slice(extra);
+    crate::procs::Proc::start(name, crate::procs::Role::Otter, &args, dir, None)
+}
+
+/// A join token for `cluster` in the default tenant, written into the
+/// store sealed with `key` as a replica would write it.
+pub fn join_token_on(store: &str, key: &std::path::Path, cluster: &str) -> String {
+    let opts = otter_hub::etcd::EtcdOptions::from_url(store).expect("store URL");
+    let store = otter_hub::sealed::SealedStore::new(
+        otter_hub::etcd::EtcdStore::connect(&opts).expect("store"),
+        &otter_hub::sealed::read_key(key).expect("store key"),
+    )
+    .expect("sealed store");
+    otter_hub::tenancy::claim_cluster(&store, cluster, "default")
+        .expect("claim")
+        .expect("an unclaimed name");
+    otter_hub::tokens::mint_join_token(&store, cluster, "default", Duration::from_secs(600))
+        .expect("join token")
+}

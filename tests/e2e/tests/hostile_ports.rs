@@ -451,3 +451,172 @@ async fn count_closed(held: &[TcpStream]) -> usize {
     }
     closed
 }
+
+/// Descriptors the process `pid` holds open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// One TLS attempt on a peer port presenting `client` (or nothing): what
+/// happened, for the log. Never an answer to a request: strangers are
+/// refused in the handshake or right after it.
+async fn stranger(peer: SocketAddr, ca_pem: &str, client: Option<(&str, &str)>) -> String {
+    let tls = otter_pki::tls::client_config(ca_pem, client, &[b"h2"]).expect("client TLS");
+    let tcp = match connect_from("127.0.3.1", peer).await {
+        Ok(t) => t,
+        Err(e) => return format!("connect: {e}"),
+    };
+    let tls = match tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => return format!("handshake: {e}"),
+    };
+    let (mut send, conn) = match hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => return format!("h2: {e}"),
+    };
+    tokio::spawn(conn);
+    let req = http::Request::get("https://localhost/clusters/edge-p/api/v1/namespaces")
+        .header(otter_hub::peers::PRINCIPAL_HEADER, "e30")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    match tokio::time::timeout(WAIT, send.send_request(req)).await {
+        Ok(Ok(resp)) => panic!("a stranger was answered: {}", resp.status()),
+        Ok(Err(e)) => format!("request: {e}"),
+        Err(_) => panic!("a stranger's request hung"),
+    }
+}
+
+/// The peer port of hub replicas run as processes on etcd, to an attacker
+/// with a socket: idle connections, stalled TLS handshakes from many
+/// sources and junk bytes hold places among a bounded set of pending
+/// handshakes (never a replica's), strangers without a replica certificate
+/// of the hub CA get no answer, and meanwhile a call through the other
+/// replica, which must open its first peer connection under the flood,
+/// reaches the cluster. When the flood ends its descriptors are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_port_floods_and_strangers_leave_replicas_talking() {
+    let Some(etcd) = otter_e2e::etcd::Etcd::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = otter_e2e::etcd::store_key(dir.path());
+    let ports: Vec<otter_e2e::etcd::ReplicaPorts> = (0..2)
+        .map(|_| (procs::free_port(), procs::free_port(), procs::free_port()))
+        .collect();
+    let replicas: Vec<Proc> = (0..2)
+        .map(|i| {
+            otter_e2e::etcd::replica_proc(
+                &format!("r{i}"),
+                dir.path(),
+                &etcd.url(),
+                &key,
+                ports[i],
+                &["--keepalive-secs".into(), "1".into()],
+            )
+        })
+        .collect();
+    let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    for p in &ports {
+        let started = Instant::now();
+        while TcpStream::connect(addr(p.0)).await.is_err() {
+            assert!(started.elapsed() < WAIT, "a replica did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let token = ["r0", "r1"]
+        .iter()
+        .find_map(|r| std::fs::read_to_string(dir.path().join(r).join("admin-token")).ok())
+        .expect("an admin token")
+        .trim()
+        .to_owned();
+    let ca = procs::read_when_whole(
+        &dir.path().join("r1").join("ca.crt"),
+        WAIT,
+        procs::whole_pem,
+    )
+    .expect("the CA bundle");
+    let join = otter_e2e::etcd::join_token_on(&etcd.url(), &key, "edge-p");
+    // The agent on r1; calls come through r0.
+    let _agent = start_agent_at(
+        format!("https://localhost:{}", ports[1].0)
+            .parse()
+            .expect("url"),
+        &ca,
+        "edge-p",
+        "agent-p",
+        &join,
+        TransportKind::H2,
+        |_| {},
+    );
+    let via_r1 = otter_e2e::client_channel(addr(ports[1].0), &ca, None).await;
+    wait_connected(&via_r1, &token, 1).await;
+    let r1_pid = replicas[1].pid();
+    let peer = addr(ports[1].2);
+    let fds_before = open_fds(r1_pid);
+
+    // The flood on r1's peer port, before r0 ever connected to it.
+    let idle = stalled(&sources("127.0.4", 10), peer, 200, &[]).await;
+    let half_tls = stalled(&sources("127.0.5", 50), peer, 600, &client_hello()).await;
+    let junk: Vec<u8> = (0..65_536u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let junked = stalled(&sources("127.0.6", 5), peer, 50, &junk).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fds_flood = open_fds(r1_pid);
+
+    // Strangers: no certificate; a replica certificate of another CA.
+    let other_ca = otter_pki::CertificateAuthority::generate("a stranger's CA").expect("CA");
+    let (forged_cert, forged_key) = other_ca
+        .issue_replica_cert("r0", &[], Duration::from_secs(3600))
+        .expect("forged replica certificate");
+    let no_cert = stranger(peer, &ca, None).await;
+    let forged = stranger(peer, &ca, Some((&forged_cert, &forged_key))).await;
+
+    // A call through r0 needs a new peer connection to r1, under the flood.
+    let started = Instant::now();
+    let via_r0 = otter_e2e::client_channel(addr(ports[0].0), &ca, None).await;
+    let got =
+        otter_proto::resource::v1::resource_service_client::ResourceServiceClient::new(via_r0)
+            .get(with_token(otter_e2e::double::get("edge-p", "web"), &token))
+            .await;
+    let call_took = started.elapsed();
+    assert!(
+        got.is_ok(),
+        "a call through r0 to r1's cluster under the flood: {got:?}"
+    );
+
+    let attackers = idle.len() + half_tls.len() + junked.len();
+    drop((idle, half_tls, junked));
+    let started = Instant::now();
+    let fds_after = loop {
+        let n = open_fds(r1_pid);
+        if n <= fds_before + 8 || started.elapsed() > WAIT {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!(
+        "peer port flood: {attackers} attacker connections held (idle, stalled TLS from 50 sources, \
+         64 KiB of junk); r1's descriptors {fds_before} before, {fds_flood} under the flood, \
+         {fds_after} after; no certificate: {no_cert}; another CA's replica certificate: {forged}; \
+         a call through r0 (a new peer connection) answered in {:.3} s",
+        call_took.as_secs_f64()
+    );
+    // The pending places (256) bound what the flood holds in the hub.
+    assert!(
+        fds_flood <= fds_before + 256 + 16,
+        "r1 held {fds_flood} descriptors under the flood (before: {fds_before})"
+    );
+    assert!(
+        fds_after <= fds_before + 8,
+        "r1 kept {fds_after} descriptors after the flood (before: {fds_before})"
+    );
+}

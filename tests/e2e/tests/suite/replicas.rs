@@ -735,7 +735,7 @@ async fn the_peer_port_takes_replica_certificates_only() {
 /// and calls work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_hands_its_clusters_to_another() {
-    use otter_e2e::procs::{Proc, Role, free_port};
+    use otter_e2e::procs::free_port;
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let key = otter_e2e::etcd::store_key(dir.path());
@@ -747,32 +747,21 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
         .map(|_| (free_port(), free_port(), free_port()))
         .collect();
     let start = |i: usize| {
-        let (api, tunnel, peer) = ports[i];
-        let args: Vec<String> = [
-            "hub".to_owned(),
-            "--data-dir".into(),
-            dir.path().join(format!("r{i}")).display().to_string(),
-            "--store".into(),
-            etcd.url(),
-            "--store-key-file".into(),
-            key.display().to_string(),
-            "--replica-name".into(),
-            format!("r{i}"),
-            "--listen".into(),
-            format!("127.0.0.1:{api}"),
-            "--tunnel-listen".into(),
-            format!("127.0.0.1:{tunnel}"),
-            "--peer-listen".into(),
-            format!("127.0.0.1:{peer}"),
-            "--external-url".into(),
-            format!("https://localhost:{}", lb_api.addr.port()),
-            "--tunnel-url".into(),
-            format!("h2://localhost:{}", lb_tunnel.addr.port()),
-            "--keepalive-secs".into(),
-            "1".into(),
-        ]
-        .to_vec();
-        Proc::start(&format!("r{i}"), Role::Otter, &args, dir.path(), None)
+        otter_e2e::etcd::replica_proc(
+            &format!("r{i}"),
+            dir.path(),
+            &etcd.url(),
+            &key,
+            ports[i],
+            &[
+                "--external-url".into(),
+                format!("https://localhost:{}", lb_api.addr.port()),
+                "--tunnel-url".into(),
+                format!("h2://localhost:{}", lb_tunnel.addr.port()),
+                "--keepalive-secs".into(),
+                "1".into(),
+            ],
+        )
     };
     let _r0 = start(0);
     let mut r1 = start(1);
@@ -800,19 +789,7 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
     // The balancer sends everything to r1 first.
     lb_api.set_target(api(1));
     lb_tunnel.set_target(std::net::SocketAddr::from(([127, 0, 0, 1], ports[1].1)));
-    let join = {
-        let opts = otter_hub::etcd::EtcdOptions::from_url(&etcd.url()).unwrap();
-        let store = otter_hub::sealed::SealedStore::new(
-            otter_hub::etcd::EtcdStore::connect(&opts).unwrap(),
-            &otter_hub::sealed::read_key(&key).unwrap(),
-        )
-        .unwrap();
-        otter_hub::tenancy::claim_cluster(&store, "edge-k", "default")
-            .unwrap()
-            .unwrap();
-        otter_hub::tokens::mint_join_token(&store, "edge-k", "default", Duration::from_secs(600))
-            .unwrap()
-    };
+    let join = otter_e2e::etcd::join_token_on(&etcd.url(), &key, "edge-k");
     let lb_url: url::Url = format!("https://localhost:{}", lb_api.addr.port())
         .parse()
         .unwrap();
