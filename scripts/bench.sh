@@ -7,7 +7,7 @@
 # is asserted.
 #
 #   QUICK=1  short runs, 200 simulated agents (for development, about 3 min)
-#   FULL=1   10,000 simulated agents
+#   FULL=1   10,000 simulated agents (also 10,000 idle agents on the replicas)
 #
 # Output: a table on stdout and target/bench/results.json.
 set -euo pipefail
@@ -22,8 +22,9 @@ if [ -n "$QUICK" ]; then
 else
     tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3 pf_mib=128 pf_runs=3 replica_agents=1000
 fi
+replica_limit=600
 if [ -n "$FULL" ]; then
-    agents=10000
+    agents=10000 replica_agents=10000 replica_limit=1500
 fi
 
 # Many tunnels need many file descriptors.
@@ -72,7 +73,7 @@ scenario 300 calls calls "$samples" "$calls" "$hol_calls" "$call_runs"
 scenario 600 portforward portforward "$samples" "$pf_mib" "$pf_runs"
 scenario 900 scale scale "$samples" "$agents" "$idle"
 scenario 120 footprint footprint "$samples" "$fp_runs" "$agent_bin"
-scenario 300 replicas replicas "$samples" "$calls" "$replica_agents" "$idle"
+scenario "$replica_limit" replicas replicas "$samples" "$calls" "$replica_agents" "$idle"
 
 echo
 echo "== results ($(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"

@@ -561,6 +561,13 @@ async fn run(
         };
         drop(acceptor);
         tracing::info!(closed_by = %why.by, reason = %why.why, "tunnel down");
+        // A replica that went silent, reset the connection or said it is
+        // stopping is likely gone: the next round dials the next replica's
+        // URLs first rather than wait out a QUIC handshake with a dead
+        // port (with one replica, or a load balancer, the same URLs).
+        if why.by != crate::ended::EndedBy::Hub || why.why == otter_tunnel::frame::BYE_STOPPING {
+            site = site.wrapping_add(1);
+        }
         status.send_modify(|s| {
             s.connected = None;
             s.last_error = why.to_string();

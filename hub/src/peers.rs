@@ -505,6 +505,9 @@ async fn serve_connection(
     place: otter_tunnel::handshakes::Handshake,
 ) {
     let evicted = place.evicted();
+    // Calls are small frames both ways: Nagle's algorithm against the
+    // peer's delayed ACKs would hold some for tens of milliseconds.
+    let _ = tcp.set_nodelay(true);
     let tls = tokio::select! {
         tls = tokio::time::timeout(PEER_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)) => tls,
         _ = evicted.cancelled() => {

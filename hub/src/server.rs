@@ -477,7 +477,7 @@ impl Hub {
         futures::future::join_all(
             tunnels
                 .iter()
-                .map(|t| crate::registry::close_with_goodbye(t, "hub shutting down")),
+                .map(|t| crate::registry::close_with_goodbye(t, otter_tunnel::frame::BYE_STOPPING)),
         )
         .await;
         for t in tunnels {

@@ -209,6 +209,10 @@ pub const TARGET_BYE: &str = "bye";
 /// Header of a goodbye: why the hub closes the tunnel.
 pub const REASON_HEADER: &str = "otter-reason";
 
+/// The goodbye's reason when the hub (a replica) stops: its agents should
+/// dial another replica first.
+pub const BYE_STOPPING: &str = "hub shutting down";
+
 /// Header of the hub's diagnosis request: the hub's clock (Unix
 /// milliseconds) as it sent the request, so the agent learns its skew on
 /// every tunnel, not only when it registers.

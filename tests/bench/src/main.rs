@@ -96,11 +96,20 @@ fn main() -> anyhow::Result<()> {
             f
         }
         "hub-child" => {
+            let replica = match args.get(5) {
+                Some(store) => Some(scale::ReplicaOf {
+                    store: store.clone(),
+                    key_file: arg(&args, 6, "store key file")?,
+                    name: arg(&args, 7, "replica name")?,
+                }),
+                None => None,
+            };
             return tokio_rt()?.block_on(scale::hub_child(
                 arg(&args, 1, "dir")?,
                 arg(&args, 2, "api port")?,
                 arg(&args, 3, "tunnel port")?,
                 arg(&args, 4, "clusters")?,
+                replica,
             ));
         }
         "agent-child" => {

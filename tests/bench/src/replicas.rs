@@ -1,18 +1,21 @@
-//! Hub replicas on one etcd (Debian's etcd on loopback): what a replica
-//! that does not hold a cluster's tunnel adds to a Get by sending it to
-//! the one that does, and what idle agents cost etcd in writes.
+//! Hub replicas on one etcd (Debian's etcd on loopback), each a process of
+//! its own: what a replica that does not hold a cluster's tunnel adds to a
+//! Get by sending it to the one that does, what idle agents cost etcd in
+//! writes, and how long the agents of a replica killed with SIGKILL take to
+//! be back through the other one (no load balancer: each agent knows both
+//! replicas' API URLs and learns their tunnel URLs from the hub).
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use otter_e2e::{double::start_agent, etcd::Etcd, with_token};
+use otter_e2e::{etcd::Etcd, with_token};
 use otter_proto::resource::v1::{GetRequest, resource_service_client::ResourceServiceClient};
-use otter_tunnel::TransportKind;
 use tonic::transport::Channel;
 
 use crate::{
     calls::hub_channel,
-    common::{Figures, Latency},
+    common::{Figure, Figures, Latency, cpu_secs},
+    scale::{HubProc, ReplicaOf, admin_token, start_agent_on},
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,40 +26,68 @@ fn get(cluster: &str) -> GetRequest {
     req
 }
 
-async fn one_get(ch: &Channel, token: &str) -> anyhow::Result<Duration> {
+async fn one_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<Duration> {
     let t = Instant::now();
     let mut client = ResourceServiceClient::new(ch.clone());
-    tokio::time::timeout(TIMEOUT, client.get(with_token(get("edge-b"), token))).await??;
+    tokio::time::timeout(TIMEOUT, client.get(with_token(get(cluster), token))).await??;
     Ok(t.elapsed())
 }
 
-/// `calls` Gets through each replica (alternating, one client each) and
+/// `calls` Gets through each replica (alternating, one client each);
 /// etcd's writes per second while `agents` idle agents stay connected for
-/// `idle`.
+/// `idle`; then the replica holding them killed, and the time until every
+/// one of them has a tunnel again.
 pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<Figures> {
+    otter_pki::tls::install_default_provider();
     let etcd = Etcd::start().context("etcd is not installed (scripts/setup.sh installs it)")?;
-    let (hubs, root) = otter_e2e::etcd::start_replicas(&etcd, 2, true).await;
-    let (a, b) = (&hubs[0], &hubs[1]);
-    let join = a.hub.mint_join_token_in("edge-b", "default")?;
-    let _agent = start_agent(b, "edge-b", "agent-b", &join, TransportKind::Quic);
-    let via_a = hub_channel(a.hub.api_addr, a.hub.ca_pem()).await?;
-    let via_b = hub_channel(b.hub.api_addr, b.hub.ca_pem()).await?;
-    otter_e2e::double::wait_connected(&via_b, &root, 1).await;
-    // Warm both ways (the peer connection is made on first use).
+    let dir = tempfile::tempdir()?;
+    let of = |name: &str| ReplicaOf {
+        store: etcd.url(),
+        key_file: dir.path().join("store.key"),
+        name: name.to_owned(),
+    };
+    otter_e2e::etcd::store_key(dir.path());
+    // r0 makes the CA, the admin token and a join token per cluster (the
+    // store is shared, so r1 takes them too); the latency agent is the last.
+    let r0 = HubProc::replica(&dir.path().join("r0"), agents + 1, &of("r0"))?;
+    let r1 = HubProc::replica(&dir.path().join("r1"), 0, &of("r1"))?;
+    let root = admin_token(&dir.path().join("r0"))?;
+    let ca = std::fs::read_to_string(dir.path().join("r0").join("bench-ca.pem"))?;
+    let tokens: Vec<String> = std::fs::read_to_string(dir.path().join("r0").join("bench-tokens"))?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let via_r0 = hub_channel(r0.api, &ca).await?;
+    let via_r1 = hub_channel(r1.api, &ca).await?;
+
+    // One agent on r1; Gets through r1 (its owner) and through r0.
+    let probe = format!("c-{agents}");
+    let (_probe_agent, _) = start_agent_on(&[&r1], &ca, agents, &tokens[agents])?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while one_get(&via_a, &root).await.is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "replica a never reached edge-b");
+    while one_get(&via_r0, &root, &probe).await.is_err() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "replica r0 never reached {probe}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let warmup = (calls / 10).max(100);
     let (mut owner, mut forwarded) = (Vec::new(), Vec::new());
+    // r0 serves nothing but the forwarded calls meanwhile: its CPU time
+    // over them is what forwarding costs the replica a call reaches.
+    let mut r0_cpu = 0.0;
     for i in 0..warmup + calls {
-        let (o, f) = (one_get(&via_b, &root).await?, one_get(&via_a, &root).await?);
+        if i == warmup {
+            r0_cpu = cpu_secs(&r0.pid()).unwrap_or(0.0);
+        }
+        let o = one_get(&via_r1, &root, &probe).await?;
+        let f = one_get(&via_r0, &root, &probe).await?;
         if i >= warmup {
             owner.push(o);
             forwarded.push(f);
         }
     }
+    let r0_cpu = cpu_secs(&r0.pid()).unwrap_or(0.0) - r0_cpu;
     let (o, f) = (Latency::of(&owner), Latency::of(&forwarded));
     let mut figs = Figures::default();
     for (q, ov, fv) in [("p50", o.p50, f.p50), ("p99", o.p99, f.p99)] {
@@ -65,27 +96,41 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
         figs.add(&format!("replicas.forwarded.{q}"), "µs", Some(&base), fv);
     }
     figs.add("replicas.forward-added.p50", "µs", None, f.p50 - o.p50);
+    figs.add(
+        "replicas.forwarder-cpu-per-call",
+        "µs",
+        None,
+        r0_cpu * 1e6 / calls as f64,
+    );
     eprintln!(
         "bench: Get p50 through the owning replica {:.0} µs, through the other {:.0} µs",
         o.p50, f.p50
     );
 
-    // Idle agents spread over both replicas: what etcd is written while
-    // nothing happens.
+    // Idle agents, all registered through r1 (r0's URL second): what etcd
+    // is written while nothing happens.
+    eprintln!("bench: starting {agents} idle agents on replica r1");
     let mut idle_agents = Vec::with_capacity(agents);
-    for i in 0..agents {
-        let cluster = format!("idle-{i}");
-        let join = a.hub.mint_join_token_in(&cluster, "default")?;
-        let hub = if i % 2 == 0 { a } else { b };
-        idle_agents.push(start_agent(
-            hub,
-            &cluster,
-            "idle",
-            &join,
-            TransportKind::Quic,
-        ));
+    for (i, token) in tokens.iter().enumerate().take(agents) {
+        idle_agents.push(start_agent_on(&[&r1, &r0], &ca, i, token)?.0);
     }
-    otter_e2e::double::wait_connected(&via_a, &root, agents + 1).await;
+    let limit = Duration::from_secs(60 + agents as u64 / 20);
+    let up = |a: &otter_agent::Agent, connects: u32| {
+        let s = a.status();
+        s.connected.is_some() && s.connects >= connects
+    };
+    let started = Instant::now();
+    while !idle_agents.iter().all(|a| up(a, 1)) {
+        anyhow::ensure!(
+            started.elapsed() < limit,
+            "the idle agents did not all connect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "bench: {agents} agents connected in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     // Settle: the last admissions' writes are not idle ones.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before = etcd.revision().context("etcd revision")?;
@@ -99,9 +144,114 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
         rate,
     );
     eprintln!("bench: {agents} idle agents on 2 replicas: {rate:.2} etcd writes/s");
-    drop(idle_agents);
-    for hub in hubs {
-        hub.hub.shutdown().await;
+
+    // r1 dies: its agents' tunnels end (TCP at once; QUIC when its
+    // keepalive goes unanswered), and they come back through r0. Agents
+    // that a busy r1 turned away during the first storm went on to r0
+    // (the next replica the hub listed) and are not counted.
+    let r1_port = r1.tunnel_port();
+    let on_r1: Vec<Option<u32>> = idle_agents
+        .iter()
+        .map(|a| {
+            let s = a.status();
+            (s.advertised_urls.first().and_then(url::Url::port) == Some(r1_port))
+                .then_some(s.connects)
+        })
+        .collect();
+    let moved = on_r1.iter().flatten().count();
+    eprintln!("bench: killing replica r1, which holds {moved} of the {agents} tunnels");
+    let killed = Instant::now();
+    r1.kill();
+    // When each agent was seen back (polled every 100 ms).
+    let mut back: Vec<Option<Duration>> = on_r1
+        .iter()
+        .map(|c| c.is_none().then_some(Duration::ZERO))
+        .collect();
+    while back.iter().any(Option::is_none) && killed.elapsed() < limit {
+        for ((b, a), c) in back.iter_mut().zip(&idle_agents).zip(&on_r1) {
+            if b.is_none() && up(a, c.unwrap_or(0) + 1) {
+                *b = Some(killed.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let name = |what: &str| format!("replicas.failover-{what}.n{agents}");
+    figs.add(&name("moved"), "agents", None, moved as f64);
+    // The agents that were on r1, when each was back. Half the agents are
+    // on QUIC, half on HTTP/2 (see `start_agent_on`).
+    let of = |quic: Option<bool>| -> Vec<Duration> {
+        back.iter()
+            .zip(&on_r1)
+            .enumerate()
+            .filter(|(i, (_, c))| c.is_some() && quic.is_none_or(|q| i.is_multiple_of(2) == q))
+            .filter_map(|(_, (b, _))| *b)
+            .collect()
+    };
+    let times = of(None);
+    if back.iter().all(Option::is_some) {
+        let of = |quic: bool| of(Some(quic));
+        let all = Latency::of(&times);
+        figs.add(&name("p50"), "s", None, all.p50 / 1e6);
+        figs.add(&name("all"), "s", None, all.max / 1e6);
+        figs.add(
+            &name("all-h2"),
+            "s",
+            None,
+            Latency::of(&of(false)).max / 1e6,
+        );
+        figs.add(
+            &name("all-quic"),
+            "s",
+            None,
+            Latency::of(&of(true)).max / 1e6,
+        );
+        figs.note(
+            &name("all-quic"),
+            "a QUIC agent learns its replica died when its keepalive goes unanswered (5 s × 3)",
+        );
+        eprintln!(
+            "bench: the {moved} agents of r1 back through r0: half {:.1} s, all {:.1} s after r1 was killed",
+            all.p50 / 1e6,
+            all.max / 1e6
+        );
+        // And calls reach them through the survivor.
+        for i in (0..agents).step_by((agents / 10).max(1)) {
+            one_get(&via_r0, &root, &format!("c-{i}")).await?;
+        }
+    } else {
+        let missing: Vec<String> = back
+            .iter()
+            .zip(&idle_agents)
+            .enumerate()
+            .filter(|(_, (b, _))| b.is_none())
+            .map(|(i, (_, a))| {
+                let s = a.status();
+                format!(
+                    "c-{i}: connects {}, connected {:?}, last error {}",
+                    s.connects, s.connected, s.last_error
+                )
+            })
+            .collect();
+        eprintln!(
+            "bench: not back: {}",
+            missing
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        figs.push(Figure::skipped(
+            name("all"),
+            format!(
+                "{} of {agents} agents not back after {limit:?}",
+                missing.len()
+            ),
+        ));
+    }
+    for a in idle_agents {
+        tokio::spawn(a.shutdown());
+    }
+    drop(r0);
     Ok(figs)
 }

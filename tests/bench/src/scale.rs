@@ -25,14 +25,37 @@ use otter_tunnel::TransportKind;
 
 use crate::common::{Figure, Figures, Latency, cpu_secs, rss_kib, status_kib};
 
+/// A hub child's place among replicas sharing etcd.
+#[derive(Debug, Clone)]
+pub struct ReplicaOf {
+    /// `etcd://…`
+    pub store: String,
+    pub key_file: PathBuf,
+    pub name: String,
+}
+
 /// `hub-child`: a hub in `dir` on the given ports (0: free), with join
-/// tokens for `clusters` clusters written to `dir/bench-tokens`. Prints
+/// tokens for `clusters` clusters written to `dir/bench-tokens`; a replica
+/// on etcd with a peer port when `replica` says so. Prints
 /// `READY <api> <tunnel>` and runs until stdin closes.
-pub async fn hub_child(dir: PathBuf, api: u16, tunnel: u16, clusters: usize) -> anyhow::Result<()> {
+pub async fn hub_child(
+    dir: PathBuf,
+    api: u16,
+    tunnel: u16,
+    clusters: usize,
+    replica: Option<ReplicaOf>,
+) -> anyhow::Result<()> {
     let mut config = otter_hub::HubConfig::new(&dir);
     config.api_listen = SocketAddr::from(([127, 0, 0, 1], api));
     config.tunnel_listen = SocketAddr::from(([127, 0, 0, 1], tunnel));
     config.drain_timeout = Duration::from_secs(2);
+    if let Some(r) = replica {
+        config.store =
+            Some(otter_hub::etcd::EtcdOptions::from_url(&r.store).map_err(anyhow::Error::msg)?);
+        config.store_key_file = Some(r.key_file);
+        config.replica = r.name;
+        config.peer_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
     // Every simulated agent dials from 127.0.0.1: the per-source shares,
     // meant for one attacker among many agents, would make the whole fleet
     // one source. The totals still bound the hub.
@@ -68,19 +91,42 @@ pub async fn hub_child(dir: PathBuf, api: u16, tunnel: u16, clusters: usize) -> 
 }
 
 /// A hub child process.
-struct HubProc {
+pub struct HubProc {
     child: Child,
     _stdout: BufReader<ChildStdout>,
-    api: SocketAddr,
+    pub api: SocketAddr,
     tunnel: SocketAddr,
 }
 
 impl HubProc {
     fn start(dir: &Path, api: u16, tunnel: u16, clusters: usize) -> anyhow::Result<HubProc> {
+        Self::start_as(dir, api, tunnel, clusters, None)
+    }
+
+    /// A replica on etcd, on free ports.
+    pub fn replica(dir: &Path, clusters: usize, of: &ReplicaOf) -> anyhow::Result<HubProc> {
+        Self::start_as(dir, 0, 0, clusters, Some(of))
+    }
+
+    fn start_as(
+        dir: &Path,
+        api: u16,
+        tunnel: u16,
+        clusters: usize,
+        replica: Option<&ReplicaOf>,
+    ) -> anyhow::Result<HubProc> {
+        let replica_args = replica.map_or_else(Vec::new, |r| {
+            vec![
+                r.store.clone(),
+                r.key_file.display().to_string(),
+                r.name.clone(),
+            ]
+        });
         let mut child = Command::new(std::env::current_exe()?)
             .arg("hub-child")
             .arg(dir)
             .args([api.to_string(), tunnel.to_string(), clusters.to_string()])
+            .args(replica_args)
             .env("RUST_LOG", "error")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -103,11 +149,15 @@ impl HubProc {
         })
     }
 
-    fn pid(&self) -> String {
+    pub fn pid(&self) -> String {
         self.child.id().to_string()
     }
 
-    fn kill(mut self) {
+    pub fn tunnel_port(&self) -> u16 {
+        self.tunnel.port()
+    }
+
+    pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -132,13 +182,13 @@ impl Drop for HubProc {
     }
 }
 
-fn admin_token(dir: &Path) -> anyhow::Result<String> {
+pub fn admin_token(dir: &Path) -> anyhow::Result<String> {
     Ok(std::fs::read_to_string(dir.join("admin-token"))?
         .trim()
         .to_owned())
 }
 
-async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Option<usize> {
+pub async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Option<usize> {
     let r = LinkServiceClient::new(ch.clone())
         .list_links(with_token(ListLinksRequest {}, token))
         .await
@@ -178,9 +228,23 @@ fn start_agent(
     i: usize,
     token: &str,
 ) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
-    let url = url::Url::parse(&format!("https://localhost:{}", hub.api.port()))?;
+    start_agent_on(&[hub], ca, i, token)
+}
+
+/// Agent `c-<i>`, registering through the first of `hubs` that answers.
+pub fn start_agent_on(
+    hubs: &[&HubProc],
+    ca: &str,
+    i: usize,
+    token: &str,
+) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
+    let mut urls = hubs
+        .iter()
+        .map(|h| url::Url::parse(&format!("https://localhost:{}", h.api.port())));
+    let url = urls.next().context("a hub")??;
     let cluster = format!("c-{i}");
     let mut config = AgentConfig::new(url, &cluster, "agent-0", ca);
+    config.more_hub_urls = urls.collect::<Result<_, _>>()?;
     config.join_token = Secret(token.to_owned());
     // Half the agents on each transport, unless OTTER_BENCH_TRANSPORT names
     // one (to see what each costs).

@@ -905,6 +905,9 @@ async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
         "b holds the tunnel"
     );
     assert_eq!((back.registrations, back.renewals), (1, 0), "{back:?}");
+    // The replica said it was stopping: the first round after went to the
+    // other one, not to the stopped replica's port.
+    assert_eq!(back.dials, first.dials + 1, "{back:?}");
     let r = ResourceServiceClient::new(b.channel().await)
         .get(with_token(otter_e2e::double::get("edge-1", "after"), &root))
         .await
