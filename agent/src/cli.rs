@@ -213,6 +213,9 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     config.transport_retry = std::time::Duration::from_secs(cli.transport_retry_secs);
     config.renew_at = cli.renew_at;
     config.validate()?;
+    if cli.state_secret.is_none() {
+        nothing_to_join_with(&config).await?;
+    }
     otter_pki::tls::install_default_provider();
     // A KUBECONFIG that names several files is left to kube's own loader.
     let single_file = cli
@@ -235,6 +238,7 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
             &cli.state_namespace,
             name,
         ));
+        nothing_to_join_with(&config).await?;
     }
     let mut services = crate::ServicesConfig::default();
     services.runtime.sessions = crate::sessions::Limits {
@@ -248,6 +252,37 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     let proxy = crate::kube_proxy::KubeProxy::for_access(&access);
     let routes = crate::services(access, &config.cluster, services);
     Ok(Agent::start_with_proxy(config, routes, Some(proxy))?)
+}
+
+/// Fails the start when waiting would change nothing: no join token and no
+/// identity kept from an earlier join (a pod then shows CrashLoopBackOff
+/// with this message, where a loop would look healthy). A store that
+/// cannot be read now is not that: the agent starts and retries.
+async fn nothing_to_join_with(config: &AgentConfig) -> anyhow::Result<()> {
+    if !config.join_token.0.is_empty() {
+        return Ok(());
+    }
+    let (kept, place) = match &config.state {
+        None => (Some(false), "no --state-dir or --state-secret".to_owned()),
+        Some(store) => {
+            let identity = store.load(config.clock.now()).await;
+            let token = store.join_token().await;
+            let kept = match (identity, token) {
+                (Ok(identity), Ok(token)) => Some(identity.is_some() || token.is_some()),
+                _ => None,
+            };
+            (kept, format!("nothing usable in the {store:?}"))
+        }
+    };
+    if kept == Some(false) {
+        anyhow::bail!(
+            "no join token and no identity from an earlier join ({place}): apply a fresh \
+             manifest (`otter agent-manifest --cluster {}`), or give a token with \
+             --join-token-file",
+            config.cluster
+        );
+    }
+    Ok(())
 }
 
 async fn wait_for_signal() {

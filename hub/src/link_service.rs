@@ -495,6 +495,20 @@ impl LinkService for LinkSvc {
             event.cluster.clear();
             event.user = "agent:?".to_owned();
         }
+        if let Err(refusal) = &result
+            && outcome != "busy"
+            && refusal_logged()
+        {
+            // The names only when valid (cleared above otherwise).
+            tracing::warn!(
+                cluster = %event.cluster,
+                agent = %event.user,
+                remote = %event.remote,
+                code = ?refusal.code(),
+                reason = %refusal.message(),
+                "registration refused"
+            );
+        }
         if result.is_ok() {
             event.tenant = crate::tenancy::tenant_of(&*self.state.store, &event.cluster)
                 .ok()
@@ -731,4 +745,27 @@ fn busy(after: std::time::Duration) -> Status {
             .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
     }
     s
+}
+
+/// Refused registrations logged a second at most: anyone may call
+/// Register, and the log must not be theirs to flood.
+const REFUSALS_LOGGED_PER_SEC: u32 = 10;
+
+/// Whether this refusal may be logged; says once a second how many were
+/// not.
+fn refusal_logged() -> bool {
+    static WINDOW: std::sync::Mutex<(i64, u32)> = std::sync::Mutex::new((0, 0));
+    let now = crate::unix_now();
+    let mut w = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
+    if w.0 != now {
+        if w.1 > REFUSALS_LOGGED_PER_SEC {
+            tracing::warn!(
+                not_logged = w.1 - REFUSALS_LOGGED_PER_SEC,
+                "more registrations were refused in the last second than logged"
+            );
+        }
+        *w = (now, 0);
+    }
+    w.1 += 1;
+    w.1 <= REFUSALS_LOGGED_PER_SEC
 }

@@ -438,3 +438,58 @@ fn health_addr(log: &str) -> Option<std::net::SocketAddr> {
         .parse()
         .ok()
 }
+
+/// An agent with no join token and no identity kept from an earlier join
+/// can never connect: it exits non-zero at once, saying what to do (a pod
+/// shows CrashLoopBackOff with the message), rather than retry forever. The
+/// same agent given a token gets past that check.
+#[test]
+fn an_agent_with_nothing_to_join_with_exits_with_the_fix() {
+    use otter_e2e::procs::{Proc, Role};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("hub-ca.crt");
+    let pem = otter_pki::CertificateAuthority::generate("a hub CA").unwrap();
+    std::fs::write(&ca, pem.cert_pem()).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "a-token").unwrap();
+    let args = |with_token: bool| {
+        let mut a: Vec<String> = [
+            "--hub-url",
+            "https://localhost:9",
+            "--cluster",
+            "edge-9",
+            "--hub-ca-file",
+            &ca.display().to_string(),
+            "--state-dir",
+            &state.display().to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if with_token {
+            a.extend(["--join-token-file".into(), token.display().to_string()]);
+        }
+        a
+    };
+    let mut bare = Proc::start("agent-bare", Role::Agent, &args(false), dir.path(), None);
+    let code = bare.wait(WAIT);
+    assert!(matches!(code, Some(c) if c != 0), "exit code {code:?}");
+    let said = bare.stderr();
+    assert!(
+        said.contains("no join token and no identity from an earlier join")
+            && said.contains("otter agent-manifest --cluster edge-9")
+            && said.contains("--join-token-file"),
+        "{said}"
+    );
+    eprintln!("{}", said.trim());
+    let mut with = Proc::start("agent-token", Role::Agent, &args(true), dir.path(), None);
+    // It stops later, on the missing cluster credentials, not on this.
+    let _ = with.wait(WAIT);
+    assert!(
+        !with.stderr().contains("no join token"),
+        "{}",
+        with.stderr()
+    );
+}

@@ -326,7 +326,7 @@ async fn the_hub_process_runs_on_etcd_and_only_sealed() {
         open.stderr()
     );
 
-    let _hub = Proc::start("hub-etcd", Role::Otter, &args(true), dir.path(), None);
+    let hub = Proc::start("hub-etcd", Role::Otter, &args(true), dir.path(), None);
     // Its files are written before it listens.
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], api));
     wait_until(
@@ -339,10 +339,36 @@ async fn the_hub_process_runs_on_etcd_and_only_sealed() {
         .expect("the admin token");
     let ca = read_when_whole(&data.join("ca.crt"), WAIT, whole_pem).expect("the CA bundle");
     let channel = otter_e2e::client_channel(addr, &ca, None).await;
-    LinkServiceClient::new(channel)
+    LinkServiceClient::new(channel.clone())
         .list_links(with_token(ListLinksRequest {}, token.trim()))
         .await
         .expect("the hub on etcd answers");
+    // A refused registration is in the hub's log with its reason.
+    let (_, csr) = otter_pki::csr::generate("edge-r", "a1").unwrap();
+    let refused = LinkServiceClient::new(channel)
+        .register(RegisterRequest {
+            cluster: Some("edge-r".into()),
+            csr: Some(csr.into_bytes()),
+            agent_id: Some("a1".into()),
+            agent_version: Some("v0.1.0".into()),
+            join_token: Some("not-a-token".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    wait_until(
+        async || {
+            let log = hub.stderr();
+            log.lines().any(|l| {
+                l.contains("registration refused")
+                    && l.contains("edge-r")
+                    && l.contains(refused.message())
+            })
+        },
+        "the refusal in the hub's log",
+    )
+    .await;
 }
 
 /// An agent tunnelled to replica b, called through replica a: a sends the
