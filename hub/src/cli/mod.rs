@@ -40,8 +40,11 @@ pub enum Command {
     ///
     /// Example: otter login --hub https://hub.example.com:8443 --token-file ./otter-data/admin-token --ca-file ./otter-data/ca.crt
     Login {
+        /// The hub's API URL, as its operator gave it (https://…).
         #[arg(long)]
         hub: Url,
+        /// An API token (prefer --token-file: a flag's value is visible to
+        /// other users of the machine).
         #[arg(
             long,
             conflicts_with = "token_file",
@@ -97,6 +100,7 @@ pub enum Command {
     ///
     /// Example: otter re-enroll edge-1 && kubectl apply -f $(otter agent-manifest --cluster edge-1)
     ReEnroll {
+        /// The member cluster to open for a new agent.
         cluster: String,
         #[command(flatten)]
         hub: client::HubFlags,
@@ -105,6 +109,7 @@ pub enum Command {
     ///
     /// Example (in the member cluster): kubectl apply -f $(otter agent-manifest --cluster edge-1)
     AgentManifest {
+        /// The member cluster's name on the hub (new, or re-enrolled).
         #[arg(long)]
         cluster: String,
         /// The tenant the cluster joins; the caller's only administered
@@ -114,6 +119,8 @@ pub enum Command {
         /// Also make this user cluster-admin of the member cluster (repeatable).
         #[arg(long = "extra-user")]
         extra_users: Vec<String>,
+        /// The Rancher project the cluster's namespaces belong to (labels
+        /// the agent's namespace for Rancher).
         #[arg(long)]
         rancher_project_id: Option<String>,
         /// `yaml` prints the manifest instead of its URL.
@@ -138,12 +145,16 @@ pub enum Command {
     ///
     /// Example: otter get pods -c edge-1 -A
     Get {
+        /// Resource type, as kubectl takes it: pods, deploy, nodes, crontabs.stable.example.com.
         resource: String,
+        /// One object's name; all of them without.
         name: Option<String>,
         #[command(flatten)]
         scope: Scope,
+        /// In every namespace.
         #[arg(short = 'A', long)]
         all_namespaces: bool,
+        /// Label selector, like app=web,tier!=db.
         #[arg(short = 'l', long)]
         selector: Option<String>,
         /// `yaml`, `json` or `wide`.
@@ -159,6 +170,7 @@ pub enum Command {
     ///
     /// Example: otter apply -f app.yaml -c edge-1
     Apply {
+        /// The YAML or JSON file to apply (`-` for stdin).
         #[arg(short, long)]
         filename: String,
         #[command(flatten)]
@@ -173,10 +185,13 @@ pub enum Command {
     ///
     /// Example: otter delete pod web-0 -c edge-1 --grace-period 0
     Delete {
+        /// Resource type, as kubectl takes it.
         resource: String,
+        /// The object's name.
         name: String,
         #[command(flatten)]
         scope: Scope,
+        /// Seconds the object gets to stop (0: at once).
         #[arg(long)]
         grace_period: Option<i64>,
         #[command(flatten)]
@@ -186,7 +201,9 @@ pub enum Command {
     ///
     /// Example: otter describe deploy web -c edge-1
     Describe {
+        /// Resource type, as kubectl takes it.
         resource: String,
+        /// The object's name.
         name: String,
         #[command(flatten)]
         scope: Scope,
@@ -197,16 +214,20 @@ pub enum Command {
     ///
     /// Example: otter logs web-0 -c edge-1 -f --tail 20
     Logs {
+        /// The pod.
         pod: String,
         #[command(flatten)]
         scope: Scope,
+        /// Keep printing new lines.
         #[arg(short, long)]
         follow: bool,
+        /// Only the last N lines.
         #[arg(long)]
         tail: Option<i64>,
         /// Only newer than this, e.g. 30s, 5m, 2h.
         #[arg(long, value_parser = parse_duration)]
         since: Option<std::time::Duration>,
+        /// The container, when the pod has several.
         #[arg(long)]
         container: Option<String>,
         #[command(flatten)]
@@ -216,6 +237,7 @@ pub enum Command {
     ///
     /// Example: otter exec -it web-0 -c edge-1 -- sh
     Exec {
+        /// The pod.
         pod: String,
         #[command(flatten)]
         scope: Scope,
@@ -225,10 +247,12 @@ pub enum Command {
         /// Allocate a terminal.
         #[arg(short = 't', long)]
         tty: bool,
+        /// The container, when the pod has several.
         #[arg(long)]
         container: Option<String>,
         #[command(flatten)]
         hub: client::HubFlags,
+        /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
@@ -236,6 +260,7 @@ pub enum Command {
     ///
     /// Example: otter port-forward web-0 8080:80 -c edge-1
     PortForward {
+        /// The pod.
         pod: String,
         /// LOCAL:REMOTE (or PORT for both).
         ports: String,
@@ -248,8 +273,11 @@ pub enum Command {
     ///
     /// Example: otter scale deploy web --replicas 3 -c edge-1
     Scale {
+        /// deploy, statefulset or replicaset.
         resource: String,
+        /// The workload's name.
         name: String,
+        /// How many pods it should run.
         #[arg(long)]
         replicas: i32,
         #[command(flatten)]
@@ -283,7 +311,9 @@ pub enum Command {
     ///
     /// Example: otter restart deploy web -c edge-1
     Restart {
+        /// deploy, statefulset or daemonset.
         resource: String,
+        /// The workload's name.
         name: String,
         #[command(flatten)]
         scope: Scope,
@@ -300,12 +330,14 @@ pub enum LinksCommand {
     ///
     /// Example: otter links delete edge-1
     Delete {
+        /// The member cluster.
         cluster: String,
         #[command(flatten)]
         hub: client::HubFlags,
     },
     /// Let the cluster take a new agent (as `otter re-enroll`).
     ReEnroll {
+        /// The member cluster.
         cluster: String,
         #[command(flatten)]
         hub: client::HubFlags,
@@ -325,6 +357,7 @@ pub enum TokenCommand {
     ///
     /// Example: otter token create alice --tenant acme --role member --group devs --ttl 30d
     Create {
+        /// Who the token is for (the user name calls are made as).
         name: String,
         /// Groups the user is in, within the tenant (repeatable).
         #[arg(long = "group")]
@@ -358,6 +391,7 @@ pub enum TokenCommand {
     ///
     /// Example: otter token revoke 3f2a9c0d11e4b7a8
     Revoke {
+        /// The token's id, as `otter token list` shows it.
         id: String,
         #[command(flatten)]
         hub: client::HubFlags,
@@ -370,6 +404,7 @@ pub enum TenantCommand {
     /// Create a tenant; then name its first admin with
     /// `otter token create USER --tenant NAME --role admin`.
     Create {
+        /// The new tenant's name (lower-case letters, digits and dashes).
         name: String,
         #[command(flatten)]
         hub: client::HubFlags,
@@ -381,6 +416,7 @@ pub enum TenantCommand {
     },
     /// Delete a tenant that holds no cluster.
     Delete {
+        /// The tenant.
         name: String,
         #[command(flatten)]
         hub: client::HubFlags,
@@ -433,6 +469,7 @@ pub enum CaStep {
     /// Stop trusting the previous CA (refused while a cluster still holds a
     /// certificate it signed, unless --force).
     Finish {
+        /// Go ahead even if the clusters listed would be stranded.
         #[arg(long)]
         force: bool,
     },
@@ -444,6 +481,7 @@ pub struct Scope {
     /// The member cluster.
     #[arg(short = 'c', long, env = "OTTER_CLUSTER")]
     pub cluster: String,
+    /// The namespace (`default` when not given).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
 }
@@ -529,6 +567,7 @@ pub struct HubArgs {
     /// Client certificate for etcd (with --etcd-key-file).
     #[arg(long, env = "OTTER_ETCD_CERT_FILE")]
     pub etcd_cert_file: Option<PathBuf>,
+    /// The key of --etcd-cert-file.
     #[arg(long, env = "OTTER_ETCD_KEY_FILE")]
     pub etcd_key_file: Option<PathBuf>,
     /// etcd user; its password comes from OTTER_ETCD_PASSWORD (never argv).

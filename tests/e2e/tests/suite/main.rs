@@ -12,6 +12,7 @@ mod agent_manifest;
 mod agent_resource;
 mod agent_runtime;
 mod ca_rotation;
+mod cli_help;
 mod clock_skew;
 mod crash;
 mod crds;
