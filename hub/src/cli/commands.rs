@@ -1113,6 +1113,28 @@ fn exit_code_of(status: &tonic::Status) -> Option<i32> {
         .ok()
 }
 
+/// `LOCAL:REMOTE` or `PORT` (both the same), as kubectl takes them; a
+/// local port of 0 lets the system pick one.
+pub fn forwarded_ports(spec: &str) -> anyhow::Result<(u16, u16)> {
+    let port = |what: &str, text: &str, zero_ok: bool| -> anyhow::Result<u16> {
+        match text.parse::<u16>() {
+            Ok(0) if !zero_ok => anyhow::bail!("{spec:?}: the {what}port cannot be 0"),
+            Ok(p) => Ok(p),
+            Err(_) => anyhow::bail!(
+                "{spec:?}: the {what}port {text:?} is not a port number (1-65535); \
+                 expected LOCAL:REMOTE, like 8080:80, or one PORT for both"
+            ),
+        }
+    };
+    match spec.split_once(':') {
+        Some((l, r)) => Ok((port("local ", l, true)?, port("remote ", r, false)?)),
+        None => {
+            let p = port("", spec, false)?;
+            Ok((p, p))
+        }
+    }
+}
+
 /// `otter port-forward POD LOCAL:REMOTE`.
 pub async fn port_forward(
     hub: &Hub,
@@ -1122,7 +1144,15 @@ pub async fn port_forward(
     local: u16,
     remote: u16,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", local)).await?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", local))
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
+                "cannot listen on 127.0.0.1:{local}: the port is in use by another program; \
+                 pick another local port (LOCAL:{remote}) or 0 for any free one"
+            ),
+            _ => anyhow::anyhow!("cannot listen on 127.0.0.1:{local}: {e}"),
+        })?;
     let ns = namespace.unwrap_or_else(|| "default".into());
     println!("Forwarding from {} -> {remote}", listener.local_addr()?);
     loop {
@@ -1325,4 +1355,20 @@ pub async fn kubeconfig(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::forwarded_ports;
+
+    #[test]
+    fn forwarded_ports_as_kubectl_takes_them() {
+        assert_eq!(forwarded_ports("8080:80").unwrap(), (8080, 80));
+        assert_eq!(forwarded_ports("5432").unwrap(), (5432, 5432));
+        assert_eq!(forwarded_ports("0:80").unwrap(), (0, 80));
+        for bad in ["80x", "8080:", ":80", "70000", "80:0", "0"] {
+            let e = forwarded_ports(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
 }

@@ -1028,13 +1028,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             scope,
             hub,
         } => {
-            let (local, remote) = match ports.split_once(':') {
-                Some((l, r)) => (l.parse()?, r.parse()?),
-                None => {
-                    let p: u16 = ports.parse()?;
-                    (p, p)
-                }
-            };
+            let (local, remote) = commands::forwarded_ports(&ports)?;
             commands::port_forward(
                 &hub.connect().await?,
                 &scope.cluster,

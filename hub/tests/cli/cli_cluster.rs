@@ -157,6 +157,23 @@ async fn cli_against_a_cluster() {
         conn.read_exact(&mut back).unwrap();
         writer.join().unwrap();
         assert!(back == payload, "bytes came back changed");
+        // Mistakes name the address and port, and what to do.
+        let (code, _, err) = run_bounded(
+            &mut cmd(&["port-forward", "web-0", &format!("{port}:80"), "-c", c]),
+            Duration::from_secs(30),
+        );
+        assert!(
+            code != 0 && err.contains(&format!("127.0.0.1:{port}")) && err.contains("in use"),
+            "{code} {err}"
+        );
+        let (code, _, err) = run_bounded(
+            &mut cmd(&["port-forward", "web-0", "80x", "-c", c]),
+            Duration::from_secs(30),
+        );
+        assert!(
+            code != 0 && err.contains("\"80x\"") && err.contains("LOCAL:REMOTE"),
+            "{code} {err}"
+        );
         let _ = pf.kill();
         let _ = pf.wait();
 
