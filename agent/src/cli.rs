@@ -35,6 +35,15 @@ pub struct Cli {
     /// File holding the hub CA certificate (PEM).
     #[arg(long, env = "OTTER_HUB_CA_FILE")]
     pub hub_ca_file: PathBuf,
+    /// The CA (PEM) that issued the hub API's certificate, when the hub
+    /// shows one users' tools trust (its manifest says so); trusted for the
+    /// API only, the tunnel stays pinned to the hub CA.
+    #[arg(long, env = "OTTER_HUB_API_CA_FILE")]
+    pub hub_api_ca_file: Option<PathBuf>,
+    /// Trust the public roots for the hub's API (a hub whose API
+    /// certificate is from a public CA; its manifest says so).
+    #[arg(long, env = "OTTER_HUB_API_PUBLIC_ROOTS")]
+    pub hub_api_public_roots: bool,
     /// Where to keep the agent's key and certificate across restarts.
     #[arg(long, env = "OTTER_STATE_DIR", conflicts_with = "state_secret")]
     pub state_dir: Option<PathBuf>,
@@ -181,6 +190,15 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
             .map_err(|e| anyhow::anyhow!("cannot read join token {}: {e}", path.display()))?;
         config.join_token = Secret(token.trim().to_owned());
     }
+    config.api_trust = crate::config::ApiTrust {
+        ca_pem: match &cli.hub_api_ca_file {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                anyhow::anyhow!("cannot read the hub API's CA {}: {e}", path.display())
+            })?),
+            None => None,
+        },
+        public_roots: cli.hub_api_public_roots,
+    };
     config.state = cli.state_dir.map(crate::identity::IdentityStore::Dir);
     config.rancher_project_id = cli.rancher_project_id;
     config.transports = cli.transports;

@@ -59,8 +59,12 @@ pub struct AgentConfig {
     pub agent_version: String,
     /// From the agent manifest; needed only until the first certificate.
     pub join_token: Secret,
-    /// The hub CA (PEM): the agent trusts nothing else for the hub.
+    /// The hub CA (PEM): the agent trusts nothing else for the hub's
+    /// tunnel port.
     pub hub_ca_pem: String,
+    /// What else verifies the hub's API (Register, renewals) when it shows
+    /// a certificate users' tools trust, not one from the hub CA.
+    pub api_trust: ApiTrust,
     pub rancher_project_id: String,
     /// Transports in the order to try.
     pub transports: Vec<TransportKind>,
@@ -98,6 +102,7 @@ impl AgentConfig {
             agent_version: crate::VERSION.to_owned(),
             join_token: Secret::default(),
             hub_ca_pem: hub_ca_pem.to_owned(),
+            api_trust: ApiTrust::default(),
             rancher_project_id: String::new(),
             transports: vec![TransportKind::Quic, TransportKind::H2, TransportKind::Ws],
             state: None,
@@ -139,4 +144,13 @@ impl AgentConfig {
         }
         Ok(())
     }
+}
+
+/// Trusted for the hub's API besides the hub CA (the manifest says which).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiTrust {
+    /// The CA (PEM) that issued the API's certificate.
+    pub ca_pem: Option<String>,
+    /// The public roots: the API's certificate is from a public CA.
+    pub public_roots: bool,
 }

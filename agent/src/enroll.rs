@@ -183,7 +183,13 @@ pub fn hub_trust<'a>(config: &'a AgentConfig, creds: Option<&'a Credentials>) ->
 pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Result<Credentials> {
     let (key_pem, csr_pem) = otter_pki::csr::generate(&config.cluster, &config.agent_id)?;
     let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
-    let tls = tls::client_config(hub_trust(config, current), client_cert, &[b"h2"])?;
+    let tls = tls::api_client_config(
+        hub_trust(config, current),
+        config.api_trust.ca_pem.as_deref(),
+        config.api_trust.public_roots,
+        client_cert,
+        &[b"h2"],
+    )?;
     // The first replica that answers; the error of the last when none does.
     let mut reached = None;
     let mut failed = None;

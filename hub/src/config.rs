@@ -26,6 +26,10 @@ pub struct HubConfig {
     pub peer_url: Option<Url>,
     /// API listener (gRPC, Connect, gRPC-Web, manifest URLs), TLS.
     pub api_listen: SocketAddr,
+    /// The API listener's certificate from files (one users' tools trust:
+    /// a public CA's, cert-manager's), read again when they change; none:
+    /// one from the hub CA. The tunnel and peer ports keep the hub CA's.
+    pub api_tls: Option<ApiTls>,
     /// Tunnel listener: TCP (TLS + HTTP/2) and UDP (QUIC) on the same port.
     pub tunnel_listen: SocketAddr,
     /// How users and agents reach the API listener (names go into the server
@@ -149,6 +153,7 @@ impl HubConfig {
             peer_listen: None,
             peer_url: None,
             api_listen: "127.0.0.1:8443".parse().expect("static address"),
+            api_tls: None,
             tunnel_listen: "127.0.0.1:8444".parse().expect("static address"),
             external_url: None,
             tunnel_urls: Vec::new(),
@@ -280,4 +285,21 @@ pub fn tunnel_transport(url: &Url) -> Result<TransportKind> {
     url.scheme()
         .parse()
         .map_err(|e: String| HubError::Config(format!("tunnel URL {url}: {e}")))
+}
+
+/// How often the API certificate's files are looked at: cert-manager
+/// renews days before expiry, so seconds are plenty.
+pub const API_CERT_RELOAD: Duration = Duration::from_secs(10);
+
+/// The API listener's certificate from files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiTls {
+    /// PEM chain, leaf first.
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The CA that issued it, which manifests hand to agents so they can
+    /// verify the API; none: agents trust the public roots for the API.
+    pub ca_file: Option<PathBuf>,
+    /// How often the files are looked at for a rewrite.
+    pub reload_every: Duration,
 }

@@ -654,6 +654,18 @@ fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Res
         // During a rotation both CAs, so a new agent keeps up with it.
         ca_pem: cas.bundle_pem(),
         ca_fingerprint: cas.active.fingerprint(),
+        api_trust: match &state.config.api_tls {
+            None => manifest::ApiTrust::HubCa,
+            Some(files) => match &files.ca_file {
+                // Read at each manifest: the operator may replace it.
+                Some(path) => {
+                    manifest::ApiTrust::Ca(std::fs::read_to_string(path).map_err(|e| {
+                        crate::HubError::Config(format!("--tls-ca-file {}: {e}", path.display()))
+                    })?)
+                }
+                None => manifest::ApiTrust::PublicRoots,
+            },
+        },
         namespace: state.config.agent_namespace.clone(),
         image: state.config.agent_image.clone(),
     }))

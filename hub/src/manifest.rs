@@ -45,9 +45,27 @@ pub struct ManifestSpec {
     pub hub_url: String,
     pub ca_pem: String,
     pub ca_fingerprint: String,
+    /// How the agent verifies the hub's API (Register, renewals).
+    pub api_trust: ApiTrust,
     pub namespace: String,
     pub image: String,
 }
+
+/// What the agent trusts for the hub's API. The tunnel is always pinned to
+/// the hub CA.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ApiTrust {
+    /// The API shows a certificate from the hub CA.
+    #[default]
+    HubCa,
+    /// The API's certificate comes from this CA (PEM), besides the hub CA.
+    Ca(String),
+    /// The API's certificate comes from a public CA.
+    PublicRoots,
+}
+
+/// The key of the agent's Secret holding [`ApiTrust::Ca`]'s PEM.
+const API_CA_KEY: &str = "hub-api-ca.crt";
 
 /// The agent's Secret in its namespace: the join token, then its identity.
 pub const AGENT_SECRET: &str = "otter-agent";
@@ -273,6 +291,24 @@ pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
 }
 
 /// Renders the multi-document YAML.
+/// The agent Secret's first content: the join token and the CAs to trust.
+fn secret_data(spec: &ManifestSpec) -> serde_json::Value {
+    let mut data = json!({ "join-token": spec.join_token, "hub-ca.crt": spec.ca_pem });
+    if let ApiTrust::Ca(pem) = &spec.api_trust {
+        data[API_CA_KEY] = json!(pem);
+    }
+    data
+}
+
+/// The Secret's keys mounted as files: the CAs.
+fn mounted_keys(spec: &ManifestSpec) -> serde_json::Value {
+    let mut keys = vec![json!({ "key": "hub-ca.crt", "path": "hub-ca.crt" })];
+    if let ApiTrust::Ca(_) = spec.api_trust {
+        keys.push(json!({ "key": API_CA_KEY, "path": API_CA_KEY }));
+    }
+    json!(keys)
+}
+
 pub fn render(spec: &ManifestSpec) -> String {
     let ns = spec.namespace.as_str();
     let members_group = format!("otter:{}:members", spec.tenant);
@@ -344,7 +380,7 @@ pub fn render(spec: &ManifestSpec) -> String {
     docs.push(json!({
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": { "name": AGENT_SECRET, "namespace": ns, "labels": labels },
-        "stringData": { "join-token": spec.join_token, "hub-ca.crt": spec.ca_pem },
+        "stringData": secret_data(spec),
     }));
     // What the agent may do as itself: read and patch that one Secret.
     docs.push(json!({
@@ -360,7 +396,7 @@ pub fn render(spec: &ManifestSpec) -> String {
         "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "otterscale:agent-identity" },
         "subjects": [{ "kind": "ServiceAccount", "name": "otter-agent", "namespace": ns }],
     }));
-    let env = json!([
+    let mut env = json!([
         { "name": "OTTER_HUB_URL", "value": spec.hub_url },
         { "name": "OTTER_CLUSTER", "value": spec.cluster },
         { "name": "OTTER_RANCHER_PROJECT_ID", "value": spec.rancher_project_id },
@@ -375,6 +411,19 @@ pub fn render(spec: &ManifestSpec) -> String {
         { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
         { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
     ]);
+    // How the agent verifies the API, when not by the hub CA.
+    let api_trust = match &spec.api_trust {
+        ApiTrust::HubCa => None,
+        ApiTrust::Ca(_) => Some(
+            json!({ "name": "OTTER_HUB_API_CA_FILE", "value": format!("/etc/otter/join/{API_CA_KEY}") }),
+        ),
+        ApiTrust::PublicRoots => {
+            Some(json!({ "name": "OTTER_HUB_API_PUBLIC_ROOTS", "value": "true" }))
+        }
+    };
+    if let (Some(entry), Some(list)) = (api_trust, env.as_array_mut()) {
+        list.push(entry);
+    }
     let probe = |path: &str, delay: u32| {
         json!({
             "httpGet": { "path": path, "port": 8080 }, "initialDelaySeconds": delay, "periodSeconds": 10, "timeoutSeconds": 2,
@@ -424,7 +473,7 @@ pub fn render(spec: &ManifestSpec) -> String {
                     }],
                     "volumes": [
                         { "name": "join", "secret": { "secretName": AGENT_SECRET, "defaultMode": 0o400,
-                                                      "items": [{ "key": "hub-ca.crt", "path": "hub-ca.crt" }] } },
+                                                      "items": mounted_keys(spec) } },
                     ],
                 },
             },
@@ -451,6 +500,7 @@ mod tests {
             join_token: "otj_0123456789abcdef_secret".into(),
             hub_url: "https://hub.example:8443".into(),
             ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+            api_trust: ApiTrust::HubCa,
             ca_fingerprint: "ab".repeat(32),
             namespace: DEFAULT_NAMESPACE.into(),
             image: format!("{DEFAULT_IMAGE}:v0.1.0"),
@@ -471,6 +521,45 @@ mod tests {
         assert_eq!(
             yaml, golden,
             "agent manifest changed; review it and run with OTTER_MANIFEST_REGEN=1"
+        );
+    }
+
+    /// How the agent verifies the API: the hub CA's certificate needs
+    /// nothing more; another CA's travels in the Secret and is mounted; a
+    /// public one is a flag.
+    #[test]
+    fn the_api_trust_reaches_the_agent() {
+        let parsed = |trust: ApiTrust| -> Vec<Value> {
+            let mut s = spec("edge-1", &[]);
+            s.api_trust = trust;
+            render(&s)
+                .split("\n---\n")
+                .map(|d| serde_saphyr::from_str(d).expect("each document parses"))
+                .collect()
+        };
+        let find = |docs: &[Value], kind: &str| -> Value {
+            docs.iter()
+                .find(|d| d["kind"] == kind)
+                .cloned()
+                .expect(kind)
+        };
+        let env_of = |docs: &[Value]| {
+            find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"].to_string()
+        };
+        let hub = parsed(ApiTrust::HubCa);
+        assert!(!env_of(&hub).contains("OTTER_HUB_API"));
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n";
+        let ca = parsed(ApiTrust::Ca(pem.into()));
+        assert_eq!(find(&ca, "Secret")["stringData"][API_CA_KEY], pem);
+        assert!(env_of(&ca).contains("/etc/otter/join/hub-api-ca.crt"));
+        let volumes = find(&ca, "Deployment")["spec"]["template"]["spec"]["volumes"].to_string();
+        assert!(volumes.contains(API_CA_KEY), "{volumes}");
+        let public = parsed(ApiTrust::PublicRoots);
+        assert!(env_of(&public).contains("OTTER_HUB_API_PUBLIC_ROOTS"));
+        assert!(
+            find(&public, "Secret")["stringData"]
+                .get(API_CA_KEY)
+                .is_none()
         );
     }
 

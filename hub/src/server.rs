@@ -197,7 +197,22 @@ impl Hub {
         // The listeners' certificate and trusted CAs follow the authority,
         // so a CA rotation needs no restart.
         let live = authority.live_tls();
-        let api_tls = live.server_config(tls::ClientAuth::Optional, &[b"h2", b"http/1.1"])?;
+        // A certificate from files, when given, on the API port only: the
+        // tunnel and peer ports stay pinned to the hub CA.
+        let api_cert = match &config.api_tls {
+            Some(files) => Some(
+                otter_pki::live::FileCert::load(&files.cert_file, &files.key_file)
+                    .map_err(|e| HubError::Config(format!("--tls-cert-file: {e}")))?,
+            ),
+            None => None,
+        };
+        let api_alpn: &[&[u8]] = &[b"h2", b"http/1.1"];
+        let api_tls = match &api_cert {
+            Some(cert) => {
+                live.server_config_presenting(tls::ClientAuth::Optional, api_alpn, cert.clone())?
+            }
+            None => live.server_config(tls::ClientAuth::Optional, api_alpn)?,
+        };
         let tunnel_tls = live.server_config(
             tls::ClientAuth::Required,
             &[h2::ALPN, otter_tunnel::ws::ALPN],
@@ -385,6 +400,9 @@ impl Hub {
                 state.clone(),
                 shutdown.clone(),
             ));
+        }
+        if let (Some(cert), Some(files)) = (api_cert, &state.config.api_tls) {
+            tasks.spawn(reload_api_cert(cert, files.reload_every, shutdown.clone()));
         }
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
         tasks.spawn(prune_periodically(state.clone(), shutdown.clone()));
@@ -671,6 +689,32 @@ const SERVICES: [&str; 3] = [
 /// writes succeed (listeners are bound before this starts). The probe
 /// write blocks (an etcd store waits up to a second for it), so it runs
 /// off the async workers.
+/// Reads the API certificate's files again when they change (cert-manager
+/// rewrites them before expiry): handshakes from then on show the new one.
+async fn reload_api_cert(
+    cert: Arc<otter_pki::live::FileCert>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let c = cert.clone();
+        match tokio::task::spawn_blocking(move || c.reload_if_changed()).await {
+            Ok(Ok(true)) => tracing::info!("read the API certificate's files again"),
+            Ok(Ok(false)) | Err(_) => {}
+            // Half-written files are read again on the next tick.
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not read the API certificate again; keeping the current one")
+            }
+        }
+    }
+}
+
 /// Keeps this replica's CAs what the shared store says: a rotation step
 /// taken on another replica is taken up here within the store's watch
 /// (milliseconds), and at the latest after [`FOLLOW_CAS_EVERY`].

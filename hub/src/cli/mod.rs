@@ -692,6 +692,19 @@ pub struct HubArgs {
     /// How long a manifest URL works, in seconds.
     #[arg(long, default_value_t = 3600)]
     pub manifest_ttl_secs: u64,
+    /// A certificate chain (PEM, leaf first) for the API port, one users'
+    /// tools trust (a public CA's, cert-manager's); read again when the file
+    /// changes. Without it the API port shows one from the hub CA.
+    #[arg(long, env = "OTTER_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The key of --tls-cert-file.
+    #[arg(long, env = "OTTER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// The CA that issued --tls-cert-file, handed to agents in their
+    /// manifests to verify the API with; without it agents trust the public
+    /// roots for the API (the tunnel stays pinned to the hub CA).
+    #[arg(long, env = "OTTER_TLS_CA_FILE", requires = "tls_cert_file")]
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl HubArgs {
@@ -718,6 +731,15 @@ impl HubArgs {
         c.peer_listen = self.peer_listen;
         c.peer_url = self.peer_url;
         c.api_listen = self.listen;
+        c.api_tls = match (self.tls_cert_file, self.tls_key_file) {
+            (Some(cert_file), Some(key_file)) => Some(crate::config::ApiTls {
+                cert_file,
+                key_file,
+                ca_file: self.tls_ca_file,
+                reload_every: crate::config::API_CERT_RELOAD,
+            }),
+            _ => None,
+        };
         c.tunnel_listen = self.tunnel_listen;
         c.external_url = self.external_url;
         c.tunnel_urls = self.tunnel_urls;

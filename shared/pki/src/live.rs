@@ -38,9 +38,9 @@ impl std::fmt::Debug for LiveTls {
     }
 }
 
-fn material(cert_pem: &str, key_pem: &str, trusted_pem: &str) -> Result<Material> {
-    let provider = provider();
-    let key = provider
+/// A server certificate chain and its key, checked to belong together.
+fn certified(cert_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>> {
+    let key = provider()
         .key_provider
         .load_private_key(parse_key(key_pem)?)
         .map_err(|e| PkiError::Encoding(format!("server key: {e}")))?;
@@ -51,7 +51,12 @@ fn material(cert_pem: &str, key_pem: &str, trusted_pem: &str) -> Result<Material
     let cert = CertifiedKey::new(chain, key);
     cert.keys_match()
         .map_err(|e| PkiError::Encoding(format!("server key and certificate: {e}")))?;
-    let cert = Arc::new(cert);
+    Ok(Arc::new(cert))
+}
+
+fn material(cert_pem: &str, key_pem: &str, trusted_pem: &str) -> Result<Material> {
+    let provider = provider();
+    let cert = certified(cert_pem, key_pem)?;
     let mut roots = rustls::RootCertStore::empty();
     for c in parse_certs(trusted_pem)? {
         roots.add(c)?;
@@ -113,6 +118,112 @@ impl LiveTls {
         let mut config = builder.with_cert_resolver(self.clone());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(config)
+    }
+}
+
+impl LiveTls {
+    /// Like [`LiveTls::server_config`], presenting `cert` (a certificate
+    /// from files, see [`FileCert`]) instead of this material's, while
+    /// client certificates are still verified with what this trusts.
+    pub fn server_config_presenting(
+        self: &Arc<Self>,
+        auth: ClientAuth,
+        alpn: &[&[u8]],
+        cert: Arc<FileCert>,
+    ) -> Result<ServerConfig> {
+        let mut config = self.server_config(auth, alpn)?;
+        config.cert_resolver = cert;
+        Ok(config)
+    }
+}
+
+/// A server certificate kept in files (one a public CA issued, or
+/// cert-manager's Secret mounted into the pod), presented instead of one
+/// from the hub CA, and read again when the files change: cert-manager
+/// renews by rewriting them.
+pub struct FileCert {
+    cert_path: std::path::PathBuf,
+    key_path: std::path::PathBuf,
+    current: RwLock<(Arc<CertifiedKey>, Stamp)>,
+}
+
+/// What the files looked like when read: a change in either is a rewrite.
+type Stamp = [Option<(std::time::SystemTime, u64)>; 2];
+
+fn stamp(paths: [&std::path::Path; 2]) -> Stamp {
+    paths.map(|p| {
+        let m = std::fs::metadata(p).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    })
+}
+
+impl std::fmt::Debug for FileCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileCert")
+            .field("cert", &self.cert_path)
+            .finish()
+    }
+}
+
+impl FileCert {
+    /// Reads the chain and its key; both must be there and belong together.
+    pub fn load(cert_path: &std::path::Path, key_path: &std::path::Path) -> Result<Arc<FileCert>> {
+        let (cert, stamp) = Self::read(cert_path, key_path)?;
+        Ok(Arc::new(FileCert {
+            cert_path: cert_path.to_owned(),
+            key_path: key_path.to_owned(),
+            current: RwLock::new((cert, stamp)),
+        }))
+    }
+
+    fn read(
+        cert_path: &std::path::Path,
+        key_path: &std::path::Path,
+    ) -> Result<(Arc<CertifiedKey>, Stamp)> {
+        let before = stamp([cert_path, key_path]);
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p)
+                .map_err(|e| PkiError::Encoding(format!("{}: {e}", p.display())))
+        };
+        let cert = certified(&read(cert_path)?, &read(key_path)?)
+            .map_err(|e| PkiError::Encoding(format!("{}: {e}", cert_path.display())))?;
+        Ok((cert, before))
+    }
+
+    /// Reads the files again if they changed since last read: whether the
+    /// certificate changed. Files caught half-written (a key that does not
+    /// match the certificate yet) leave the current one, and are read
+    /// again next time.
+    pub fn reload_if_changed(&self) -> Result<bool> {
+        let now = stamp([&self.cert_path, &self.key_path]);
+        if self.current.read().unwrap_or_else(|p| p.into_inner()).1 == now {
+            return Ok(false);
+        }
+        let (cert, stamp) = Self::read(&self.cert_path, &self.key_path)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (cert, stamp);
+        Ok(true)
+    }
+
+    /// The certificates of the chain as read (leaf first).
+    pub fn chain(&self) -> Vec<CertificateDer<'static>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .cert
+            .clone()
+    }
+}
+
+impl ResolvesServerCert for FileCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .0
+                .clone(),
+        )
     }
 }
 
@@ -216,5 +327,35 @@ mod tests {
             live.now().cert.cert[0].as_ref(),
             parse_certs(&cert_b).unwrap()[0].as_ref()
         );
+    }
+
+    /// A certificate kept in files: read again only when they change, and
+    /// a half-written pair (a key of another certificate) keeps the one
+    /// shown until the next good read.
+    #[test]
+    fn a_file_certificate_follows_its_files_and_survives_a_half_write() {
+        let ca = CertificateAuthority::generate("files").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let write = |(cert, key): &(String, String)| {
+            std::fs::write(&cert_path, cert).unwrap();
+            std::fs::write(&key_path, key).unwrap();
+        };
+        let first = ca.issue_server_cert(&["a.example".into()]).unwrap();
+        write(&first);
+        let file = FileCert::load(&cert_path, &key_path).unwrap();
+        let shown = |f: &FileCert| f.chain()[0].to_vec();
+        let der = |pem: &str| parse_certs(pem).unwrap()[0].to_vec();
+        assert_eq!(shown(&file), der(&first.0));
+        assert!(!file.reload_if_changed().unwrap(), "nothing changed");
+        // The new certificate written before its key: refused, the old one
+        // stays.
+        let second = ca.issue_server_cert(&["a.example".into()]).unwrap();
+        std::fs::write(&cert_path, format!("{}\n", second.0)).unwrap();
+        assert!(file.reload_if_changed().is_err());
+        assert_eq!(shown(&file), der(&first.0));
+        std::fs::write(&key_path, &second.1).unwrap();
+        assert!(file.reload_if_changed().unwrap());
+        assert_eq!(shown(&file), der(&second.0));
     }
 }

@@ -137,9 +137,39 @@ pub fn client_config(
     client: Option<(&str, &str)>,
     alpn: &[&[u8]],
 ) -> Result<ClientConfig> {
+    client_config_with(roots(ca_pem)?, client, alpn)
+}
+
+/// Trust for a hub's API whose certificate may come from elsewhere than
+/// the hub CA: the hub CA bundle `ca_pem`, the CAs of `also_pem`, and,
+/// with `public`, the public roots (as a browser would trust it).
+pub fn api_client_config(
+    ca_pem: &str,
+    also_pem: Option<&str>,
+    public: bool,
+    client: Option<(&str, &str)>,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig> {
+    let mut roots = roots(ca_pem)?;
+    if let Some(pem) = also_pem {
+        for cert in parse_certs(pem)? {
+            roots.add(cert)?;
+        }
+    }
+    if public {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    client_config_with(roots, client, alpn)
+}
+
+fn client_config_with(
+    roots: RootCertStore,
+    client: Option<(&str, &str)>,
+    alpn: &[&[u8]],
+) -> Result<ClientConfig> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots(ca_pem)?);
+        .with_root_certificates(roots);
     let mut config = match client {
         Some((cert, key)) => builder.with_client_auth_cert(chain(cert)?, parse_key(key)?)?,
         None => builder.with_no_client_auth(),

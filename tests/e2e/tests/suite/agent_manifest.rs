@@ -493,3 +493,153 @@ fn an_agent_with_nothing_to_join_with_exits_with_the_fix() {
         with.stderr()
     );
 }
+
+/// The leaf certificate the hub's API port shows, trusting `ca`; `None`
+/// when the handshake fails.
+async fn api_leaf(hub: &TestHub, ca: &str) -> Option<Vec<u8>> {
+    let tls = otter_pki::tls::client_config(ca, None, &[b"h2"]).unwrap();
+    let tcp = tokio::net::TcpStream::connect(hub.hub.api_addr)
+        .await
+        .ok()?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .ok()?;
+    Some(tls.get_ref().1.peer_certificates()?.first()?.to_vec())
+}
+
+/// The hub's API with a certificate users' tools trust (a test CA stands
+/// in for a public one): kubectl trusting only that CA applies the
+/// manifest URL, the agent verifies Register with the CA the manifest hands
+/// it while its tunnel stays pinned to the hub CA, and a certificate file
+/// rewritten (as cert-manager renews) is shown without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_manifest_url_trusting_only_the_api_certificates_ca() {
+    let Some(kubectl) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let public = otter_pki::CertificateAuthority::generate("a public CA").unwrap();
+    let names = ["localhost".to_owned(), "127.0.0.1".to_owned()];
+    let (cert, key) = public.issue_server_cert(&names).unwrap();
+    let (cert_file, key_file, ca_file) = (
+        work.path().join("tls.crt"),
+        work.path().join("tls.key"),
+        work.path().join("ca.crt"),
+    );
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    std::fs::write(&ca_file, public.cert_pem()).unwrap();
+    let files = otter_hub::config::ApiTls {
+        cert_file: cert_file.clone(),
+        key_file: key_file.clone(),
+        ca_file: Some(ca_file.clone()),
+        reload_every: Duration::from_millis(100),
+    };
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, move |c| c.api_tls = Some(files)).await;
+    // The API shows the public CA's certificate, not the hub CA's.
+    assert!(api_leaf(&hub, hub.hub.ca_pem()).await.is_none());
+    let first = api_leaf(&hub, public.cert_pem()).await.expect("handshake");
+
+    let channel = hub.channel_with_ca(public.cert_pem()).await;
+    let url = LinkServiceClient::new(channel.clone())
+        .get_agent_manifest(with_token(
+            GetAgentManifestRequest {
+                cluster: Some("edge-1".into()),
+                ..Default::default()
+            },
+            &hub.admin_token,
+        ))
+        .await
+        .expect("GetAgentManifest")
+        .into_inner()
+        .url
+        .expect("a manifest URL");
+    let sim = kube_sim::KubeSim::start(kube_sim::SimConfig::default_with_admin())
+        .await
+        .unwrap();
+    let kubeconfig = work.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
+    let (kube, ca) = (kubeconfig.clone(), ca_file.clone());
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        run_bounded(
+            std::process::Command::new(&kubectl)
+                .arg("--kubeconfig")
+                .arg(&kube)
+                .args(["apply", "-f", &url])
+                .env("SSL_CERT_FILE", &ca),
+            Duration::from_secs(60),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "kubectl apply with only the public CA: {out}{err}");
+
+    // What the manifest tells the agent: the hub CA for the tunnel, the
+    // public CA for the API.
+    let ns = "otterscale-system";
+    let secret = sim
+        .object("", "secrets", ns, "otter-agent")
+        .expect("secret");
+    let secret_value = |key: &str| -> String {
+        if let Some(v) = secret["stringData"][key].as_str() {
+            return v.to_owned();
+        }
+        use base64::Engine;
+        let b64 = secret["data"][key].as_str().expect("secret key");
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    assert_eq!(secret_value("hub-api-ca.crt"), public.cert_pem());
+    let deployment = sim
+        .object("apps", "deployments", ns, "otter-agent")
+        .expect("deployment");
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(
+        env.contains("OTTER_HUB_API_CA_FILE") && env.contains("/etc/otter/join/hub-api-ca.crt"),
+        "{env}"
+    );
+    let mut config = AgentConfig::new(hub.api_url(), "edge-1", "a1", &secret_value("hub-ca.crt"));
+    config.api_trust.ca_pem = Some(secret_value("hub-api-ca.crt"));
+    config.join_token = Secret(secret_value("join-token"));
+    let agent = Agent::start(config, tonic::service::Routes::default()).unwrap();
+    agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("the agent registers through the public certificate and tunnels to the hub CA's");
+    wait_connected(&channel, &hub.admin_token, 1).await;
+
+    // cert-manager renews: the files are rewritten, the hub shows the new
+    // certificate from then on, no restart.
+    let (cert2, key2) = public.issue_server_cert(&names).unwrap();
+    std::fs::write(&key_file, &key2).unwrap();
+    std::fs::write(&cert_file, &cert2).unwrap();
+    let renewed = otter_pki::tls::parse_certs(&cert2).unwrap()[0].to_vec();
+    assert_ne!(renewed, first);
+    let started = std::time::Instant::now();
+    loop {
+        if api_leaf(&hub, public.cert_pem()).await.as_deref() == Some(renewed.as_slice()) {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the rewritten certificate was never shown"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "the rewritten API certificate shown {:?} after the write",
+        started.elapsed()
+    );
+    // Still the same agent, on its tunnel.
+    assert_eq!(agent.status().connects, 1);
+    agent.shutdown().await;
+    sim.shutdown().await;
+    hub.hub.shutdown().await;
+}
