@@ -92,6 +92,7 @@ async fn channel(
         .map_err(|e| AgentError::Config(format!("hub host {host}: {e}")))?;
     let connector = TlsConnector::from(Arc::new(tls));
     let proxy = proxy.filter(|p| !p.bypass(&bare_host, port)).cloned();
+    let named = bare_host.clone();
     let via = proxy
         .as_ref()
         .map(|p| format!(" through the proxy {}", p.display()))
@@ -129,7 +130,22 @@ async fn channel(
             }
         }))
         .await
-        .map_err(|e| AgentError::Connect(format!("{url}{via}: {}", error_chain(&e))))
+        .map_err(|e| {
+            // Through a proxy the proxy's own answer says more (in the chain).
+            let why = match via.is_empty() {
+                true => otter_tunnel::reach::why_unreachable(
+                    &e,
+                    &named,
+                    port,
+                    otter_tunnel::reach::CaHint("the manifest's hub CA, --hub-ca-file"),
+                ),
+                false => None,
+            };
+            AgentError::Connect(format!(
+                "{url}{via}: {}",
+                why.unwrap_or_else(|| error_chain(&e))
+            ))
+        })
 }
 
 /// A TLS failure because the hub's certificate is not valid yet or no

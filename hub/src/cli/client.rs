@@ -142,7 +142,19 @@ pub async fn channel(url: &Url, ca_pem: Option<&str>) -> anyhow::Result<tonic::t
             }
         }))
         .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the hub at {url}: {e}"))?;
+        .map_err(|e| {
+            // The cause with its fix when it is a known one, else the chain.
+            let why = otter_tunnel::reach::why_unreachable(
+                &e,
+                &host,
+                port,
+                otter_tunnel::reach::CaHint(
+                    "--ca-file, or `otter login --ca-file`: the hub's ca.crt",
+                ),
+            )
+            .unwrap_or_else(|| otter_tunnel::error_chain(&e));
+            anyhow::anyhow!("cannot reach the hub at {url}: {why}")
+        })?;
     Ok(channel)
 }
 

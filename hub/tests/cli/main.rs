@@ -5,6 +5,7 @@
 mod binary;
 mod cli_cluster;
 mod kubectl_proxy;
+mod reach;
 
 /// The `otter` binary cargo built for these tests.
 fn otter() -> std::path::PathBuf {

@@ -31,6 +31,7 @@ pub mod mem;
 pub mod pace;
 pub mod proxy;
 pub mod quic;
+pub mod reach;
 pub mod transport;
 pub mod ws;
 

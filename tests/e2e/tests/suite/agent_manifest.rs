@@ -643,3 +643,43 @@ async fn kubectl_applies_the_manifest_url_trusting_only_the_api_certificates_ca(
     sim.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// The agent's Register says why it cannot reach the hub, in its status
+/// and log line: a refused port, and a hub whose certificate is not from
+/// the CA the agent was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_says_why_it_cannot_reach_the_hub() {
+    let hub = TestHub::start().await;
+    let stranger = otter_pki::CertificateAuthority::generate("not the hub's").unwrap();
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cases = [
+        (
+            format!("https://localhost:{closed}"),
+            hub.hub.ca_pem().to_owned(),
+            ["connection refused", "is the hub running"],
+        ),
+        (
+            hub.api_url().to_string(),
+            stranger.cert_pem().to_owned(),
+            ["not from a CA trusted here", "--hub-ca-file"],
+        ),
+    ];
+    for (url, ca, expect) in cases {
+        let mut config = AgentConfig::new(url.parse().unwrap(), "edge-1", "a1", &ca);
+        config.join_token = Secret("a-token".into());
+        let agent = Agent::start(config, tonic::service::Routes::default()).unwrap();
+        let s = agent
+            .wait_for(WAIT, |s| !s.last_error.is_empty())
+            .await
+            .expect("a failed Register");
+        eprintln!("{}", s.last_error);
+        for e in expect {
+            assert!(s.last_error.contains(e), "{e:?} not in {:?}", s.last_error);
+        }
+        agent.shutdown().await;
+    }
+    hub.hub.shutdown().await;
+}
