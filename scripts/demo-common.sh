@@ -9,11 +9,11 @@ scripts/setup.sh build >/dev/null
 scripts/setup.sh python >/dev/null
 # OTTER_DEMO_PROFILE=debug skips the (slower) release build when iterating.
 profile=${OTTER_DEMO_PROFILE:-release}
-echo "== building $profile binaries (first time: several minutes)"
+echo "== building $profile binaries (first time: several minutes; cargo shows its progress)"
 if [ "$profile" = release ]; then
-    cargo build --release -q -p otter-hub -p otter-agent -p kube-sim
+    cargo build --release -p otter-hub -p otter-agent -p kube-sim
 else
-    cargo build -q -p otter-hub -p otter-agent -p kube-sim
+    cargo build -p otter-hub -p otter-agent -p kube-sim
 fi
 bin=$CARGO_TARGET_DIR/$profile
 
@@ -27,7 +27,10 @@ cleanup() {
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$demo"
 }
-trap cleanup EXIT INT TERM
+# Ctrl-C or a SIGTERM stops everything at once and ends the script (a
+# trap alone would let the script go on after cleaning up).
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT TERM
 
 wait_for() { # file pattern seconds
     for _ in $(seq 1 $(($3 * 10))); do

@@ -141,4 +141,6 @@ cat <<EOF2
    $bin/otter get pods -A -c edge-2 --hub ${api[2]}
    hub logs: $demo/hub-*.log   agent logs: $demo/edge-*-agent.log   etcd logs: $demo/etcd-*.log
 EOF2
-while true; do sleep 3600; done
+# `wait` (unlike a foreground sleep) returns at once on a signal the script
+# traps, so a SIGINT or SIGTERM to this script alone stops the demo too.
+while true; do sleep 3600 & pids+=("$!"); wait "$!"; done

@@ -106,4 +106,6 @@ cat <<EOF2
    $bin/otter kubeconfig --all --kubeconfig $demo/kubeconfig && kubectl --kubeconfig $demo/kubeconfig --context otter-edge-1 get pods
    hub log: $demo/hub.log   agent logs: $demo/edge-*-agent.log
 EOF2
-while true; do sleep 3600; done
+# `wait` (unlike a foreground sleep) returns at once on a signal the script
+# traps, so a SIGINT or SIGTERM to this script alone stops the demo too.
+while true; do sleep 3600 & pids+=("$!"); wait "$!"; done

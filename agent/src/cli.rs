@@ -13,6 +13,10 @@ use crate::{Agent, AgentConfig, config::Secret};
 #[derive(Debug, Parser)]
 #[command(name = "otter-agent", version, about)]
 pub struct Cli {
+    /// How log lines are written: `text`, or `json` (one object a line,
+    /// for log collectors).
+    #[arg(long, env = "OTTER_LOG_FORMAT", default_value = "text")]
+    pub log_format: otter_tunnel::logging::LogFormat,
     /// The hub's API URL; repeat (or separate with commas) for hub
     /// replicas without a load balancer in front: Register and renewals
     /// go to the first that answers.

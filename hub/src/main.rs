@@ -4,16 +4,7 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: log collectors (`kubectl logs`, files)
-        // would keep the escape codes.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = otter_hub::cli::Cli::parse();
+    otter_tunnel::logging::init(cli.log_format);
     std::process::exit(otter_hub::cli::run(cli).await);
 }

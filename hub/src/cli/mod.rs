@@ -28,6 +28,10 @@ use crate::{Hub, HubConfig};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// How log lines are written: `text`, or `json` (one object a line,
+    /// for log collectors).
+    #[arg(long, global = true, env = "OTTER_LOG_FORMAT", default_value = "text")]
+    pub log_format: otter_tunnel::logging::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

@@ -27,6 +27,7 @@ pub mod frame;
 pub mod h2;
 pub mod handshakes;
 pub mod http;
+pub mod logging;
 pub mod mem;
 pub mod pace;
 pub mod proxy;

@@ -68,16 +68,6 @@ pub fn child_main() {
         .ok()
         .and_then(|a| serde_json::from_str(&a).ok())
         .unwrap_or_default();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: log collectors (`kubectl logs`, files)
-        // would keep the escape codes.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -89,7 +79,11 @@ pub fn child_main() {
                 use clap::Parser;
                 let argv = std::iter::once("otter".to_owned()).chain(args);
                 match otter_hub::cli::Cli::try_parse_from(argv) {
-                    Ok(cli) => otter_hub::cli::run(cli).await,
+                    Ok(cli) => {
+                        // As the binary's own main does.
+                        otter_tunnel::logging::init(cli.log_format);
+                        otter_hub::cli::run(cli).await
+                    }
                     Err(e) => {
                         eprintln!("{e}");
                         64
@@ -100,14 +94,20 @@ pub fn child_main() {
                 use clap::Parser;
                 let argv = std::iter::once("otter-agent".to_owned()).chain(args);
                 match otter_agent::cli::Cli::try_parse_from(argv) {
-                    Ok(cli) => otter_agent::cli::run(cli).await,
+                    Ok(cli) => {
+                        otter_tunnel::logging::init(cli.log_format);
+                        otter_agent::cli::run(cli).await
+                    }
                     Err(e) => {
                         eprintln!("{e}");
                         64
                     }
                 }
             }
-            "kube-sim" => kube_sim_main(&args).await,
+            "kube-sim" => {
+                otter_tunnel::logging::init(otter_tunnel::logging::LogFormat::Text);
+                kube_sim_main(&args).await
+            }
             "http-get" => {
                 let addr = args.first().and_then(|a| a.parse().ok());
                 let path = args.get(1).map_or("/", String::as_str);

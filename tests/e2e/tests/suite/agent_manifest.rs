@@ -473,10 +473,24 @@ fn an_agent_with_nothing_to_join_with_exits_with_the_fix() {
         }
         a
     };
-    let mut bare = Proc::start("agent-bare", Role::Agent, &args(false), dir.path(), None);
+    // In JSON, as a log collector would take it: the line before the exit.
+    let mut json_args = args(false);
+    json_args.extend(["--log-format", "json", "--health-listen", "127.0.0.1:0"].map(String::from));
+    let mut bare = Proc::start("agent-bare", Role::Agent, &json_args, dir.path(), None);
     let code = bare.wait(WAIT);
     assert!(matches!(code, Some(c) if c != 0), "exit code {code:?}");
     let said = bare.stderr();
+    let logged: Vec<serde_json::Value> = said
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("each log line one JSON object"))
+        .collect();
+    assert!(
+        logged
+            .iter()
+            .any(|l| l["fields"]["message"] == "health probes listening" && l["level"] == "INFO"),
+        "{said}"
+    );
     assert!(
         said.contains("no join token and no identity from an earlier join")
             && said.contains("otter agent-manifest --cluster edge-9")
