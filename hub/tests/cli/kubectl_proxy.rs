@@ -257,7 +257,19 @@ async fn kubectl_through_the_hub() {
         watched
     });
     assert!(!outputs.is_empty());
+    // The agent gone: kubectl prints the hub's own words (a Status), not
+    // only "the server is currently unable to handle the request".
     agent.shutdown().await;
+    let (code, _, err) = tokio::task::block_in_place(|| {
+        let mut cmd = std::process::Command::new(kubectl_133().unwrap());
+        cmd.arg("--kubeconfig").arg(&kube_path).args(["get", "pods"]);
+        run_bounded(&mut cmd, Duration::from_secs(60))
+    });
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("cluster edge-1 is offline") && err.contains("ServiceUnavailable"),
+        "{err}"
+    );
     sim.shutdown().await;
     hub.hub.shutdown().await;
 }
