@@ -13,7 +13,7 @@ CARGO ?= cargo
 # npm packages of ts/ (installed by `scripts/setup.sh npm`): buf, protoc-gen-es, tsc
 BUF := ts/node_modules/.bin/buf
 
-.PHONY: all setup toolchain checkout proto manifests generate lint build test demo bench fuzz clean
+.PHONY: all setup toolchain checkout proto manifests generate lint build release install test demo bench fuzz clean
 
 all: proto manifests lint test
 
@@ -53,6 +53,17 @@ lint: toolchain
 ## build: debug build of every crate and binary
 build: toolchain
 	$(CARGO) build --workspace --all-targets
+
+## release: stripped release binaries (otter, otter-agent) and SHA256SUMS in
+## dist/otterscale-link-v<version>-<os>-<arch>/
+release:
+	scripts/release.sh
+
+## install: otter and otter-agent into $(PREFIX)/bin (default ~/.cargo/bin)
+PREFIX ?= $(HOME)/.cargo
+install: toolchain
+	$(CARGO) install --locked --path hub --root $(PREFIX)
+	$(CARGO) install --locked --path agent --root $(PREFIX)
 
 ## toolchain: what building needs besides Rust (protoc, for etcd's API)
 toolchain:

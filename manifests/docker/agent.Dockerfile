@@ -4,10 +4,11 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p otter-agent && strip target/release/otter-agent
+# The same packaging as `make release`: stripped, with SHA256SUMS.
+RUN OTTER_RELEASE_DIR=/out scripts/release.sh && cp /out/otterscale-link-*/otter-agent /otter-agent
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/otter-agent /usr/local/bin/otter-agent
+COPY --from=build /otter-agent /usr/local/bin/otter-agent
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/otter-agent"]

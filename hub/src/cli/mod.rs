@@ -289,6 +289,13 @@ pub enum Command {
         #[command(flatten)]
         hub: client::HubFlags,
     },
+    /// Print this binary's version and the agent image its hub puts in
+    /// manifests by default.
+    Version {
+        /// Only the version, as `v0.1.0`.
+        #[arg(long)]
+        short: bool,
+    },
     /// Write kubectl contexts that reach clusters through the hub.
     ///
     /// Example: otter kubeconfig --cluster edge-1 && kubectl --context otter-edge-1 get pods
@@ -1084,6 +1091,15 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
                 replicas,
             )
             .await?
+        }
+        Command::Version { short } => {
+            let version = format!("v{}", crate::VERSION);
+            if short {
+                println!("{version}");
+            } else {
+                println!("otter {version}");
+                println!("agent image {}", crate::HubConfig::new(".").agent_image);
+            }
         }
         Command::Kubeconfig {
             clusters,

@@ -341,3 +341,67 @@ async fn tenants_tokens_and_links_through_the_cli() {
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// `make release` packages the binaries: one folder named with the
+/// version, both binaries stripped (and still running, reporting that
+/// version), and a SHA256SUMS that `sha256sum -c` accepts. Run here on the
+/// binaries this test build made (the release build itself is the same
+/// command with `--release`).
+#[test]
+fn release_packages_both_binaries_with_their_checksums() {
+    let bins = otter().parent().unwrap().to_owned();
+    if !bins.join("otter-agent").exists() {
+        otter_e2e::tool_missing(
+            "the otter-agent binary of this build (cargo test --workspace builds it)",
+        );
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let script = otter_e2e::tools::workspace_root().join("scripts/release.sh");
+    let (code, stdout, stderr) = otter_e2e::run_bounded(
+        std::process::Command::new(script)
+            .env("OTTER_RELEASE_BINS", &bins)
+            .env("OTTER_RELEASE_DIR", out.path()),
+        std::time::Duration::from_secs(120),
+    );
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let folder = std::path::PathBuf::from(stdout.trim().lines().last().unwrap());
+    let version = format!("v{}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        folder
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&format!("otterscale-link-{version}-")),
+        "{folder:?}"
+    );
+    let (code, said, err) = otter_e2e::run_bounded(
+        std::process::Command::new("sha256sum")
+            .args(["-c", "SHA256SUMS"])
+            .current_dir(&folder),
+        std::time::Duration::from_secs(60),
+    );
+    assert_eq!(code, 0, "{said}{err}");
+    assert_eq!(said.matches(": OK").count(), 2, "{said}");
+    for b in ["otter", "otter-agent"] {
+        let packed = std::fs::metadata(folder.join(b)).unwrap().len();
+        let built = std::fs::metadata(bins.join(b)).unwrap().len();
+        assert!(
+            packed < built,
+            "{b} not stripped: {packed} of {built} bytes"
+        );
+    }
+    let (_, short, _) = otter_e2e::run_bounded(
+        std::process::Command::new(folder.join("otter")).args(["version", "--short"]),
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(short.trim(), version);
+    let (_, agent, _) = otter_e2e::run_bounded(
+        std::process::Command::new(folder.join("otter-agent")).arg("--version"),
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(
+        agent.trim(),
+        format!("otter-agent {}", env!("CARGO_PKG_VERSION"))
+    );
+}
