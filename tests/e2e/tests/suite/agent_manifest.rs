@@ -15,6 +15,41 @@ use otter_e2e::{
 use otter_proto::link::v1::{GetAgentManifestRequest, link_service_client::LinkServiceClient};
 use tonic::Code;
 
+/// `kubectl apply -f <url>` against the cluster of `kubeconfig`, with only
+/// `ca` trusted for fetching the URL (Go's HTTP client reads
+/// `SSL_CERT_FILE`).
+async fn kubectl_apply(
+    kubectl: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    url: &str,
+    ca: &std::path::Path,
+) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(kubectl);
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["apply", "-f", url])
+        .env("SSL_CERT_FILE", ca);
+    tokio::task::spawn_blocking(move || run_bounded(&mut cmd, Duration::from_secs(60)))
+        .await
+        .unwrap()
+}
+
+/// A key of a Secret as the test server holds it (`stringData` as
+/// applied, or base64 `data`).
+fn secret_value(secret: &serde_json::Value, key: &str) -> String {
+    if let Some(v) = secret["stringData"][key].as_str() {
+        return v.to_owned();
+    }
+    use base64::Engine;
+    let b64 = secret["data"][key].as_str().expect("secret key");
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
     let hub = TestHub::start().await;
@@ -133,21 +168,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
     std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
     let hub_ca = dir.path().join("hub-ca.pem");
     std::fs::write(&hub_ca, hub.hub.ca_pem()).unwrap();
-    let url2 = url.clone();
-    let (kube, ca2) = (kubeconfig.clone(), hub_ca.clone());
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        run_bounded(
-            std::process::Command::new(&kubectl)
-                .arg("--kubeconfig")
-                .arg(&kube)
-                .args(["apply", "-f", &url2])
-                // kubectl fetches the URL with Go's HTTP client: trust the hub CA for it.
-                .env("SSL_CERT_FILE", &ca2),
-            Duration::from_secs(60),
-        )
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = kubectl_apply(&kubectl, &kubeconfig, &url, &hub_ca).await;
     assert_eq!(code, 0, "kubectl apply failed: {out}{err}");
     for line in [
         "namespace/otterscale-system created",
@@ -227,19 +248,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
             .unwrap_or_default()
             .to_owned()
     };
-    let secret_value = |key: &str| -> String {
-        if let Some(v) = secret["stringData"][key].as_str() {
-            return v.to_owned();
-        }
-        use base64::Engine;
-        let b64 = secret["data"][key].as_str().expect("secret key");
-        String::from_utf8(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap(),
-        )
-        .unwrap()
-    };
+    let secret_value = |key: &str| secret_value(&secret, key);
     let ca = secret_value("hub-ca.crt");
     assert_eq!(
         otter_pki::ca::fingerprint_pem(&ca).unwrap(),
@@ -287,20 +296,8 @@ async fn a_rescheduled_agent_reconnects_from_its_secret_after_the_join_token_exp
     std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
     let hub_ca = work.path().join("hub-ca.pem");
     std::fs::write(&hub_ca, hub.hub.ca_pem()).unwrap();
-    let (kube, ca) = (kubeconfig.clone(), hub_ca.clone());
     let applied = std::time::Instant::now();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        run_bounded(
-            std::process::Command::new(&kubectl)
-                .arg("--kubeconfig")
-                .arg(&kube)
-                .args(["apply", "-f", &url])
-                .env("SSL_CERT_FILE", &ca),
-            Duration::from_secs(60),
-        )
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = kubectl_apply(&kubectl, &kubeconfig, &url, &hub_ca).await;
     assert_eq!(code, 0, "kubectl apply failed: {out}{err}");
     let ns = "otterscale-system";
     let keys = || -> Vec<String> {
@@ -576,19 +573,7 @@ async fn kubectl_applies_the_manifest_url_trusting_only_the_api_certificates_ca(
         .unwrap();
     let kubeconfig = work.path().join("kubeconfig");
     std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN)).unwrap();
-    let (kube, ca) = (kubeconfig.clone(), ca_file.clone());
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        run_bounded(
-            std::process::Command::new(&kubectl)
-                .arg("--kubeconfig")
-                .arg(&kube)
-                .args(["apply", "-f", &url])
-                .env("SSL_CERT_FILE", &ca),
-            Duration::from_secs(60),
-        )
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = kubectl_apply(&kubectl, &kubeconfig, &url, &ca_file).await;
     assert_eq!(code, 0, "kubectl apply with only the public CA: {out}{err}");
 
     // What the manifest tells the agent: the hub CA for the tunnel, the
@@ -597,19 +582,7 @@ async fn kubectl_applies_the_manifest_url_trusting_only_the_api_certificates_ca(
     let secret = sim
         .object("", "secrets", ns, "otter-agent")
         .expect("secret");
-    let secret_value = |key: &str| -> String {
-        if let Some(v) = secret["stringData"][key].as_str() {
-            return v.to_owned();
-        }
-        use base64::Engine;
-        let b64 = secret["data"][key].as_str().expect("secret key");
-        String::from_utf8(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap(),
-        )
-        .unwrap()
-    };
+    let secret_value = |key: &str| secret_value(&secret, key);
     assert_eq!(secret_value("hub-api-ca.crt"), public.cert_pem());
     let deployment = sim
         .object("apps", "deployments", ns, "otter-agent")
