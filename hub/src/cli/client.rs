@@ -15,6 +15,9 @@ pub struct FileConfig {
     pub token: Option<String>,
     /// PEM of the hub CA, when the hub's certificate is not publicly trusted.
     pub ca_pem: Option<String>,
+    /// The cluster commands act on without `--cluster` (`otter config
+    /// use-cluster`), as kubectl's current context.
+    pub cluster: Option<String>,
 }
 
 /// Where the config file lives: `$OTTER_CONFIG`, else

@@ -29,6 +29,26 @@ use super::{
     status_error,
 };
 
+/// `otter config use-cluster X`: the cluster commands act on without
+/// `--cluster`; empty clears it.
+pub fn use_cluster(cluster: &str) -> anyhow::Result<()> {
+    if !cluster.is_empty() {
+        otter_pki::validate_cluster_name(cluster)
+            .map_err(|e| anyhow::anyhow!("{cluster:?}: {e}"))?;
+    }
+    let mut file = super::client::load_file()?;
+    file.cluster = (!cluster.is_empty()).then(|| cluster.to_owned());
+    let path = save_file(&file)?;
+    match &file.cluster {
+        Some(c) => println!(
+            "Commands act on cluster {c} without --cluster (saved to {})",
+            path.display()
+        ),
+        None => println!("No default cluster (saved to {})", path.display()),
+    }
+    Ok(())
+}
+
 /// `otter login`.
 pub async fn login(hub: url::Url, token: String, ca_file: Option<PathBuf>) -> anyhow::Result<()> {
     let ca_pem = ca_file
@@ -46,10 +66,16 @@ pub async fn login(hub: url::Url, token: String, ca_file: Option<PathBuf>) -> an
         .list_links(h.req(ListLinksRequest {}))
         .await
         .map_err(status_error)?;
+    // The default cluster stays across logins to the same hub.
+    let kept = super::client::load_file()
+        .ok()
+        .filter(|f| f.hub.as_deref() == Some(hub.as_str()))
+        .and_then(|f| f.cluster);
     let path = save_file(&FileConfig {
         hub: Some(hub.to_string()),
         token: Some(token),
         ca_pem,
+        cluster: kept,
     })?;
     println!("Logged in to {hub}; settings saved to {}", path.display());
     Ok(())
@@ -884,7 +910,7 @@ pub async fn logs(
 ) -> anyhow::Result<()> {
     let mut stream = RuntimeServiceClient::new(hub.channel.clone())
         .pod_log(hub.req(PodLogRequest {
-            cluster: Some(scope.cluster.clone()),
+            cluster: Some(scope.cluster()?),
             namespace: Some(scope.namespace.clone().unwrap_or_else(|| "default".into())),
             name: Some(pod.to_owned()),
             container,
@@ -1000,7 +1026,7 @@ pub async fn exec(
     let mut runtime = RuntimeServiceClient::new(hub.channel.clone());
     let mut stream = runtime
         .execute_tty(hub.req(ExecuteTtyRequest {
-            cluster: Some(scope.cluster.clone()),
+            cluster: Some(scope.cluster()?),
             namespace: Some(scope.namespace.clone().unwrap_or_else(|| "default".into())),
             name: Some(pod.to_owned()),
             container,

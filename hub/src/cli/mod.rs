@@ -289,6 +289,9 @@ pub enum Command {
         #[command(flatten)]
         hub: client::HubFlags,
     },
+    /// The CLI's own settings.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Print this binary's version and the agent image its hub puts in
     /// manifests by default.
     Version {
@@ -331,6 +334,20 @@ pub enum Command {
         #[command(flatten)]
         hub: client::HubFlags,
     },
+}
+
+/// `otter config …`, like kubectl's contexts.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Act on this cluster when a command has no --cluster.
+    ///
+    /// Example: otter config use-cluster edge-1 && otter get pods
+    UseCluster {
+        /// The cluster; "" clears the default.
+        cluster: String,
+    },
+    /// Print the default cluster.
+    CurrentCluster,
 }
 
 /// `otter links …`.
@@ -489,12 +506,26 @@ pub enum CaStep {
 /// Cluster and namespace of a command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Scope {
-    /// The member cluster.
+    /// The member cluster (default: `otter config use-cluster`'s).
     #[arg(short = 'c', long, env = "OTTER_CLUSTER")]
-    pub cluster: String,
+    pub cluster: Option<String>,
     /// The namespace (`default` when not given).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+}
+
+impl Scope {
+    /// The cluster named on the command line, else the saved default.
+    pub fn cluster(&self) -> anyhow::Result<String> {
+        if let Some(c) = &self.cluster {
+            return Ok(c.clone());
+        }
+        client::load_file()?.cluster.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no cluster: pass --cluster X (-c X), or set a default with `otter config use-cluster X`"
+            )
+        })
+    }
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -957,7 +988,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             hub,
         } => {
             let args = commands::GetArgs {
-                cluster: scope.cluster,
+                cluster: scope.cluster()?,
                 resource,
                 name,
                 namespace: scope.namespace,
@@ -976,7 +1007,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         } => {
             commands::apply(
                 &hub.connect().await?,
-                &scope.cluster,
+                &scope.cluster()?,
                 &filename,
                 scope.namespace,
                 force_conflicts,
@@ -992,7 +1023,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         } => {
             commands::delete(
                 &hub.connect().await?,
-                &scope.cluster,
+                &scope.cluster()?,
                 &resource,
                 &name,
                 scope.namespace,
@@ -1008,7 +1039,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         } => {
             commands::describe(
                 &hub.connect().await?,
-                &scope.cluster,
+                &scope.cluster()?,
                 &resource,
                 &name,
                 scope.namespace,
@@ -1064,7 +1095,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             let (local, remote) = commands::forwarded_ports(&ports)?;
             commands::port_forward(
                 &hub.connect().await?,
-                &scope.cluster,
+                &scope.cluster()?,
                 &pod,
                 scope.namespace,
                 local,
@@ -1084,7 +1115,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             }
             commands::scale(
                 &hub.connect().await?,
-                &scope.cluster,
+                &scope.cluster()?,
                 &resource,
                 &name,
                 scope.namespace,
@@ -1092,6 +1123,11 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             )
             .await?
         }
+        Command::Config(ConfigCommand::UseCluster { cluster }) => commands::use_cluster(&cluster)?,
+        Command::Config(ConfigCommand::CurrentCluster) => match client::load_file()?.cluster {
+            Some(c) => println!("{c}"),
+            None => anyhow::bail!("no default cluster; set one with `otter config use-cluster X`"),
+        },
         Command::Version { short } => {
             let version = format!("v{}", crate::VERSION);
             if short {
@@ -1130,7 +1166,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
         } => {
             commands::restart(
                 &hub.connect().await?,
-                &scope.cluster,
+                &scope.cluster()?,
                 &resource,
                 &name,
                 scope.namespace,

@@ -62,6 +62,23 @@ async fn cli_against_a_cluster() {
         assert_eq!(code, 0, "{err}");
         let c = cluster.as_str();
 
+        // No cluster named and none set: the error says how to name one.
+        let (code, _, err) = run(&["get", "pods"]);
+        assert!(
+            code != 0 && err.contains("otter config use-cluster"),
+            "{code} {err}"
+        );
+        // A default cluster, as kubectl's current context.
+        let (code, _, err) = run(&["config", "use-cluster", c]);
+        assert_eq!(code, 0, "{err}");
+        let (code, out, err) = run(&["config", "current-cluster"]);
+        assert_eq!((code, out.trim()), (0, c), "{err}");
+        let (code, out, err) = run(&["get", "pods"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("web-0"), "{out}");
+        let (code, _, err) = run(&["config", "use-cluster", "Not A Name"]);
+        assert_ne!(code, 0, "{err}");
+
         let (code, out, err) = run(&["get", "pods", "-c", c]);
         assert_eq!(code, 0, "{err}");
         let row = out
