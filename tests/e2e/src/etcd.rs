@@ -294,6 +294,65 @@ pub fn replica_proc(
     crate::procs::Proc::start(name, crate::procs::Role::Otter, &args, dir, None)
 }
 
+/// Replica processes `r0`…, each on free loopback ports, with what a test
+/// needs of them.
+#[derive(Debug)]
+pub struct ReplicaProcs {
+    pub procs: Vec<crate::procs::Proc>,
+    pub ports: Vec<ReplicaPorts>,
+    /// The first admin token (one replica wrote it).
+    pub token: String,
+    /// The hub CA bundle.
+    pub ca: String,
+}
+
+/// `n` replicas as processes ([`replica_proc`]) with `extra` arguments each,
+/// returned once every API port accepts connections.
+pub async fn replica_procs(
+    dir: &std::path::Path,
+    store: &str,
+    key: &std::path::Path,
+    n: usize,
+    extra: &[String],
+) -> ReplicaProcs {
+    let ports: Vec<ReplicaPorts> = (0..n)
+        .map(|_| (free_port(), free_port(), free_port()))
+        .collect();
+    let procs = (0..n)
+        .map(|i| replica_proc(&format!("r{i}"), dir, store, key, ports[i], extra))
+        .collect();
+    for p in &ports {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p.0));
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                started.elapsed() < WAIT,
+                "replica on port {} did not start",
+                p.0
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let token = (0..n)
+        .find_map(|i| std::fs::read_to_string(dir.join(format!("r{i}")).join("admin-token")).ok())
+        .expect("an admin token")
+        .trim()
+        .to_owned();
+    // Written once the ports are bound.
+    let ca = crate::procs::read_when_whole(
+        &dir.join("r0").join("ca.crt"),
+        WAIT,
+        crate::procs::whole_pem,
+    )
+    .expect("the CA bundle");
+    ReplicaProcs {
+        procs,
+        ports,
+        token,
+        ca,
+    }
+}
+
 /// A join token for `cluster` in the default tenant, written into the
 /// store sealed with `key` as a replica would write it.
 pub fn join_token_on(store: &str, key: &std::path::Path, cluster: &str) -> String {

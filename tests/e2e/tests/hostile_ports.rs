@@ -508,41 +508,20 @@ async fn peer_port_floods_and_strangers_leave_replicas_talking() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let key = otter_e2e::etcd::store_key(dir.path());
-    let ports: Vec<otter_e2e::etcd::ReplicaPorts> = (0..2)
-        .map(|_| (procs::free_port(), procs::free_port(), procs::free_port()))
-        .collect();
-    let replicas: Vec<Proc> = (0..2)
-        .map(|i| {
-            otter_e2e::etcd::replica_proc(
-                &format!("r{i}"),
-                dir.path(),
-                &etcd.url(),
-                &key,
-                ports[i],
-                &["--keepalive-secs".into(), "1".into()],
-            )
-        })
-        .collect();
-    let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
-    for p in &ports {
-        let started = Instant::now();
-        while TcpStream::connect(addr(p.0)).await.is_err() {
-            assert!(started.elapsed() < WAIT, "a replica did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let token = ["r0", "r1"]
-        .iter()
-        .find_map(|r| std::fs::read_to_string(dir.path().join(r).join("admin-token")).ok())
-        .expect("an admin token")
-        .trim()
-        .to_owned();
-    let ca = procs::read_when_whole(
-        &dir.path().join("r1").join("ca.crt"),
-        WAIT,
-        procs::whole_pem,
+    let otter_e2e::etcd::ReplicaProcs {
+        procs: replicas,
+        ports,
+        token,
+        ca,
+    } = otter_e2e::etcd::replica_procs(
+        dir.path(),
+        &etcd.url(),
+        &key,
+        2,
+        &["--keepalive-secs".into(), "1".into()],
     )
-    .expect("the CA bundle");
+    .await;
+    let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
     let join = otter_e2e::etcd::join_token_on(&etcd.url(), &key, "edge-p");
     // The agent on r1; calls come through r0.
     let _agent = start_agent_at(

@@ -761,7 +761,6 @@ async fn the_peer_port_takes_replica_certificates_only() {
 /// and calls work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_hands_its_clusters_to_another() {
-    use otter_e2e::procs::free_port;
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let key = otter_e2e::etcd::store_key(dir.path());
@@ -769,49 +768,27 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
         otter_e2e::Relay::start().await,
         otter_e2e::Relay::start().await,
     );
-    let ports: Vec<(u16, u16, u16)> = (0..2)
-        .map(|_| (free_port(), free_port(), free_port()))
-        .collect();
-    let start = |i: usize| {
-        otter_e2e::etcd::replica_proc(
-            &format!("r{i}"),
-            dir.path(),
-            &etcd.url(),
-            &key,
-            ports[i],
-            &[
-                "--external-url".into(),
-                format!("https://localhost:{}", lb_api.addr.port()),
-                "--tunnel-url".into(),
-                format!("h2://localhost:{}", lb_tunnel.addr.port()),
-                "--keepalive-secs".into(),
-                "1".into(),
-            ],
-        )
-    };
-    let _r0 = start(0);
-    let mut r1 = start(1);
-    let api = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i].0));
-    for i in 0..2 {
-        wait_until(
-            async || tokio::net::TcpStream::connect(api(i)).await.is_ok(),
-            "a replica to listen",
-        )
-        .await;
-    }
-    let token = ["r0", "r1"]
-        .iter()
-        .find_map(|r| std::fs::read_to_string(dir.path().join(r).join("admin-token")).ok())
-        .expect("an admin token")
-        .trim()
-        .to_owned();
-    // The CA bundle is written once the ports are bound.
-    let ca = otter_e2e::procs::read_when_whole(
-        &dir.path().join("r0").join("ca.crt"),
-        WAIT,
-        otter_e2e::procs::whole_pem,
+    let otter_e2e::etcd::ReplicaProcs {
+        mut procs,
+        ports,
+        token,
+        ca,
+    } = otter_e2e::etcd::replica_procs(
+        dir.path(),
+        &etcd.url(),
+        &key,
+        2,
+        &[
+            "--external-url".into(),
+            format!("https://localhost:{}", lb_api.addr.port()),
+            "--tunnel-url".into(),
+            format!("h2://localhost:{}", lb_tunnel.addr.port()),
+            "--keepalive-secs".into(),
+            "1".into(),
+        ],
     )
-    .expect("the CA bundle");
+    .await;
+    let api = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i].0));
     // The balancer sends everything to r1 first.
     lb_api.set_target(api(1));
     lb_tunnel.set_target(std::net::SocketAddr::from(([127, 0, 0, 1], ports[1].1)));
@@ -853,7 +830,7 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
         .unwrap();
     assert!(before.connected.is_some());
 
-    r1.kill9();
+    procs[1].kill9();
     let killed = std::time::Instant::now();
     lb_api.set_target(api(0));
     lb_tunnel.set_target(std::net::SocketAddr::from(([127, 0, 0, 1], ports[0].1)));
