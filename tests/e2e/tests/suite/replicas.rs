@@ -534,8 +534,10 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
     assert!(!through_a.1.contains("replica"), "{through_a:?}");
     eprintln!("kubectl proxy through a and at b: {}", through_a.0);
 
-    // b stops: its record goes with it, and a says the cluster is offline.
-    drop(agent);
+    // The agent and b stop: b's record goes with it, and a says the
+    // cluster is offline. (An agent left running would come back through
+    // a at once: b's goodbye sends it to the next replica.)
+    agent.agent.shutdown().await;
     b.hub.shutdown().await;
     wait_until(
         async || {
