@@ -262,7 +262,9 @@ async fn kubectl_through_the_hub() {
     agent.shutdown().await;
     let (code, _, err) = tokio::task::block_in_place(|| {
         let mut cmd = std::process::Command::new(kubectl_133().unwrap());
-        cmd.arg("--kubeconfig").arg(&kube_path).args(["get", "pods"]);
+        cmd.arg("--kubeconfig")
+            .arg(&kube_path)
+            .args(["get", "pods"]);
         run_bounded(&mut cmd, Duration::from_secs(60))
     });
     assert_ne!(code, 0);
