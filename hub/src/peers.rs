@@ -447,8 +447,9 @@ const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Bounds of the peer port's connections before they showed a replica
 /// certificate. The port should be reachable from the replicas only, but
-/// nothing guarantees that: a stranger's connections take places among
-/// these, never a replica's, and stalled ones are dropped for newcomers.
+/// nothing guarantees that: strangers' connections hold places here, one
+/// source at most its share, and one stalled over a second is dropped for
+/// a newcomer, so a replica's handshake (milliseconds) still gets in.
 const PEER_HANDSHAKES: otter_tunnel::handshakes::HandshakeLimits =
     otter_tunnel::handshakes::HandshakeLimits {
         max_pending: 256,
