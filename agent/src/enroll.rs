@@ -4,7 +4,9 @@
 use std::{sync::Arc, time::Duration};
 
 use otter_pki::tls;
-use otter_proto::link::v1::{RegisterRequest, link_service_client::LinkServiceClient};
+use otter_proto::link::v1::{
+    RegisterRequest, RegisterResponse, link_service_client::LinkServiceClient,
+};
 use otter_tunnel::error_chain;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -195,33 +197,33 @@ pub fn hub_trust<'a>(config: &'a AgentConfig, creds: Option<&'a Credentials>) ->
         .unwrap_or(&config.hub_ca_pem)
 }
 
-/// Registers (or, with `current`, renews) and returns the new credentials.
-pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Result<Credentials> {
+/// Bound of a renewal's try on the tunnel port, so the API port still
+/// gets its turn within the renewal's own bound.
+const TUNNEL_PORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which port a Register went to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The hub's API port (every enrollment; a renewal the tunnel port
+    /// could not take).
+    Api,
+    /// The hub's tunnel port ([`otter_tunnel::h2::LINK_ALPN`]).
+    TunnelPort,
+}
+
+/// Registers (or, with `current`, renews) and returns the new credentials
+/// and the port that answered.
+///
+/// A renewal goes to the tunnel port first: the agent got through there
+/// before, and behind a proxy or firewall that lets out only the tunnel
+/// port it is the one way, whereas the API port was needed only once, to
+/// enroll. When the tunnel port cannot take it (an older hub, a full hub,
+/// no TCP tunnel URL) it goes to the API port as before.
+pub async fn register(
+    config: &AgentConfig,
+    current: Option<&Credentials>,
+) -> Result<(Credentials, Via)> {
     let (key_pem, csr_pem) = otter_pki::csr::generate(&config.cluster, &config.agent_id)?;
-    let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
-    let tls = tls::api_client_config(
-        hub_trust(config, current),
-        config.api_trust.ca_pem.as_deref(),
-        config.api_trust.public_roots,
-        client_cert,
-        &[b"h2"],
-    )?;
-    // The first replica that answers; the error of the last when none does.
-    let mut reached = None;
-    let mut failed = None;
-    for url in config.hub_urls() {
-        match channel(url, tls.clone(), config.proxy.as_ref()).await {
-            Ok(ch) => {
-                reached = Some(ch);
-                break;
-            }
-            Err(e) => failed = Some(e),
-        }
-    }
-    let Some(reached) = reached else {
-        return Err(failed.unwrap_or_else(|| AgentError::Config("no hub URL".into())));
-    };
-    let mut client = LinkServiceClient::new(reached);
     let request = RegisterRequest {
         cluster: Some(config.cluster.clone()),
         csr: Some(csr_pem.into_bytes()),
@@ -230,7 +232,133 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
         rancher_project_id: Some(config.rancher_project_id.clone()),
         join_token: current.is_none().then(|| config.join_token.0.clone()),
     };
-    let resp = client.register(request).await?.into_inner();
+    let on_tunnel_port = match current {
+        Some(c) => match tokio::time::timeout(
+            TUNNEL_PORT_TIMEOUT,
+            call_tunnel_port(config, c, request.clone()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(AgentError::Connect(format!(
+                "no answer on the tunnel port within {} s",
+                TUNNEL_PORT_TIMEOUT.as_secs()
+            )))
+        }) {
+            Ok(resp) => Some(resp),
+            // A busy hub said when to come back: that holds for either port.
+            Err(e) if e.retry_after().is_some() => return Err(e),
+            Err(e) => {
+                tracing::info!(error = %e, "renewal on the tunnel port failed; trying the API port");
+                None
+            }
+        },
+        None => None,
+    };
+    let (resp, via) = match on_tunnel_port {
+        Some(resp) => (resp, Via::TunnelPort),
+        None => (call_api(config, current, request).await?, Via::Api),
+    };
+    let creds = credentials_from(config, key_pem, resp)?;
+    // A failure to keep them is logged, not returned: the hub has spent
+    // the join token by now, so these credentials are the agent's only
+    // way back; it serves with them and keeps them at the next renewal.
+    if let Some(store) = &config.state
+        && let Err(e) = store.save(&creds).await
+    {
+        tracing::error!(error = %e, "could not keep the agent's identity; it is lost if the agent restarts before the next renewal");
+    }
+    Ok((creds, via))
+}
+
+/// Register on the API port: the first replica that answers, or the
+/// error of the last when none does.
+async fn call_api(
+    config: &AgentConfig,
+    current: Option<&Credentials>,
+    request: RegisterRequest,
+) -> Result<RegisterResponse> {
+    let client_cert = current.map(|c| (c.cert_pem.as_str(), c.key_pem.as_str()));
+    let tls = tls::api_client_config(
+        hub_trust(config, current),
+        config.api_trust.ca_pem.as_deref(),
+        config.api_trust.public_roots,
+        client_cert,
+        &[b"h2"],
+    )?;
+    call_first(config.hub_urls(), tls, config, request).await
+}
+
+/// Register on the tunnel port, over the TCP tunnel URLs the hub gave
+/// (HTTP/2, WebSocket: one port), verified as the tunnel is (the hub CA
+/// only) and with the certificate being renewed.
+async fn call_tunnel_port(
+    config: &AgentConfig,
+    current: &Credentials,
+    request: RegisterRequest,
+) -> Result<RegisterResponse> {
+    let urls = tunnel_port_urls(&current.tunnel_urls);
+    if urls.is_empty() {
+        return Err(AgentError::Config(
+            "the hub gave no TCP tunnel URL to renew on".into(),
+        ));
+    }
+    let tls = tls::client_config(
+        hub_trust(config, Some(current)),
+        Some((current.cert_pem.as_str(), current.key_pem.as_str())),
+        &[otter_tunnel::h2::LINK_ALPN],
+    )?;
+    call_first(urls.iter(), tls, config, request).await
+}
+
+/// The distinct `https://host:port` of the tunnel URLs the hub gave:
+/// those of HTTP/2 and WebSocket first (one TCP port), then QUIC's (the
+/// hub serves every transport on its one tunnel port number).
+fn tunnel_port_urls(tunnel_urls: &[Url]) -> Vec<Url> {
+    let mut out: Vec<Url> = Vec::new();
+    let tcp_first = tunnel_urls
+        .iter()
+        .filter(|u| matches!(u.scheme(), "h2" | "wss"))
+        .chain(tunnel_urls.iter().filter(|u| u.scheme() == "quic"));
+    for url in tcp_first {
+        let Some(host) = url.host_str() else { continue };
+        let port = url
+            .port_or_known_default()
+            .unwrap_or(crate::tunnel::DEFAULT_TUNNEL_PORT);
+        if let Ok(https) = Url::parse(&format!("https://{host}:{port}"))
+            && !out.contains(&https)
+        {
+            out.push(https);
+        }
+    }
+    out
+}
+
+/// Calls Register on the first of `urls` that answers.
+async fn call_first<'a>(
+    urls: impl Iterator<Item = &'a Url>,
+    tls: rustls::ClientConfig,
+    config: &AgentConfig,
+    request: RegisterRequest,
+) -> Result<RegisterResponse> {
+    let mut failed = None;
+    for url in urls {
+        match channel(url, tls.clone(), config.proxy.as_ref()).await {
+            Ok(ch) => {
+                let mut client = LinkServiceClient::new(ch);
+                return Ok(client.register(request).await?.into_inner());
+            }
+            Err(e) => failed = Some(e),
+        }
+    }
+    Err(failed.unwrap_or_else(|| AgentError::Config("no hub URL".into())))
+}
+
+/// The credentials a Register answer carries, with the key made for it.
+fn credentials_from(
+    config: &AgentConfig,
+    key_pem: String,
+    resp: RegisterResponse,
+) -> Result<Credentials> {
     let cert_pem = String::from_utf8(resp.certificate.unwrap_or_default())
         .map_err(|_| AgentError::Connect("hub sent a certificate that is not PEM".into()))?;
     let peer = otter_pki::tls::parse_certs(&cert_pem)?
@@ -249,7 +377,7 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
             }
             v
         });
-    let creds = Credentials {
+    Ok(Credentials {
         key_pem,
         cert_pem,
         ca_pem: String::from_utf8(resp.ca_certificate.unwrap_or_default()).unwrap_or_default(),
@@ -260,16 +388,7 @@ pub async fn register(config: &AgentConfig, current: Option<&Credentials>) -> Re
         agent_id: peer.identity.agent_id,
         not_after: peer.not_after,
         tunnel_urls,
-    };
-    // A failure to keep them is logged, not returned: the hub has spent
-    // the join token by now, so these credentials are the agent's only
-    // way back; it serves with them and keeps them at the next renewal.
-    if let Some(store) = &config.state
-        && let Err(e) = store.save(&creds).await
-    {
-        tracing::error!(error = %e, "could not keep the agent's identity; it is lost if the agent restarts before the next renewal");
-    }
-    Ok(creds)
+    })
 }
 
 impl Credentials {
@@ -310,6 +429,36 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renewals_go_to_each_tcp_tunnel_port_once() {
+        let urls: Vec<Url> = [
+            "quic://hub.example:8444",
+            "h2://hub.example:8444",
+            "wss://hub.example:8444",
+            "wss://edge.example",
+            "h2://[::1]:9000",
+            "quic://other.example:7000",
+            "h2://bare.example",
+        ]
+        .iter()
+        .map(|u| Url::parse(u).unwrap())
+        .collect();
+        let got: Vec<String> = tunnel_port_urls(&urls)
+            .iter()
+            .map(|u| u.to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "https://hub.example:8444/",
+                "https://edge.example/",
+                "https://[::1]:9000/",
+                "https://bare.example:8444/",
+                "https://other.example:7000/"
+            ]
+        );
+    }
 
     fn creds(issued_at: i64, life: i64, skew: i64, received: i64) -> Credentials {
         Credentials {

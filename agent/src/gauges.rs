@@ -134,6 +134,11 @@ impl Gauges {
                 status.registrations,
             ),
             ("renewals", "Certificate renewals", status.renewals),
+            (
+                "renewals_on_tunnel_port",
+                "Renewals made on the tunnel port (the others on the API port)",
+                status.renewals_on_tunnel_port,
+            ),
             ("dials", "Tunnel dial rounds", status.dials),
             (
                 "refusals",

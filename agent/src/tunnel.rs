@@ -31,6 +31,9 @@ pub struct AgentStatus {
     pub registrations: u32,
     /// Renewals with the current certificate.
     pub renewals: u32,
+    /// Of those, the ones made on the tunnel port (the others went to the
+    /// API port).
+    pub renewals_on_tunnel_port: u32,
     /// Tunnels established so far.
     pub connects: u32,
     /// Dial rounds so far (each tries the transports in order).
@@ -194,6 +197,12 @@ async fn run(
     tasks: TaskTracker,
 ) {
     let (config, mut creds) = kept_identity(config).await;
+    if let Some(c) = &creds {
+        status.send_modify(|s| {
+            s.cert_serial = c.serial.clone();
+            s.cert_not_after = c.not_after;
+        });
+    }
     let renew_now = std::sync::Arc::new(tokio::sync::Notify::new());
     // The transport that worked last is tried first on a reconnect.
     let mut last_good: Option<TransportKind> = None;
@@ -491,7 +500,9 @@ async fn run(
                             // tunnel serves meanwhile on the current certificate.
                             let retry_in = renew_backoff.next_delay().max(Duration::from_secs(1));
                             renew_retry_at = Some(tokio::time::Instant::now() + retry_in);
-                            tracing::warn!(error = %e, ?retry_in, "renewal failed");
+                            // How long the certificate has left, by the hub's clock.
+                            let left = creds.as_ref().map_or(0, |c| c.not_after - (config.clock.now() + c.skew));
+                            tracing::warn!(error = %e, ?retry_in, certificate_expires_in_secs = left, "renewal failed");
                             status.send_modify(|s| {
                                 s.last_error = e.to_string();
                                 s.last_renewal_error = e.to_string();
@@ -872,9 +883,12 @@ async fn obtain(
 ) -> Result<Credentials> {
     let renewed = match current {
         Some(c) => match enroll::register(config, Some(c)).await {
-            Ok(new) => {
+            Ok((new, via)) => {
                 status.send_modify(|s| {
                     s.renewals += 1;
+                    if via == enroll::Via::TunnelPort {
+                        s.renewals_on_tunnel_port += 1;
+                    }
                     s.cert_serial = new.serial.clone();
                     s.cert_not_after = new.not_after;
                     s.last_renewal_error.clear();
@@ -892,7 +906,7 @@ async fn obtain(
             AgentError::Config("no join token and no saved certificate".into())
         }));
     }
-    let new = enroll::register(config, None).await?;
+    let (new, _) = enroll::register(config, None).await?;
     status.send_modify(|s| {
         s.registrations += 1;
         s.cert_serial = new.serial.clone();
@@ -1126,7 +1140,7 @@ async fn api_reachable(config: &AgentConfig) -> bool {
 }
 
 /// The hub's default tunnel port, when nothing says where to dial.
-const DEFAULT_TUNNEL_PORT: u16 = 8444;
+pub(crate) const DEFAULT_TUNNEL_PORT: u16 = 8444;
 
 /// Where to dial `kind`: the URL the hub listed for it; else, as the hub
 /// serves every transport on its one tunnel port, the host and port of

@@ -110,7 +110,7 @@ pub fn role_group(tenant: &str, role: Role) -> String {
 /// probes and tools without credentials. Everything else is refused
 /// before its body is read unless the headers authenticate the caller.
 pub fn needs_token(path: &str) -> bool {
-    !(path == "/otterscale.link.v1.LinkService/Register"
+    !(path == crate::link_service::REGISTER_PATH
         || path.starts_with("/grpc.health.v1.Health/")
         || path.starts_with("/grpc.reflection.v1.ServerReflection/")
         || path.starts_with("/grpc.reflection.v1alpha.ServerReflection/"))

@@ -24,6 +24,9 @@ use crate::{
 pub const TENANT_HEADER: &str = "otter-tenant";
 
 /// Longest agent version string accepted.
+/// The path of Register, the one method the tunnel port answers.
+pub const REGISTER_PATH: &str = "/otterscale.link.v1.LinkService/Register";
+
 const MAX_VERSION_LEN: usize = 64;
 /// Longest Rancher project id accepted.
 const MAX_RANCHER_ID_LEN: usize = 253;
@@ -161,6 +164,15 @@ impl LinkSvc {
         let csr = std::str::from_utf8(&csr)
             .map_err(|_| Status::invalid_argument("csr must be PEM text"))?;
 
+        // The tunnel port renews and nothing else: a join token is for the
+        // API port, which an enrolling agent reaches anyway.
+        if conn.as_ref().is_some_and(|c| c.tunnel_port)
+            && req.join_token.as_deref().is_some_and(|t| !t.is_empty())
+        {
+            return Err(Status::permission_denied(
+                "the tunnel port renews with the agent's certificate only; enroll with a join token on the API port",
+            ));
+        }
         // Who may register: a join token for this cluster, or (renewal) the
         // certificate of this cluster's current agent presented over mTLS.
         let current = self

@@ -577,6 +577,7 @@ async fn handle(
     ext.insert(Arc::new(ConnInfo {
         remote,
         peer_cert: None,
+        tunnel_port: false,
     }));
     ext.insert(crate::auth::Verified(caller));
     ext.insert(FromPeer(replica));

@@ -105,6 +105,10 @@ pub struct ConnInfo {
     pub remote: SocketAddr,
     /// Client certificate (verified against the hub CA), if one was shown.
     pub peer_cert: Option<Vec<u8>>,
+    /// Came on the tunnel port ([`otter_tunnel::h2::LINK_ALPN`]): an agent
+    /// renewing there, which may call Register with its certificate and
+    /// nothing else.
+    pub tunnel_port: bool,
 }
 
 impl ConnInfo {
@@ -215,7 +219,7 @@ impl Hub {
         };
         let tunnel_tls = live.server_config(
             tls::ClientAuth::Required,
-            &[h2::ALPN, otter_tunnel::ws::ALPN],
+            &[h2::ALPN, otter_tunnel::ws::ALPN, h2::LINK_ALPN],
         )?;
         let quic_tls = live.server_config(tls::ClientAuth::Required, &[quic::ALPN])?;
         // Replicas reach each other on a port of their own, each showing a
@@ -345,11 +349,13 @@ impl Hub {
             accepted_rx,
             shutdown.clone(),
         ));
+        let (links_tx, links_rx) = mpsc::channel(16);
         tasks.spawn(h2::accept_loop_paced(
             tunnel_tcp,
             Arc::new(tunnel_tls),
             h2_settings,
             accepted_tx.clone(),
+            Some(links_tx),
             shutdown.clone(),
             pacer.clone(),
         ));
@@ -364,6 +370,12 @@ impl Hub {
         let health_routes = tonic::service::Routes::new(health_service.clone());
         let routes = api_routes(&state, health_service)?;
         let api_tls = (!state.config.api_plaintext).then(|| Arc::new(api_tls));
+        tasks.spawn(serve_tunnel_port_links(
+            state.clone(),
+            routes.clone(),
+            links_rx,
+            shutdown.clone(),
+        ));
         tasks.spawn(serve_api(
             state.clone(),
             routes,
@@ -858,7 +870,11 @@ async fn serve_api(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .map(|c| c.to_vec());
-                    let conn = Arc::new(ConnInfo { remote, peer_cert });
+                    let conn = Arc::new(ConnInfo {
+                        remote,
+                        peer_cert,
+                        tunnel_port: false,
+                    });
                     serve_connection(state2, routes, conn, TokioIo::new(tls), first, shutdown)
                         .await;
                 }
@@ -866,6 +882,7 @@ async fn serve_api(
                     let conn = Arc::new(ConnInfo {
                         remote,
                         peer_cert: None,
+                        tunnel_port: false,
                     });
                     serve_connection(state2, routes, conn, TokioIo::new(tcp), first, shutdown)
                         .await;
@@ -876,6 +893,59 @@ async fn serve_api(
                 () = serve => {}
                 _ = evicted.cancelled() => tracing::debug!(%remote, "API connection dropped for a newer one: no request head yet"),
             }
+        });
+    }
+}
+
+/// Renewal connections on the tunnel port served at once; one more is
+/// closed, and its agent renews on the API port.
+const TUNNEL_PORT_LINKS_AT_ONCE: usize = 64;
+
+/// How long a renewal connection on the tunnel port may stay: one
+/// Register, with room for a slow link.
+const TUNNEL_PORT_LINK_LIFETIME: Duration = Duration::from_secs(30);
+
+/// Serves the link API to agents renewing on the tunnel port (TLS, with a
+/// verified client certificate, done by the tunnel listener). Only
+/// Register with that certificate is answered there ([`route`],
+/// [`crate::link_service`]): the tunnel port stays closed to everything
+/// a user or an unenrolled agent calls.
+async fn serve_tunnel_port_links(
+    state: Arc<HubState>,
+    routes: tonic::service::Routes,
+    mut links: mpsc::Receiver<otter_tunnel::transport::LinkConn>,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(TUNNEL_PORT_LINKS_AT_ONCE));
+    loop {
+        let link = tokio::select! {
+            l = links.recv() => match l { Some(l) => l, None => return },
+            _ = shutdown.cancelled() => return,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(remote = %link.remote, "renewal connection on the tunnel port closed: too many at once");
+            continue;
+        };
+        let conn = Arc::new(ConnInfo {
+            remote: link.remote,
+            peer_cert: link.peer_cert.map(|c| c.to_vec()),
+            tunnel_port: true,
+        });
+        let first = FirstRequest {
+            accepted: tokio::time::Instant::now(),
+            pending: Arc::default(),
+        };
+        let serve = serve_connection(
+            state.clone(),
+            routes.clone(),
+            conn,
+            TokioIo::new(link.io),
+            first,
+            shutdown.clone(),
+        );
+        state.tasks.spawn(async move {
+            let _slot = slot;
+            let _ = tokio::time::timeout(TUNNEL_PORT_LINK_LIFETIME, serve).await;
         });
     }
 }
@@ -992,8 +1062,19 @@ async fn route(
     conn: Arc<ConnInfo>,
     mut req: http::Request<Incoming>,
 ) -> http::Response<HttpBody> {
-    req.extensions_mut().insert(conn);
     let path = req.uri().path().to_owned();
+    if conn.tunnel_port && path != crate::link_service::REGISTER_PATH {
+        // Every caller here is an agent speaking gRPC: a gRPC refusal.
+        return unread_body(
+            tonic::Status::permission_denied(format!(
+                "the tunnel port serves {} (renewal) and nothing else; call {path} on the API port",
+                crate::link_service::REGISTER_PATH
+            ))
+            .into_http(),
+            req,
+        );
+    }
+    req.extensions_mut().insert(conn);
     if req.method() == http::Method::GET
         && let Some(resp) = crate::ops::probe(&state, &path)
     {

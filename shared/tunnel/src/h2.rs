@@ -29,11 +29,18 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Result, TunnelError,
-    transport::{Accepted, Acceptor, BoxFuture, Keepalive, Opener, TransportKind, TunnelStream},
+    transport::{
+        Accepted, Acceptor, BoxFuture, Keepalive, LinkConn, Opener, TransportKind, TunnelStream,
+    },
 };
 
 /// ALPN protocol of this transport on the hub's tunnel port.
 pub const ALPN: &[u8] = b"otter-tunnel-h2";
+
+/// ALPN of the hub's link API (gRPC over HTTP/2, the agent as client) on
+/// the tunnel port: an agent renews there, with the certificate it holds,
+/// when the tunnel port is the only one its network lets out.
+pub const LINK_ALPN: &[u8] = b"otter-link-h2";
 
 /// Bounds a TLS handshake; a client that stalls it is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -218,7 +225,7 @@ pub async fn accept_loop(
     shutdown: CancellationToken,
 ) {
     let pacer = crate::pace::Pacer::unlimited();
-    accept_loop_paced(listener, tls, settings, out, shutdown, pacer).await;
+    accept_loop_paced(listener, tls, settings, out, None, shutdown, pacer).await;
 }
 
 /// Like [`accept_loop`], setting up at most what `pacer` allows at once;
@@ -228,11 +235,17 @@ pub async fn accept_loop(
 /// Before the client certificate is verified a connection holds only a
 /// place among the pacer's pending handshakes ([`crate::handshakes`]): one
 /// refused there is closed at once, one evicted for a newcomer is dropped.
+///
+/// Connections that negotiated [`LINK_ALPN`] go to `links`, unpaced (a
+/// renewal is one short call, and the hub paces Register itself); without
+/// `links`, or when it is full, they are closed and the agent renews on
+/// the API port.
 pub async fn accept_loop_paced(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     settings: H2Settings,
     out: mpsc::Sender<Accepted>,
+    links: Option<mpsc::Sender<LinkConn>>,
     shutdown: CancellationToken,
     pacer: Arc<crate::pace::Pacer>,
 ) {
@@ -259,9 +272,10 @@ pub async fn accept_loop_paced(
             tracing::debug!(%remote, "tunnel connection refused: its source holds too many handshakes");
             continue;
         };
-        let (acceptor, out, shutdown, pacer) = (
+        let (acceptor, out, links, shutdown, pacer) = (
             acceptor.clone(),
             out.clone(),
+            links.clone(),
             shutdown.clone(),
             pacer.clone(),
         );
@@ -276,6 +290,17 @@ pub async fn accept_loop_paced(
                 place.verified();
                 let (_, conn) = tls.get_ref();
                 let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
+                if conn.alpn_protocol() == Some(LINK_ALPN) {
+                    let link = LinkConn {
+                        io: Box::new(tls),
+                        peer_cert,
+                        remote,
+                    };
+                    if links.is_none_or(|l| l.try_send(link).is_err()) {
+                        tracing::debug!(%remote, "link connection on the tunnel port closed: not served here or too many at once");
+                    }
+                    return Ok(None);
+                }
                 let ws = conn.alpn_protocol() == Some(crate::ws::ALPN);
                 let admission = match pacer.try_enter() {
                     Ok(a) => a,
@@ -332,7 +357,9 @@ pub async fn accept_loop_paced(
                 Ok(Ok(Some(a))) => {
                     let _ = out.send(a).await;
                 }
-                Ok(Ok(None)) => tracing::debug!(%remote, "tunnel paced: told to retry later"),
+                Ok(Ok(None)) => {
+                    tracing::debug!(%remote, "no tunnel: paced (told to retry later) or a link connection handed on")
+                }
                 Ok(Err(e)) => tracing::info!(%remote, error = %e, "tunnel handshake refused"),
                 Err(_) => tracing::info!(%remote, "tunnel handshake timed out"),
             }

@@ -127,6 +127,24 @@ pub struct Accepted {
     pub admission: Option<crate::pace::Admission>,
 }
 
+/// A connection on the tunnel port that asked for the hub's link API
+/// ([`crate::h2::LINK_ALPN`]) rather than for a tunnel: an agent renewing
+/// its certificate where the tunnel port is its only way out.
+pub struct LinkConn {
+    pub io: Box<dyn crate::h2::Io>,
+    /// The client certificate, already verified against the hub CA by TLS.
+    pub peer_cert: Option<rustls::pki_types::CertificateDer<'static>>,
+    pub remote: std::net::SocketAddr,
+}
+
+impl std::fmt::Debug for LinkConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkConn")
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for Accepted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Accepted")

@@ -124,8 +124,19 @@ pub async fn client_channel(
     ca_pem: &str,
     client: Option<(&str, &str)>,
 ) -> tonic::transport::Channel {
+    client_channel_alpn(addr, ca_pem, client, b"h2").await
+}
+
+/// Like [`client_channel`], negotiating `alpn` (the tunnel port's link
+/// API, say).
+pub async fn client_channel_alpn(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    client: Option<(&str, &str)>,
+    alpn: &[u8],
+) -> tonic::transport::Channel {
     otter_pki::tls::install_default_provider();
-    let tls = otter_pki::tls::client_config(ca_pem, client, &[b"h2"]).expect("client TLS config");
+    let tls = otter_pki::tls::client_config(ca_pem, client, &[alpn]).expect("client TLS config");
     let connector = TlsConnector::from(Arc::new(tls));
     tonic::transport::Endpoint::from_shared(format!("http://localhost:{}", addr.port()))
         .expect("endpoint")
@@ -163,6 +174,7 @@ pub fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
 pub struct Relay {
     pub addr: std::net::SocketAddr,
     frozen: Arc<std::sync::atomic::AtomicBool>,
+    tcp_frozen: Arc<std::sync::atomic::AtomicBool>,
     udp_blocked: Arc<std::sync::atomic::AtomicBool>,
     target: Arc<std::sync::Mutex<Option<std::net::SocketAddr>>>,
 }
@@ -183,6 +195,7 @@ impl Relay {
         let relay = Relay {
             addr: tcp.local_addr().expect("addr"),
             frozen: Arc::new(AtomicBool::new(false)),
+            tcp_frozen: Arc::new(AtomicBool::new(false)),
             udp_blocked: Arc::new(AtomicBool::new(false)),
             target: Arc::new(std::sync::Mutex::new(None)),
         };
@@ -190,7 +203,7 @@ impl Relay {
         tokio::spawn(async move {
             while let Ok((inbound, _)) = tcp.accept().await {
                 let Some(target) = r.target() else { continue };
-                let frozen = r.frozen.clone();
+                let frozen = [r.frozen.clone(), r.tcp_frozen.clone()];
                 tokio::spawn(async move {
                     let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
@@ -228,12 +241,18 @@ impl Relay {
         self.frozen
             .store(frozen, std::sync::atomic::Ordering::SeqCst);
     }
+
+    /// Stops (true) or resumes (false) TCP only; datagrams pass.
+    pub fn freeze_tcp(&self, frozen: bool) {
+        self.tcp_frozen
+            .store(frozen, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 async fn pump(
     from: &mut (impl tokio::io::AsyncRead + Unpin),
     to: &mut (impl tokio::io::AsyncWrite + Unpin),
-    frozen: Arc<std::sync::atomic::AtomicBool>,
+    frozen: [Arc<std::sync::atomic::AtomicBool>; 2],
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -243,7 +262,10 @@ async fn pump(
             Ok(n) => n,
         };
         // Frozen: swallow the bytes, as a dead path would.
-        if frozen.load(std::sync::atomic::Ordering::SeqCst) {
+        if frozen
+            .iter()
+            .any(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+        {
             continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {

@@ -244,9 +244,14 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
         Some(1.0),
         "{m}"
     );
+    // Renewals take the tunnel port first (the API port is the fallback).
     assert!(
-        proxy.as_ref().expect("proxy").connects_to(8443) >= 4,
+        proxy.as_ref().expect("proxy").connects_to(8444) >= 4,
         "the renewals went through the proxy"
+    );
+    assert!(
+        sample(&m, "otter_agent_renewals_on_tunnel_port_total") >= Some(3.0),
+        "{m}"
     );
 
     // What `otter links -o wide` shows: the proxy (no password) and QUIC

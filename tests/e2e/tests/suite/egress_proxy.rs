@@ -18,6 +18,12 @@ use otter_tunnel::TransportKind;
 type Tinyproxy = Daemon;
 
 fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
+    tinyproxy_to(auth, &[])
+}
+
+/// A tinyproxy that lets CONNECT through to `ports` only (any port when
+/// empty), as a site's egress proxy that opened one port for the agent.
+fn tinyproxy_to(auth: Option<(&str, &str)>, ports: &[u16]) -> Option<Tinyproxy> {
     let bin = std::path::Path::new("/usr/bin/tinyproxy");
     if !bin.exists() {
         tool_missing("tinyproxy (scripts/setup.sh installs it)");
@@ -33,6 +39,9 @@ fn tinyproxy(auth: Option<(&str, &str)>) -> Option<Tinyproxy> {
     );
     if let Some((u, p)) = auth {
         conf.push_str(&format!("BasicAuth {u} {p}\n"));
+    }
+    for port in ports {
+        conf.push_str(&format!("ConnectPort {port}\n"));
     }
     let conf_path = dir.path().join("tinyproxy.conf");
     std::fs::write(&conf_path, conf).unwrap();
@@ -415,12 +424,19 @@ async fn register_and_renewals_go_through_the_proxy() {
         renewed = agent.agent.status().renewals;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    // Each renewal was a connection through the proxy to the API port.
+    // Each renewal was a connection through the proxy, to the tunnel
+    // port (the first try; the API port is the fallback).
+    let tunnel_port = hub.hub.tunnel_addr.port();
     assert!(
-        connects_to(&tp, api_port) > 3,
+        connects_to(&tp, tunnel_port) > 3,
         "renewals went through the proxy"
     );
-    assert_eq!(agent.agent.status().registrations, 1);
+    let status = agent.agent.status();
+    assert_eq!(status.registrations, 1);
+    assert_eq!(
+        status.renewals_on_tunnel_port, status.renewals,
+        "{status:?}"
+    );
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
@@ -537,5 +553,88 @@ async fn https_proxy_from_the_environment_is_honoured() {
     }
     drop(agents);
     sim.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
+/// After enrollment the tunnel port is the one way out an agent needs.
+/// Behind a proxy that lets CONNECT through to the tunnel port only, an
+/// agent on its kept identity renews there (a 60 s certificate, renewed
+/// every 6 s), keeps serving calls and never needs the API port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_take_the_tunnel_port_when_it_is_the_only_way_out() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.agent_cert_lifetime = Duration::from_secs(60);
+    })
+    .await;
+    let (api_port, tunnel_port) = (hub.hub.api_addr.port(), hub.hub.tunnel_addr.port());
+    let Some(tp) = tinyproxy_to(None, &[tunnel_port]) else {
+        return;
+    };
+    // Enrolled where the API port was reachable; the identity is kept.
+    let state = tempfile::tempdir().unwrap();
+    let keep = || {
+        Some(otter_agent::identity::IdentityStore::Dir(
+            state.path().to_owned(),
+        ))
+    };
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let first = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.state = keep();
+    });
+    first
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("enrolls directly");
+    first.agent.shutdown().await;
+
+    // Moved behind the proxy: no token, its kept identity only.
+    let agent = start_agent_with(&hub, "edge-1", "a1", "", TransportKind::H2, |c| {
+        c.state = keep();
+        c.proxy = Some(proxy(&format!("http://127.0.0.1:{}", tp.port)));
+        c.renew_at = 0.1;
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("tunnels through the proxy");
+    let mut resources = ResourceServiceClient::new(hub.channel().await);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while agent.agent.status().renewals < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "renewals behind a tunnel-port-only proxy: {:?}",
+            agent.agent.status()
+        );
+        let r = resources
+            .get(with_token(get("edge-1", "x"), &hub.admin_token))
+            .await
+            .expect("calls keep flowing across renewals");
+        assert_eq!(field(r.get_ref(), "agent"), "a1");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let status = agent.agent.status();
+    assert_eq!(
+        status.renewals_on_tunnel_port, status.renewals,
+        "{status:?}"
+    );
+    assert_eq!(status.renewal_failures, 0, "{status:?}");
+    assert_eq!(status.registrations, 0, "{status:?}");
+    assert!(
+        connects_to(&tp, tunnel_port) > 3,
+        "renewals went through the proxy"
+    );
+    assert_eq!(
+        connects_to(&tp, api_port),
+        0,
+        "nothing asked for the API port"
+    );
+    eprintln!(
+        "tunnel-port-only proxy: {} renewals, all on the tunnel port; 0 connections to the API port",
+        status.renewals
+    );
+    agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }

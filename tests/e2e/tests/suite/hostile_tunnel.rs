@@ -468,3 +468,104 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
     new.abort();
     hub.hub.shutdown().await;
 }
+
+/// The tunnel port's link API ([`otter_tunnel::h2::LINK_ALPN`]), where an
+/// agent renews when the tunnel port is its only way out, answers Register
+/// with the agent's own certificate and nothing else: not without a
+/// certificate, not with a join token, not for another cluster, and no
+/// other method, however the caller is authenticated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_port_renews_and_answers_nothing_else() {
+    let hub = TestHub::start().await;
+    let channel = hub.channel().await;
+    let token = hub.hub.mint_join_token("edge-r").unwrap();
+    let other_token = hub.hub.mint_join_token("edge-s").unwrap();
+    let register = |cluster: &str, token: &str, csr: &str| RegisterRequest {
+        cluster: Some(cluster.into()),
+        csr: Some(csr.as_bytes().to_vec()),
+        agent_id: Some("r1".into()),
+        agent_version: Some("v0.1.0".into()),
+        rancher_project_id: None,
+        join_token: Some(token.into()),
+    };
+    let (key, csr) = otter_pki::csr::generate("edge-r", "r1").unwrap();
+    let cert = LinkServiceClient::new(channel.clone())
+        .register(register("edge-r", &token, &csr))
+        .await
+        .unwrap()
+        .into_inner()
+        .certificate
+        .unwrap();
+    let cert = String::from_utf8(cert).unwrap();
+    // Without a certificate: no TLS session at all.
+    let anonymous = tokio::spawn({
+        let (addr, ca) = (hub.hub.tunnel_addr, hub.hub.ca_pem().to_owned());
+        async move {
+            let ch =
+                otter_e2e::client_channel_alpn(addr, &ca, None, otter_tunnel::h2::LINK_ALPN).await;
+            LinkServiceClient::new(ch)
+                .list_links(ListLinksRequest::default())
+                .await
+        }
+    })
+    .await;
+    assert!(
+        !matches!(anonymous, Ok(Ok(_))),
+        "answered without a certificate: {anonymous:?}"
+    );
+    let mtls = otter_e2e::client_channel_alpn(
+        hub.hub.tunnel_addr,
+        hub.hub.ca_pem(),
+        Some((&cert, &key)),
+        otter_tunnel::h2::LINK_ALPN,
+    )
+    .await;
+    let mut link = LinkServiceClient::new(mtls);
+    // Another method, even with the admin's token: not here.
+    let e = link
+        .list_links(with_token(ListLinksRequest::default(), &hub.admin_token))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("API port"), "{e:?}");
+    // A join token (another cluster's, still unspent): enroll on the API port.
+    let (_, csr_s) = otter_pki::csr::generate("edge-s", "r1").unwrap();
+    let e = link
+        .register(register("edge-s", &other_token, &csr_s))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("API port"), "{e:?}");
+    // This certificate for another cluster.
+    let e = link
+        .register(register("edge-s", "", &csr_s))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // Its own renewal: answered, with a certificate of the same agent.
+    let (_, csr) = otter_pki::csr::generate("edge-r", "r1").unwrap();
+    let renewed = link
+        .register(register("edge-r", "", &csr))
+        .await
+        .expect("the tunnel port renews");
+    let pem = String::from_utf8(renewed.into_inner().certificate.unwrap()).unwrap();
+    let der = otter_pki::tls::parse_certs(&pem).unwrap().remove(0);
+    let peer = otter_pki::identity::PeerCertificate::from_der(der.as_ref()).unwrap();
+    assert_eq!(
+        (
+            peer.identity.cluster.as_str(),
+            peer.identity.agent_id.as_str()
+        ),
+        ("edge-r", "r1")
+    );
+    // edge-s's token was not spent by the refused attempt.
+    let (_, csr_s) = otter_pki::csr::generate("edge-s", "s1").unwrap();
+    LinkServiceClient::new(channel)
+        .register(RegisterRequest {
+            agent_id: Some("s1".into()),
+            ..register("edge-s", &other_token, &csr_s)
+        })
+        .await
+        .expect("the other cluster's token is still good");
+    hub.hub.shutdown().await;
+}

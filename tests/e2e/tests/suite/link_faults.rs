@@ -206,19 +206,26 @@ async fn certificate_is_renewed_without_dropping_the_tunnel() {
     hub.hub.shutdown().await;
 }
 
-/// A renewal runs beside the tunnel: while the hub's API port does not
-/// answer (a relay in front of it swallows every byte) the renewal hangs
-/// and fails, calls on the tunnel keep being served without a stall, the
-/// failure is reported, and the renewal succeeds once the API answers.
+/// A renewal runs beside the tunnel: while neither place a renewal goes
+/// answers (relays in front of the tunnel port's TCP side, where it goes
+/// first, and of the API port swallow every byte) the renewal hangs and
+/// fails, calls on the QUIC tunnel keep being served without a stall, the
+/// failure is reported, and the renewal succeeds once the hub answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_renewal_does_not_stall_calls() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
+    let tunnel = Relay::start().await;
     let hub = TestHub::start_with(dir, None, |c| {
         c.agent_cert_lifetime = Duration::from_secs(60);
         c.diagnosis_max_age = Duration::from_millis(200);
+        c.tunnel_urls = ["quic", "h2"]
+            .iter()
+            .map(|s| url::Url::parse(&format!("{s}://localhost:{}", tunnel.addr.port())).unwrap())
+            .collect();
     })
     .await;
-    // Register and renewals go through the relay; the tunnel does not.
+    tunnel.set_target(hub.hub.tunnel_addr);
+    // Register and renewals on the API port go through this relay.
     let api = Relay::start().await;
     api.set_target(hub.hub.api_addr);
     let token = hub.hub.mint_join_token("edge-1").unwrap();
@@ -239,9 +246,11 @@ async fn a_hanging_renewal_does_not_stall_calls() {
         .await
         .expect("connects");
     api.freeze(true);
+    tunnel.freeze_tcp(true);
 
     // Calls until a renewal has hung and failed (due 6 s after the
-    // certificate was issued, then 10 s for the connection to give up).
+    // certificate was issued, then 10 s on each port for the connection
+    // to give up).
     let mut resources = ResourceServiceClient::new(hub.channel().await);
     let mut slowest = Duration::ZERO;
     let mut calls = 0;
@@ -297,11 +306,12 @@ async fn a_hanging_renewal_does_not_stall_calls() {
     assert!(d.renewal_failures.unwrap_or(0) >= 1, "{d:?}");
 
     api.freeze(false);
+    tunnel.freeze_tcp(false);
     let renewed = agent
         .agent
         .wait_for(Duration::from_secs(90), |s| s.renewals >= 1)
         .await
-        .expect("renews once the API answers");
+        .expect("renews once the hub answers");
     assert!(renewed.last_renewal_error.is_empty());
     assert_eq!(renewed.connects, first.connects);
     listed(false).await;
