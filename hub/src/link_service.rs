@@ -415,15 +415,20 @@ impl LinkService for LinkSvc {
                     .flatten()
                     .filter(|o| o.agent_id == r.agent_id),
                 };
+                let silent = live
+                    .as_ref()
+                    .filter(|t| crate::tunnels::unresponsive(&self.state, t))
+                    .map(|t| t.liveness.silent_for());
                 Link {
                     cluster: Some(r.cluster),
                     agent_version: Some(r.agent_version),
                     rancher_project_id: Some(r.rancher_project_id),
                     agent_id: admin.then_some(r.agent_id),
-                    state: Some(if live.is_some() || elsewhere.is_some() {
-                        LinkState::Connected
-                    } else {
-                        LinkState::Offline
+                    state: Some(match &live {
+                        Some(_) if silent.is_some() => LinkState::Unresponsive,
+                        Some(_) => LinkState::Connected,
+                        None if elsewhere.is_some() => LinkState::Connected,
+                        None => LinkState::Offline,
                     } as i32),
                     transport: Some(
                         live.as_ref()
@@ -431,10 +436,11 @@ impl LinkService for LinkSvc {
                             .or_else(|| elsewhere.as_ref().map(|o| o.transport.clone()))
                             .unwrap_or_default(),
                     ),
-                    last_seen: Some(timestamp(if live.is_some() || elsewhere.is_some() {
-                        unix_now()
-                    } else {
-                        r.last_seen
+                    // Last heard from, for a tunnel whose agent went silent.
+                    last_seen: Some(timestamp(match silent {
+                        Some(for_) => unix_now() - for_.as_secs() as i64,
+                        None if live.is_some() || elsewhere.is_some() => unix_now(),
+                        None => r.last_seen,
                     })),
                     first_seen: Some(timestamp(r.first_seen)),
                     certificate_expires: Some(timestamp(r.cert_not_after)),

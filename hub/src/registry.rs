@@ -38,6 +38,42 @@ pub struct TunnelEntry {
     pub max_calls: u32,
     /// The agent's report on how it got through (JSON), once fetched.
     pub diagnosis: Diagnosis,
+    /// When the agent was last heard from.
+    pub liveness: Liveness,
+}
+
+/// When a tunnel's agent was last heard from, as sampled by
+/// [`crate::tunnels::watch_liveness`] from the transport's count of
+/// keepalives answered or datagrams received.
+#[derive(Debug)]
+pub struct Liveness {
+    heard: AtomicU64,
+    at: std::sync::Mutex<std::time::Instant>,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Liveness {
+            heard: AtomicU64::new(0),
+            at: std::sync::Mutex::new(std::time::Instant::now()),
+        }
+    }
+}
+
+impl Liveness {
+    /// Takes a sample of the transport's count; `None` (a transport that
+    /// cannot tell) counts as heard.
+    pub fn observe(&self, heard: Option<u64>) {
+        let changed = heard.is_none_or(|h| self.heard.swap(h, Ordering::AcqRel) != h);
+        if changed {
+            *self.at.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+        }
+    }
+
+    /// How long since the agent was last heard from.
+    pub fn silent_for(&self) -> Duration {
+        self.at.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+    }
 }
 
 /// The agent's report on its tunnel (JSON: transports tried, proxy, clock

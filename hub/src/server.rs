@@ -349,6 +349,10 @@ impl Hub {
             accepted_rx,
             shutdown.clone(),
         ));
+        tasks.spawn(crate::tunnels::watch_liveness(
+            state.clone(),
+            shutdown.clone(),
+        ));
         let (links_tx, links_rx) = mpsc::channel(16);
         tasks.spawn(h2::accept_loop_paced(
             tunnel_tcp,

@@ -99,6 +99,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         calls: Arc::new(Semaphore::new(max_calls as usize)),
         max_calls,
         diagnosis: Default::default(),
+        liveness: Default::default(),
     });
     if let Some(prev) = state
         .registry
@@ -155,6 +156,32 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
         tracing::info!(cluster = %entry.cluster, agent_id = %entry.agent_id, %reason, "tunnel down");
     });
     Ok(())
+}
+
+/// Samples every tunnel's sign of life four times a keepalive interval,
+/// so a link shows `Unresponsive` about as soon as its agent has missed a
+/// keepalive, well before the keepalive timeout ends the tunnel. One task
+/// for all tunnels: an idle tunnel costs a counter read per sample.
+pub async fn watch_liveness(state: Arc<HubState>, shutdown: CancellationToken) {
+    let every = (state.config.keepalive.interval / 4).max(std::time::Duration::from_millis(50));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        for entry in state.registry.all() {
+            entry.liveness.observe(entry.opener.heard());
+        }
+    }
+}
+
+/// Whether a tunnel's agent has missed a keepalive: nothing heard for two
+/// intervals means the keepalive sent after the last answer has gone a
+/// whole interval unanswered (on QUIC both ends send one every interval).
+pub fn unresponsive(state: &HubState, entry: &TunnelEntry) -> bool {
+    entry.liveness.silent_for() > state.config.keepalive.interval * 2
 }
 
 /// The agent is on its newest certificate: the one it renewed with is

@@ -407,6 +407,15 @@ pub async fn agent_manifest(
 }
 
 /// `otter links`.
+/// A link's state as `otter links` shows it.
+fn state_name(state: Option<i32>) -> &'static str {
+    match state.and_then(|s| LinkState::try_from(s).ok()) {
+        Some(LinkState::Connected) => "Connected",
+        Some(LinkState::Unresponsive) => "Unresponsive",
+        _ => "Offline",
+    }
+}
+
 pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
     let resp = LinkServiceClient::new(hub.channel.clone())
         .list_links(hub.req(ListLinksRequest {}))
@@ -420,7 +429,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
             .map(|l| {
                 serde_json::json!({
                     "cluster": l.cluster, "agentId": l.agent_id, "agentVersion": l.agent_version,
-                    "state": if l.state == Some(LinkState::Connected as i32) { "connected" } else { "offline" },
+                    "state": state_name(l.state).to_lowercase(),
                     "transport": l.transport, "remoteAddress": l.remote_address,
                     "lastSeen": l.last_seen.as_ref().map(|t| t.seconds),
                     "certificateExpires": l.certificate_expires.as_ref().map(|t| t.seconds),
@@ -449,11 +458,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
         .map_or(0, |d| d.as_secs() as i64);
     let mut rows = Vec::new();
     for l in &resp.links {
-        let state = if l.state == Some(LinkState::Connected as i32) {
-            "Connected"
-        } else {
-            "Offline"
-        };
+        let state = state_name(l.state);
         let seen = l
             .last_seen
             .as_ref()

@@ -174,6 +174,10 @@ pub enum LinkState {
     Connected = 1,
     /// Registered, but no tunnel is up.
     Offline = 2,
+    /// A tunnel is up but its agent has missed a keepalive: likely dead (a
+    /// killed process, a cut path); the tunnel ends, and the link goes
+    /// offline, when the keepalive timeout passes without an answer.
+    Unresponsive = 3,
 }
 impl LinkState {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -185,6 +189,7 @@ impl LinkState {
             Self::Unspecified => "LINK_STATE_UNSPECIFIED",
             Self::Connected => "LINK_STATE_CONNECTED",
             Self::Offline => "LINK_STATE_OFFLINE",
+            Self::Unresponsive => "LINK_STATE_UNRESPONSIVE",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -193,6 +198,7 @@ impl LinkState {
             "LINK_STATE_UNSPECIFIED" => Some(Self::Unspecified),
             "LINK_STATE_CONNECTED" => Some(Self::Connected),
             "LINK_STATE_OFFLINE" => Some(Self::Offline),
+            "LINK_STATE_UNRESPONSIVE" => Some(Self::Unresponsive),
             _ => None,
         }
     }

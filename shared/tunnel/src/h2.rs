@@ -10,7 +10,10 @@ use std::{
     io,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     task::{Context, Poll, ready},
     time::{Duration, Instant},
 };
@@ -112,12 +115,18 @@ pub async fn hub_handshake_as(
     let closed = CancellationToken::new();
     let reason = Arc::new(Mutex::new(String::new()));
     let rtt = Arc::new(Mutex::new(None));
+    let answered = Arc::new(AtomicU64::new(0));
     let driver = {
-        let (closed, reason, rtt) = (closed.clone(), reason.clone(), rtt.clone());
+        let (closed, reason, rtt, answered) = (
+            closed.clone(),
+            reason.clone(),
+            rtt.clone(),
+            answered.clone(),
+        );
         async move {
             let why = tokio::select! {
                 r = conn => match r { Ok(()) => "connection ended".to_owned(), Err(e) => e.to_string() },
-                why = keepalive(ping, settings.keepalive, rtt) => why,
+                why = keepalive(ping, settings.keepalive, rtt, answered) => why,
                 _ = closed.cancelled() => String::new(),
             };
             let mut r = reason.lock().unwrap_or_else(|p| p.into_inner());
@@ -134,6 +143,7 @@ pub async fn hub_handshake_as(
         closed,
         reason,
         rtt,
+        answered,
         kind,
     })
 }
@@ -144,6 +154,8 @@ pub struct H2Opener {
     closed: CancellationToken,
     reason: Arc<Mutex<String>>,
     rtt: Arc<Mutex<Option<Duration>>>,
+    /// Keepalives the agent answered.
+    answered: Arc<AtomicU64>,
     kind: TransportKind,
 }
 
@@ -198,6 +210,10 @@ impl Opener for H2Opener {
 
     fn rtt(&self) -> Option<Duration> {
         *self.rtt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn heard(&self) -> Option<u64> {
+        Some(self.answered.load(Ordering::Relaxed))
     }
 
     fn kind(&self) -> TransportKind {
@@ -437,7 +453,7 @@ pub async fn agent_handshake_as(
         let (dead, reason, rtt) = (dead.clone(), reason.clone(), rtt.clone());
         tokio::spawn(async move {
             let why = tokio::select! {
-                why = keepalive(Some(ping), settings.keepalive, rtt) => why,
+                why = keepalive(Some(ping), settings.keepalive, rtt, Default::default()) => why,
                 _ = dead.cancelled() => return,
             };
             *reason.lock().unwrap_or_else(|p| p.into_inner()) = why;
@@ -592,6 +608,7 @@ async fn keepalive(
     ping: Option<h2::PingPong>,
     ka: Keepalive,
     rtt: Arc<Mutex<Option<Duration>>>,
+    answered: Arc<AtomicU64>,
 ) -> String {
     let Some(mut ping) = ping else {
         return std::future::pending().await;
@@ -605,7 +622,10 @@ async fn keepalive(
         // One ping at a time (h2 allows no more): an answer is awaited up
         // to the timeout, past the next tick if need be.
         match tokio::time::timeout(ka.timeout, ping.ping(h2::Ping::opaque())).await {
-            Ok(Ok(_)) => *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed()),
+            Ok(Ok(_)) => {
+                *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed());
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
             Ok(Err(e)) => return format!("keepalive ping failed: {e}"),
             Err(_) => {
                 return format!(

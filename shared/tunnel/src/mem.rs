@@ -89,6 +89,10 @@ impl Opener for MemOpener {
         None
     }
 
+    fn heard(&self) -> Option<u64> {
+        None
+    }
+
     fn kind(&self) -> TransportKind {
         TransportKind::Mem
     }

@@ -283,6 +283,13 @@ impl Opener for QuicOpener {
         Some(self.conn.rtt())
     }
 
+    fn heard(&self) -> Option<u64> {
+        // Both ends send a keepalive every interval, so a live agent's
+        // datagrams (its pings, its acknowledgements of the hub's) keep
+        // coming however idle the tunnel.
+        Some(self.conn.stats().udp_rx.datagrams)
+    }
+
     fn kind(&self) -> TransportKind {
         TransportKind::Quic
     }

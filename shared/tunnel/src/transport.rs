@@ -73,6 +73,11 @@ pub trait Opener: Send + Sync + 'static {
     fn close(&self, reason: &str);
     /// Latest round-trip estimate, if the transport measures one.
     fn rtt(&self) -> Option<Duration>;
+    /// A count that grows whenever the peer is heard from (a keepalive
+    /// answered, a datagram received): sampled now and then, it tells a
+    /// peer that went silent before the keepalive timeout ends the tunnel.
+    /// `None` when the transport cannot tell.
+    fn heard(&self) -> Option<u64>;
     fn kind(&self) -> TransportKind;
 }
 

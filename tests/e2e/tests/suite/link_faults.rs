@@ -91,14 +91,39 @@ async fn dead_path_is_noticed(transport: TransportKind) {
 
     relay.freeze(true);
     let frozen_at = tokio::time::Instant::now();
+    // What `otter links` shows meanwhile: Unresponsive once a keepalive
+    // is missed, then Offline once the tunnel is dropped.
+    let timeline = {
+        let (channel, token) = (channel.clone(), hub.admin_token.clone());
+        tokio::spawn(async move {
+            let mut unresponsive = None;
+            loop {
+                let link = otter_e2e::double::link_of(&channel, &token, "edge-1").await;
+                match link.state.and_then(|s| LinkState::try_from(s).ok()) {
+                    Some(LinkState::Unresponsive) => {
+                        unresponsive.get_or_insert(frozen_at.elapsed());
+                    }
+                    Some(LinkState::Offline) => return (unresponsive, frozen_at.elapsed()),
+                    _ => {}
+                }
+                assert!(frozen_at.elapsed() < WAIT, "the link never went offline");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
     // Keepalive is 1 s on both ends: dead within 3 s, plus scheduling slack.
     agent
         .agent
         .wait_for(WAIT, |s| s.connected.is_none())
         .await
         .expect("agent notices the dead tunnel");
-    wait_connected(&channel, &hub.admin_token, 0).await;
+    let (unresponsive, offline) = timeline.await.unwrap();
     let noticed = frozen_at.elapsed();
+    let unresponsive = unresponsive.expect("the link showed Unresponsive before Offline");
+    println!(
+        "{transport}: the link showed Unresponsive after {unresponsive:?}, Offline after {offline:?}"
+    );
+    assert!(unresponsive < offline);
     // The promise: a keepalive (every 1 s here) unanswered for three
     // intervals is a dead tunnel, on every transport; the first unanswered
     // one leaves up to one interval after the path went silent. 2 s of
