@@ -124,7 +124,7 @@ started=$(date +%s%N)
 survivor=0
 [ "$victim" = r0 ] && survivor=1
 for _ in $(seq 1 300); do
-    if via "$survivor" get pods -A -c edge-1 >/dev/null 2>&1; then
+    if via "$survivor" get pods -A --cluster edge-1 >/dev/null 2>&1; then
         break
     fi
     sleep 0.1
@@ -138,7 +138,7 @@ cat <<EOF2
 == the HA demo is running; try it yourself (Ctrl-C stops everything):
    export OTTER_CONFIG=$OTTER_CONFIG
    $bin/otter links --hub ${api[$survivor]}
-   $bin/otter get pods -A -c edge-2 --hub ${api[2]}
+   $bin/otter get pods -A --cluster edge-2 --hub ${api[2]}
    hub logs: $demo/hub-*.log   agent logs: $demo/edge-*-agent.log   etcd logs: $demo/etcd-*.log
 EOF2
 # `wait` (unlike a foreground sleep) returns at once on a signal the script

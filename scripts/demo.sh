@@ -55,13 +55,13 @@ done
 
 run() { echo; echo "\$ $*"; "$@"; }
 run "$bin/otter" links
-run "$bin/otter" get pods -A -c edge-1
-run "$bin/otter" get pods -A -c edge-2
-run "$bin/otter" exec tools -c edge-1 -- sh -c 'echo "hello from $(hostname) via edge-1"'
+run "$bin/otter" get pods -A --cluster edge-1
+run "$bin/otter" get pods -A --cluster edge-2
+run "$bin/otter" exec tools --cluster edge-1 -- sh -c 'echo "hello from $(hostname) via edge-1"'
 
 echo
-echo "\$ otter port-forward web-0 18080:80 -c edge-1   (and a round trip through it)"
-"$bin/otter" port-forward web-0 18080:80 -c edge-1 >"$demo/pf.log" 2>&1 &
+echo "\$ otter port-forward web-0 18080:80 --cluster edge-1   (and a round trip through it)"
+"$bin/otter" port-forward web-0 18080:80 --cluster edge-1 >"$demo/pf.log" 2>&1 &
 pids+=($!)
 wait_for "$demo/pf.log" "Forwarding from" 10
 exec 3<>/dev/tcp/127.0.0.1/18080
@@ -81,8 +81,8 @@ echo
 echo "\$ otter links --token <gil's token>"
 "$bin/otter" links --token "$gil"
 echo
-echo "\$ otter get pods -A -c edge-1 --token <gil's token>   (answered as for a cluster that does not exist)"
-"$bin/otter" get pods -A -c edge-1 --token "$gil" || true
+echo "\$ otter get pods -A --cluster edge-1 --token <gil's token>   (answered as for a cluster that does not exist)"
+"$bin/otter" get pods -A --cluster edge-1 --token "$gil" || true
 
 if [ -n "$kubectl_133" ]; then
     echo
@@ -100,9 +100,9 @@ cat <<EOF2
 == the demo is running; try it yourself (Ctrl-C stops everything):
    export OTTER_CONFIG=$OTTER_CONFIG
    $bin/otter links -o wide
-   $bin/otter get deploy -c edge-2
-   $bin/otter logs web-0 -c edge-1 -f
-   $bin/otter exec -it tools -c edge-1 -- sh
+   $bin/otter get deploy --cluster edge-2
+   $bin/otter logs web-0 --cluster edge-1 -f
+   $bin/otter exec -it tools --cluster edge-1 -- sh
    $bin/otter kubeconfig --all --kubeconfig $demo/kubeconfig && kubectl --kubeconfig $demo/kubeconfig --context otter-edge-1 get pods
    hub log: $demo/hub.log   agent logs: $demo/edge-*-agent.log
 EOF2

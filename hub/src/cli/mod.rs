@@ -147,7 +147,7 @@ pub enum Command {
     },
     /// Show resources of a cluster, like kubectl get.
     ///
-    /// Example: otter get pods -c edge-1 -A
+    /// Example: otter get pods --cluster edge-1 -A
     Get {
         /// Resource type, as kubectl takes it: pods, deploy, nodes, crontabs.stable.example.com.
         resource: String,
@@ -172,7 +172,7 @@ pub enum Command {
     },
     /// Server-side apply a YAML or JSON file (`-` for stdin).
     ///
-    /// Example: otter apply -f app.yaml -c edge-1
+    /// Example: otter apply -f app.yaml --cluster edge-1
     Apply {
         /// The YAML or JSON file to apply (`-` for stdin).
         #[arg(short, long)]
@@ -187,7 +187,7 @@ pub enum Command {
     },
     /// Delete a resource.
     ///
-    /// Example: otter delete pod web-0 -c edge-1 --grace-period 0
+    /// Example: otter delete pod web-0 --cluster edge-1 --grace-period 0
     Delete {
         /// Resource type, as kubectl takes it.
         resource: String,
@@ -203,7 +203,7 @@ pub enum Command {
     },
     /// Show a resource and its events.
     ///
-    /// Example: otter describe deploy web -c edge-1
+    /// Example: otter describe deploy web --cluster edge-1
     Describe {
         /// Resource type, as kubectl takes it.
         resource: String,
@@ -216,7 +216,7 @@ pub enum Command {
     },
     /// Print (or follow) a pod's logs.
     ///
-    /// Example: otter logs web-0 -c edge-1 -f --tail 20
+    /// Example: otter logs web-0 --cluster edge-1 -f --tail 20
     Logs {
         /// The pod.
         pod: String,
@@ -232,14 +232,14 @@ pub enum Command {
         #[arg(long, value_parser = parse_duration)]
         since: Option<std::time::Duration>,
         /// The container, when the pod has several.
-        #[arg(long)]
+        #[arg(short = 'c', long)]
         container: Option<String>,
         #[command(flatten)]
         hub: client::HubFlags,
     },
     /// Run a command in a pod.
     ///
-    /// Example: otter exec -it web-0 -c edge-1 -- sh
+    /// Example: otter exec -it web-0 --cluster edge-1 -- sh
     Exec {
         /// The pod.
         pod: String,
@@ -252,7 +252,7 @@ pub enum Command {
         #[arg(short = 't', long)]
         tty: bool,
         /// The container, when the pod has several.
-        #[arg(long)]
+        #[arg(short = 'c', long)]
         container: Option<String>,
         #[command(flatten)]
         hub: client::HubFlags,
@@ -262,7 +262,7 @@ pub enum Command {
     },
     /// Forward a local port to a pod's port.
     ///
-    /// Example: otter port-forward web-0 8080:80 -c edge-1
+    /// Example: otter port-forward web-0 8080:80 --cluster edge-1
     PortForward {
         /// The pod.
         pod: String,
@@ -275,7 +275,7 @@ pub enum Command {
     },
     /// Set the replicas of a Deployment, StatefulSet or ReplicaSet.
     ///
-    /// Example: otter scale deploy web --replicas 3 -c edge-1
+    /// Example: otter scale deploy web --replicas 3 --cluster edge-1
     Scale {
         /// deploy, statefulset or replicaset.
         resource: String,
@@ -323,7 +323,7 @@ pub enum Command {
     },
     /// Rolling restart of a workload, like kubectl rollout restart.
     ///
-    /// Example: otter restart deploy web -c edge-1
+    /// Example: otter restart deploy web --cluster edge-1
     Restart {
         /// deploy, statefulset or daemonset.
         resource: String,
@@ -506,8 +506,9 @@ pub enum CaStep {
 /// Cluster and namespace of a command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Scope {
-    /// The member cluster (default: `otter config use-cluster`'s).
-    #[arg(short = 'c', long, env = "OTTER_CLUSTER")]
+    /// The member cluster (default: `otter config use-cluster`'s). No
+    /// short form: `-c` is the container, as in kubectl.
+    #[arg(long, env = "OTTER_CLUSTER")]
     pub cluster: Option<String>,
     /// The namespace (`default` when not given).
     #[arg(short = 'n', long)]
@@ -522,7 +523,7 @@ impl Scope {
         }
         client::load_file()?.cluster.ok_or_else(|| {
             anyhow::anyhow!(
-                "no cluster: pass --cluster X (-c X), or set a default with `otter config use-cluster X`"
+                "no cluster: pass --cluster X, or set a default with `otter config use-cluster X`"
             )
         })
     }

@@ -305,7 +305,10 @@ async fn tenants_tokens_and_links_through_the_cli() {
         // The operator holds no standing access.
         let root_sees: serde_json::Value = serde_json::from_str(&links(&root)).unwrap();
         assert_eq!(root_sees, serde_json::json!([]));
-        let (code, _, err) = run(&d, &["get", "pods", "-c", "acme-1", "--token", &root]);
+        let (code, _, err) = run(
+            &d,
+            &["get", "pods", "--cluster", "acme-1", "--token", &root],
+        );
         assert_ne!(code, 0);
         assert!(err.contains("acme-1 is not registered"), "{err}");
 

@@ -17,7 +17,12 @@ use crate::otter;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_against_a_cluster() {
-    let env = KubeEnv::start(sim_config().pod("default", "web-0", &["web"])).await;
+    let env = KubeEnv::start(sim_config().pod("default", "web-0", &["web"]).pod(
+        "default",
+        "two",
+        &["a", "b"],
+    ))
+    .await;
     // A real TCP echo server behind the pod's port 80.
     let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     env.sim
@@ -79,19 +84,19 @@ async fn cli_against_a_cluster() {
         let (code, _, err) = run(&["config", "use-cluster", "Not A Name"]);
         assert_ne!(code, 0, "{err}");
 
-        let (code, out, err) = run(&["get", "pods", "-c", c]);
+        let (code, out, err) = run(&["get", "pods", "--cluster", c]);
         assert_eq!(code, 0, "{err}");
         let row = out
             .lines()
             .find(|l| l.starts_with("web-0"))
             .unwrap_or_else(|| panic!("{out}"));
         assert!(row.contains("1/1") && row.contains("Running"), "{out}");
-        let (code, out, _) = run(&["get", "po", "web-0", "-c", c, "-o", "json"]);
+        let (code, out, _) = run(&["get", "po", "web-0", "--cluster", c, "-o", "json"]);
         assert_eq!(code, 0);
         let pod: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(pod["metadata"]["name"], "web-0");
         assert!(pod["metadata"].get("managedFields").is_none());
-        let (code, _, err) = run(&["get", "nothings", "-c", c]);
+        let (code, _, err) = run(&["get", "nothings", "--cluster", c]);
         assert_ne!(code, 0);
         assert!(err.contains("doesn't have a resource type"), "{err}");
 
@@ -102,38 +107,56 @@ async fn cli_against_a_cluster() {
              apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d1\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: d1}\n  template:\n    metadata:\n      labels: {app: d1}\n    spec:\n      containers:\n      - {name: c, image: nginx}\n",
         )
         .unwrap();
-        let (code, out, err) = run(&["apply", "-f", manifest.to_str().unwrap(), "-c", c]);
+        let (code, out, err) = run(&["apply", "-f", manifest.to_str().unwrap(), "--cluster", c]);
         assert_eq!(code, 0, "{err}");
         assert!(
             out.contains("configmap/cm1 serverside-applied")
                 && out.contains("deployment.apps/d1 serverside-applied"),
             "{out}"
         );
-        let (code, out, err) = run(&["describe", "deploy", "d1", "-c", c]);
+        let (code, out, err) = run(&["describe", "deploy", "d1", "--cluster", c]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("name: d1") && out.contains("Events:"), "{out}");
-        let (code, out, err) = run(&["scale", "deployment", "d1", "--replicas", "3", "-c", c]);
+        let (code, out, err) = run(&[
+            "scale",
+            "deployment",
+            "d1",
+            "--replicas",
+            "3",
+            "--cluster",
+            c,
+        ]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("scaled to 3"), "{out}");
-        let (code, out, _) = run(&["get", "deploy", "d1", "-c", c, "-o", "yaml"]);
+        let (code, out, _) = run(&["get", "deploy", "d1", "--cluster", c, "-o", "yaml"]);
         assert_eq!(code, 0);
         assert!(out.contains("replicas: 3"), "{out}");
-        let (code, _, err) = run(&["restart", "deploy", "d1", "-c", c]);
+        let (code, _, err) = run(&["restart", "deploy", "d1", "--cluster", c]);
         assert_eq!(code, 0, "{err}");
-        let (code, out, _) = run(&["get", "deploy", "d1", "-c", c, "-o", "json"]);
+        let (code, out, _) = run(&["get", "deploy", "d1", "--cluster", c, "-o", "json"]);
         assert_eq!(code, 0);
         assert!(out.contains("kubectl.kubernetes.io/restartedAt"), "{out}");
-        let (code, out, _) = run(&["delete", "configmap", "cm1", "-c", c]);
+        let (code, out, _) = run(&["delete", "configmap", "cm1", "--cluster", c]);
         assert_eq!(code, 0);
         assert!(out.contains("deleted"));
-        let (code, _, err) = run(&["get", "cm", "cm1", "-c", c]);
+        let (code, _, err) = run(&["get", "cm", "cm1", "--cluster", c]);
         assert_ne!(code, 0);
         assert!(err.contains("not found"), "{err}");
+
+        // -c is the container, as in kubectl.
+        sim.append_log("default", "two", "a", "from a");
+        sim.append_log("default", "two", "b", "from b");
+        let (code, out, err) = run(&["logs", "two", "-c", "b", "--cluster", c]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("from b") && !out.contains("from a"), "{out}");
+        let (code, out, err) = run(&["logs", "two", "--container", "a", "--cluster", c]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("from a") && !out.contains("from b"), "{out}");
 
         // logs -f for a bounded time, while the pod writes.
         sim.append_log("default", "web-0", "web", "first line");
         let follower = std::thread::spawn({
-            let mut f = cmd(&["logs", "web-0", "-c", c, "-f"]);
+            let mut f = cmd(&["logs", "web-0", "--cluster", c, "-f"]);
             move || run_for(&mut f, Duration::from_secs(3))
         });
         std::thread::sleep(Duration::from_millis(1200));
@@ -148,11 +171,17 @@ async fn cli_against_a_cluster() {
         let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = free.local_addr().unwrap().port();
         drop(free);
-        let mut pf = cmd(&["port-forward", "web-0", &format!("{port}:80"), "-c", c])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut pf = cmd(&[
+            "port-forward",
+            "web-0",
+            &format!("{port}:80"),
+            "--cluster",
+            c,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
         let mut conn = None;
         for _ in 0..100 {
             if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
@@ -176,7 +205,13 @@ async fn cli_against_a_cluster() {
         assert!(back == payload, "bytes came back changed");
         // Mistakes name the address and port, and what to do.
         let (code, _, err) = run_bounded(
-            &mut cmd(&["port-forward", "web-0", &format!("{port}:80"), "-c", c]),
+            &mut cmd(&[
+                "port-forward",
+                "web-0",
+                &format!("{port}:80"),
+                "--cluster",
+                c,
+            ]),
             Duration::from_secs(30),
         );
         assert!(
@@ -184,7 +219,7 @@ async fn cli_against_a_cluster() {
             "{code} {err}"
         );
         let (code, _, err) = run_bounded(
-            &mut cmd(&["port-forward", "web-0", "80x", "-c", c]),
+            &mut cmd(&["port-forward", "web-0", "80x", "--cluster", c]),
             Duration::from_secs(30),
         );
         assert!(
@@ -203,7 +238,7 @@ async fn cli_against_a_cluster() {
         let mut py = std::process::Command::new(python);
         py.arg(script)
             .arg(otter())
-            .args(["exec", "-it", "web-0", "-c", c, "--", "sh"])
+            .args(["exec", "-it", "web-0", "--cluster", c, "--", "sh"])
             .env("OTTER_CONFIG", dir.path().join("otter.toml"));
         let (code, out, err) = run_bounded(&mut py, Duration::from_secs(60));
         assert_eq!(code, 0, "{out}{err}");

@@ -232,7 +232,7 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
             "three renewals through the proxy:\n{}",
             agent.tail(30)
         );
-        let (code, out, err) = otter(&pair.hub, d, &["get", "configmaps", "-c", "edge-0"]);
+        let (code, out, err) = otter(&pair.hub, d, &["get", "configmaps", "--cluster", "edge-0"]);
         assert_eq!(code, Some(0), "a call during the renewals: {out}{err}");
         calls += 1;
     }

@@ -122,7 +122,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
         &strings(&[
             "get",
             "configmaps",
-            "-c",
+            "--cluster",
             "edge-0",
             "-w",
             "--hub",
