@@ -254,6 +254,12 @@ async fn cli_against_a_cluster() {
             result["code"], 3,
             "the remote exit code is otter's: {result}"
         );
+        // A real terminal in the pod: a prompt, and `tty` names it.
+        assert_eq!(result["prompt"], true, "{result}");
+        assert!(
+            result["tty"].as_str().unwrap().starts_with("/dev/pts/"),
+            "{result}"
+        );
         let resizes = sim.resizes();
         assert!(
             resizes.iter().any(|(_, _, w, h)| (*w, *h) == (132, 40)),

@@ -382,6 +382,11 @@ async fn exec_cp_and_port_forward_through_the_hub() {
             "{tty}"
         );
         assert_eq!(tty["code"], 3, "kubectl's exit code is the shell's: {tty}");
+        assert_eq!(tty["prompt"], true, "a prompt on the pod's terminal: {tty}");
+        assert!(
+            tty["tty"].as_str().unwrap().starts_with("/dev/pts/"),
+            "`tty` names a terminal: {tty}"
+        );
         let resizes = sim.resizes();
         assert!(
             resizes.iter().any(|(_, _, w, h)| (*w, *h) == (132, 40)),
@@ -394,19 +399,29 @@ async fn exec_cp_and_port_forward_through_the_hub() {
             .collect();
         let local = dir.path().join("payload.bin");
         std::fs::write(&local, &payload).unwrap();
-        // The test server runs the pod's commands on this machine, so the
-        // pod's filesystem is a folder here.
-        let pod_dir = tempfile::tempdir().unwrap();
-        let remote = format!("web-0:{}/in-pod.bin", pod_dir.path().display());
+        // The test server runs the pod's commands on this machine, in the
+        // pod's own folder; its /tmp is that folder's `tmp` where the server
+        // may make a mount namespace (as root), else the machine's, which a
+        // relative path keeps clear of.
+        let (pod_dir, private_tmp) = sim.pod_dir("default", "web-0").unwrap();
+        let (remote, landed) = match private_tmp {
+            true => ("web-0:/tmp/in-pod.bin", pod_dir.join("tmp/in-pod.bin")),
+            false => {
+                eprintln!(
+                    "the pod's /tmp is the machine's here (no mount namespace): copying to a relative path"
+                );
+                ("web-0:in-pod.bin", pod_dir.join("in-pod.bin"))
+            }
+        };
         let (code, _, err) = run_bounded(
-            &mut k(&["cp", "-c", "web", local.to_str().unwrap(), &remote]),
+            &mut k(&["cp", "-c", "web", local.to_str().unwrap(), remote]),
             Duration::from_secs(60),
         );
         assert_eq!(code, 0, "{err}");
-        assert!(std::fs::read(pod_dir.path().join("in-pod.bin")).unwrap() == payload);
+        assert!(std::fs::read(&landed).unwrap() == payload);
         let back = dir.path().join("back.bin");
         let (code, _, err) = run_bounded(
-            &mut k(&["cp", "-c", "web", &remote, back.to_str().unwrap()]),
+            &mut k(&["cp", "-c", "web", remote, back.to_str().unwrap()]),
             Duration::from_secs(60),
         );
         assert_eq!(code, 0, "{err}");

@@ -1,9 +1,9 @@
 //! `pods/exec` and `pods/attach` over WebSocket. Exec runs the requested command as a real
-//! local process (pipes, not a pty: with `tty=true` stderr is merged into stdout and resize
-//! messages are recorded); attach joins the container's log stream, and what is typed on
-//! stdin is echoed into that log, like a container whose main process is `cat`.
+//! local process in the pod's own directory ([`crate::container`]; with `tty=true` on a
+//! real pseudo-terminal, which resize messages resize, and which carries stderr too);
+//! attach joins the container's log stream, and what is typed on stdin is echoed into that
+//! log, like a container whose main process is `cat`.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 
 use crate::State;
 use crate::api::{key, load_pod, pick_container};
+use crate::container::Proc;
 use crate::error::ApiError;
 use crate::http::{Body, Ctx, ResReq};
 use crate::spdy;
@@ -136,37 +137,19 @@ async fn finish(ws: &mut Ws, status: &Value) {
     .await;
 }
 
-pub(crate) fn record_resize(state: &State, opts: &Opts, data: &[u8]) {
-    if let Ok(v) = serde_json::from_slice::<Value>(data) {
-        let w = v.get("Width").and_then(Value::as_u64).unwrap_or(0) as u16;
-        let h = v.get("Height").and_then(Value::as_u64).unwrap_or(0) as u16;
-        if let Ok(mut r) = state.resizes.lock() {
-            // Only the latest ones are kept: a client may resize as often as it likes.
-            if r.len() >= crate::MAX_RECORDED {
-                r.remove(0);
-            }
-            r.push((opts.pod.clone(), opts.container.clone(), w, h));
+/// Records a resize message (JSON `{"Width":..,"Height":..}`) and returns the size.
+pub(crate) fn record_resize(state: &State, opts: &Opts, data: &[u8]) -> Option<(u16, u16)> {
+    let v = serde_json::from_slice::<Value>(data).ok()?;
+    let w = v.get("Width").and_then(Value::as_u64).unwrap_or(0) as u16;
+    let h = v.get("Height").and_then(Value::as_u64).unwrap_or(0) as u16;
+    if let Ok(mut r) = state.resizes.lock() {
+        // Only the latest ones are kept: a client may resize as often as it likes.
+        if r.len() >= crate::MAX_RECORDED {
+            r.remove(0);
         }
+        r.push((opts.pod.clone(), opts.container.clone(), w, h));
     }
-}
-
-/// The local process standing in for the container's command.
-pub(crate) fn command(opts: &Opts) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(&opts.command[0]);
-    cmd.args(&opts.command[1..])
-        .stdin(if opts.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("HOSTNAME", &opts.pod)
-        .env("KUBE_SIM_NAMESPACE", &opts.namespace)
-        .env("KUBE_SIM_POD", &opts.pod)
-        .env("KUBE_SIM_CONTAINER", &opts.container)
-        .kill_on_drop(true);
-    cmd
+    Some((w, h))
 }
 
 /// The Status a runtime reports when the command cannot be started.
@@ -182,17 +165,15 @@ pub(crate) fn start_failure(opts: &Opts, e: &std::io::Error) -> Value {
 }
 
 async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
-    let mut child = match command(&opts).spawn() {
-        Ok(c) => c,
+    let mut proc = match Proc::spawn(&state.pods, &opts) {
+        Ok(p) => p,
         Err(e) => {
             finish(&mut ws, &start_failure(&opts, &e)).await;
             return;
         }
     };
-    let mut stdin = child.stdin.take();
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
-    let err_channel = if opts.tty { STDOUT } else { STDERR };
+    let mut out = proc.stdout.take();
+    let mut err = proc.stderr.take();
     let mut out_buf = vec![0u8; 32 * 1024];
     let mut err_buf = vec![0u8; 32 * 1024];
     let mut exit: Option<std::process::ExitStatus> = None;
@@ -206,16 +187,17 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
                     let data = ws::payload(&m).unwrap_or_default();
                     match data[0] {
                     STDIN => {
-                        if let Some(s) = stdin.as_mut()
+                        if let Some(s) = proc.stdin.as_mut()
                             && s.write_all(&data[1..]).await.is_err() {
-                                stdin = None;
+                                proc.stdin = None;
                             }
                     }
-                    RESIZE => record_resize(&state, &opts, &data[1..]),
-                    CLOSE if opts.v5 && data.get(1) == Some(&STDIN) => {
-                        // Dropping the pipe is the process's EOF.
-                        stdin = None;
+                    RESIZE => {
+                        if let Some((w, h)) = record_resize(&state, &opts, &data[1..]) {
+                            proc.resize(w, h);
+                        }
                     }
+                    CLOSE if opts.v5 && data.get(1) == Some(&STDIN) => proc.close_stdin().await,
                     _ => {}
                 }
                 },
@@ -235,15 +217,15 @@ async fn run_exec(state: Arc<State>, mut ws: Ws, opts: Opts) {
             },
             n = read_some(&mut err, &mut err_buf) => match n {
                 Some(n) => {
-                    if (opts.stderr || opts.tty) && ws.send(frame(err_channel, &err_buf[..n])).await.is_err() {
+                    if opts.stderr && ws.send(frame(STDERR, &err_buf[..n])).await.is_err() {
                         return;
                     }
                 }
                 None => err = None,
             },
-            status = child.wait(), if exit.is_none() => {
-                exit = Some(status.unwrap_or_else(|_| std::process::ExitStatus::default()));
-                stdin = None;
+            status = proc.wait(), if exit.is_none() => {
+                exit = Some(status);
+                proc.stdin = None;
             }
         }
     }
@@ -313,7 +295,9 @@ async fn run_attach(state: Arc<State>, mut ws: Ws, opts: Opts, rr: ResReq, uid: 
                         let text = String::from_utf8_lossy(&data[1..]).to_string();
                         state.logs.append(&opts.namespace, &opts.pod, &opts.container, &text);
                     }
-                    RESIZE => record_resize(&state, &opts, &data[1..]),
+                    RESIZE => {
+                        record_resize(&state, &opts, &data[1..]);
+                    }
                     CLOSE if opts.v5 && data.get(1) == Some(&STDIN) => {
                         finish(&mut ws, &success()).await;
                         return;

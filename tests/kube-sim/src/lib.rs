@@ -46,6 +46,7 @@
 mod api;
 mod apply;
 mod config;
+mod container;
 mod delete;
 mod discovery;
 mod error;
@@ -118,6 +119,8 @@ pub(crate) struct State {
     pub subresource_calls: Mutex<Vec<SubresourceCall>>,
     pub resizes: Mutex<Vec<(String, String, u16, u16)>>,
     pub sessions: Mutex<Vec<StreamSession>>,
+    /// The pods' own directories, where their commands run.
+    pub pods: container::PodRoots,
     pub cancel: CancellationToken,
     pub tracker: TaskTracker,
     pub addr: SocketAddr,
@@ -190,6 +193,7 @@ impl KubeSim {
             subresource_calls: Mutex::new(Vec::new()),
             resizes: Mutex::new(Vec::new()),
             sessions: Mutex::new(Vec::new()),
+            pods: container::PodRoots::create()?,
             cancel: CancellationToken::new(),
             tracker: TaskTracker::new(),
             addr,
@@ -298,6 +302,20 @@ impl KubeSim {
             .lock()
             .map(|c| c.clone())
             .unwrap_or_default()
+    }
+
+    /// The directory a pod's commands run in (made on first use), and
+    /// whether their `/tmp` is its `tmp` folder (a mount namespace of their
+    /// own, where this server may make one) rather than the machine's.
+    pub fn pod_dir(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> std::io::Result<(std::path::PathBuf, bool)> {
+        Ok((
+            self.state.pods.dir(namespace, pod)?,
+            self.state.pods.private_tmp,
+        ))
     }
 
     /// Streaming sessions accepted so far: which subresource, over which transport, with

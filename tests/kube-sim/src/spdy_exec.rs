@@ -16,7 +16,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::State;
 use crate::api::key;
-use crate::exec::{Opts, command, exit_failure, read_some, record_resize, start_failure, success};
+use crate::container::Proc;
+use crate::exec::{Opts, exit_failure, read_some, record_resize, start_failure, success};
 use crate::http::{Body, ResReq};
 use crate::spdy::frame::rst;
 use crate::spdy::{self, Event, Events, Handle};
@@ -178,15 +179,18 @@ struct Resizes {
 }
 
 impl Resizes {
-    fn feed(&mut self, state: &State, opts: &Opts, data: &[u8]) {
+    /// Takes resize bytes; the last complete size among them, if any.
+    fn feed(&mut self, state: &State, opts: &Opts, data: &[u8]) -> Option<(u16, u16)> {
         self.buf.extend_from_slice(data);
+        let mut last = None;
         while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = self.buf.drain(..=nl).collect();
-            record_resize(state, opts, &line);
+            last = record_resize(state, opts, &line).or(last);
         }
         if self.buf.len() > MAX_RESIZE {
             self.buf.clear();
         }
+        last
     }
 }
 
@@ -198,15 +202,13 @@ async fn run_exec(
     s: &Streams,
     early: Vec<Event>,
 ) -> Option<Value> {
-    let mut child = match command(opts).spawn() {
-        Ok(c) => c,
+    let mut proc = match Proc::spawn(&state.pods, opts) {
+        Ok(p) => p,
         Err(e) => return Some(start_failure(opts, &e)),
     };
-    let mut stdin = child.stdin.take();
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
-    // With a tty, stderr shares the terminal, that is stdout.
-    let err_stream = if opts.tty { s.stdout } else { s.stderr };
+    let mut out = proc.stdout.take();
+    let mut err = proc.stderr.take();
+    let err_stream = s.stderr;
     let mut resizes = Resizes::default();
     let mut early = early.into_iter();
     let mut out_buf = vec![0u8; 32 * 1024];
@@ -228,17 +230,19 @@ async fn run_exec(
                 // The client went away: the process goes too (kill_on_drop).
                 None => return None,
                 Some(Event::Data { id, data }) if Some(id) == s.stdin => {
-                    if let Some(p) = stdin.as_mut()
+                    if let Some(p) = proc.stdin.as_mut()
                         && p.write_all(&data).await.is_err()
                     {
-                        stdin = None;
+                        proc.stdin = None;
                     }
                 }
                 Some(Event::Data { id, data }) if Some(id) == s.resize => {
-                    resizes.feed(state, opts, &data);
+                    if let Some((w, h)) = resizes.feed(state, opts, &data) {
+                        proc.resize(w, h);
+                    }
                 }
-                // End of stdin: dropping the pipe is the process's EOF.
-                Some(Event::Fin { id } | Event::Reset { id }) if Some(id) == s.stdin => stdin = None,
+                // End of stdin: the pipe's EOF, a terminal's ^D.
+                Some(Event::Fin { id } | Event::Reset { id }) if Some(id) == s.stdin => proc.close_stdin().await,
                 Some(_) => {}
             },
             n = read_some(&mut out, &mut out_buf) => match n {
@@ -257,9 +261,9 @@ async fn run_exec(
                 }
                 None => err = None,
             },
-            status = child.wait(), if exit.is_none() => {
-                exit = Some(status.unwrap_or_default());
-                stdin = None;
+            status = proc.wait(), if exit.is_none() => {
+                exit = Some(status);
+                proc.stdin = None;
             }
         }
     }

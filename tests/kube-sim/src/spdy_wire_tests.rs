@@ -203,7 +203,10 @@ async fn v3_records_resizes_and_stdin_fin_is_eof() {
     let sim = start().await;
     let (_, c) = upgrade(
         &sim,
-        &exec_path("read line; echo got $line", "&stdin=true&tty=true"),
+        &exec_path(
+            "read line; echo got $line $(stty size)",
+            "&stdin=true&tty=true",
+        ),
         &["v3.channel.k8s.io"],
     )
     .await;
@@ -231,8 +234,13 @@ async fn v3_records_resizes_and_stdin_fin_is_eof() {
     })
     .await;
     let s = c.collect(&[]).await;
+    // A real terminal: it echoes what is typed, ends lines with CR LF,
+    // and has the size of the last resize.
     let stdout = s.iter().find(|x| x.0 == 5).unwrap();
-    assert_eq!(stdout.1, b"got hello\n");
+    assert_eq!(
+        String::from_utf8_lossy(&stdout.1),
+        "hello\r\ngot hello 40 120\r\n"
+    );
     let error = s.iter().find(|x| x.0 == 1).unwrap();
     assert_eq!(error.1, b"");
     let resizes = sim.resizes();

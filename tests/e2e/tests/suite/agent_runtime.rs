@@ -317,8 +317,13 @@ async fn exec_stdin_resize_and_exit_codes() {
     rt.write_tty(with_token(write(&id, Some(b"typed\n")), &t))
         .await
         .unwrap();
-    let echoed = within("echo", s.next()).await.unwrap().unwrap();
-    assert_eq!(echoed.stdout.as_deref(), Some(&b"typed\n"[..]));
+    // A real terminal: it echoes the line (CR LF), then `cat` writes it.
+    let mut seen = Vec::new();
+    while !seen.ends_with(b"typed\r\ntyped\r\n") && seen.len() < 64 {
+        let echoed = within("echo", s.next()).await.unwrap().unwrap();
+        seen.extend_from_slice(echoed.stdout.as_deref().unwrap_or_default());
+    }
+    assert_eq!(String::from_utf8_lossy(&seen), "typed\r\ntyped\r\n");
     rt.write_tty(with_token(write(&id, None), &t))
         .await
         .unwrap();

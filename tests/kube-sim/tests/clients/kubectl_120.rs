@@ -520,18 +520,18 @@ async fn kubectl_120_port_forward_over_spdy() {
 }
 
 /// `kubectl cp` runs tar through exec: a file of a few MiB goes in over stdin and comes
-/// back over stdout. The "container" is this machine, so both ends are temporary
-/// directories.
+/// back over stdout. The "container" is a process on this machine working in the pod's
+/// own directory, where a relative path lands.
 #[tokio::test]
 async fn kubectl_120_cp_over_spdy() {
     let sim = common::start().await;
     let Some(k) = Kubectl::new(&sim) else { return };
-    let pod_dir = tempfile::tempdir().unwrap();
+    let (pod_dir, _) = sim.pod_dir("default", "p1").unwrap();
     let data = common::payload(3 * 1024 * 1024 + 3);
     let src = k.file("payload.bin", "");
     std::fs::write(&src, &data).unwrap();
-    let in_pod = pod_dir.path().join("copied.bin");
-    let dest = format!("p1:{}", in_pod.display());
+    let in_pod = pod_dir.join("copied.bin");
+    let dest = "p1:copied.bin".to_owned();
     let up = k.run_as("admin", &["cp", &src, &dest]).await;
     assert_eq!(up.code, Some(0), "{up:?}");
     let there = std::fs::read(&in_pod).unwrap();
