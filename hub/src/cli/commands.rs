@@ -845,7 +845,8 @@ pub async fn delete(
     Ok(())
 }
 
-/// `otter describe`.
+/// `otter describe`: what `kubectl describe` prints ([`super::describe`]),
+/// with what kubectl looks up beside the object.
 pub async fn describe(
     hub: &Hub,
     cluster: &str,
@@ -866,7 +867,7 @@ pub async fn describe(
             group: rt.group.clone(),
             version: rt.version.clone(),
             resource: rt.resource.clone(),
-            namespace: Some(ns),
+            namespace: Some(ns.clone()),
             name: Some(name.to_owned()),
         }))
         .await
@@ -877,30 +878,102 @@ pub async fn describe(
         .and_then(|r| r.object)
         .map(|o| struct_to_json(&o))
         .unwrap_or_default();
-    print!("{}", output::printable_lines(&output::yaml(&obj)));
-    println!("Events:");
-    if resp.events.is_empty() {
-        println!("  <none>");
-    } else {
-        let rows: Vec<Vec<String>> = resp
-            .events
-            .iter()
-            .filter_map(|e| e.object.as_ref().map(struct_to_json))
-            .map(|e| {
-                vec![
-                    format!("  {}", e["type"].as_str().unwrap_or("")),
-                    e["reason"].as_str().unwrap_or("").to_owned(),
-                    output::age(e["lastTimestamp"].as_str().or(e["eventTime"].as_str())),
-                    e["message"].as_str().unwrap_or("").to_owned(),
-                ]
-            })
-            .collect();
-        print!(
-            "{}",
-            output::table(&["  TYPE", "REASON", "AGE", "MESSAGE"], &rows)
-        );
-    }
+    let events: Vec<Json> = resp
+        .events
+        .iter()
+        .filter_map(|e| e.object.as_ref().map(struct_to_json))
+        .collect();
+    let kind = rt.kind.clone().unwrap_or_default();
+    let related = describe_related(hub, cluster, &kind, &ns, name).await;
+    let now = time::OffsetDateTime::now_utc();
+    print!(
+        "{}",
+        super::describe::describe(&kind, &obj, Some(&events), &related, now)
+    );
     Ok(())
+}
+
+/// What kubectl looks up beside an object of `kind` to describe it.
+async fn describe_related(
+    hub: &Hub,
+    cluster: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> super::describe::Related {
+    let list =
+        |group: &str, resource: &str, ns: &str, labels: Option<String>, fields: Option<String>| {
+            let req = hub.req(ListRequest {
+                cluster: Some(cluster.to_owned()),
+                group: Some(group.to_owned()),
+                version: Some("v1".to_owned()),
+                resource: Some(resource.to_owned()),
+                namespace: Some(ns.to_owned()),
+                label_selector: labels,
+                field_selector: fields,
+                ..Default::default()
+            });
+            let mut client = ResourceServiceClient::new(hub.channel.clone());
+            async move {
+                client.list(req).await.map(|r| {
+                    r.into_inner()
+                        .items
+                        .iter()
+                        .filter_map(|i| i.object.as_ref().map(struct_to_json))
+                        .collect::<Vec<Json>>()
+                })
+            }
+        };
+    let mut related = super::describe::Related::default();
+    match kind {
+        "Deployment" => {
+            related.replica_sets = list("apps", "replicasets", namespace, None, None)
+                .await
+                .ok();
+        }
+        "Service" => {
+            let selector = format!("kubernetes.io/service-name={name}");
+            related.endpoint_slices = list(
+                "discovery.k8s.io",
+                "endpointslices",
+                namespace,
+                Some(selector),
+                None,
+            )
+            .await
+            .ok();
+        }
+        "Node" => {
+            let fields =
+                format!("spec.nodeName={name},status.phase!=Failed,status.phase!=Succeeded");
+            related.node_pods = match list("", "pods", "", None, Some(fields)).await {
+                Ok(pods) => Some(Ok(pods)),
+                Err(s) if s.code() == tonic::Code::PermissionDenied => Some(Err(())),
+                Err(_) => None,
+            };
+            let lease = ResourceServiceClient::new(hub.channel.clone())
+                .get(hub.req(GetRequest {
+                    cluster: Some(cluster.to_owned()),
+                    group: Some("coordination.k8s.io".to_owned()),
+                    version: Some("v1".to_owned()),
+                    resource: Some("leases".to_owned()),
+                    namespace: Some("kube-node-lease".to_owned()),
+                    name: Some(name.to_owned()),
+                }))
+                .await;
+            related.lease = Some(match lease {
+                Ok(r) => Ok(r
+                    .into_inner()
+                    .object
+                    .as_ref()
+                    .map(struct_to_json)
+                    .unwrap_or_default()),
+                Err(s) => Err(s.message().to_owned()),
+            });
+        }
+        _ => {}
+    }
+    related
 }
 
 /// `otter logs`.

@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod commands;
+pub mod describe;
 pub mod output;
 pub mod resources;
 pub mod resume;

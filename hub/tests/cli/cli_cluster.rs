@@ -116,7 +116,12 @@ async fn cli_against_a_cluster() {
         );
         let (code, out, err) = run(&["describe", "deploy", "d1", "--cluster", c]);
         assert_eq!(code, 0, "{err}");
-        assert!(out.contains("name: d1") && out.contains("Events:"), "{out}");
+        // kubectl's describe (compared line for line with kubectl's in
+        // kubectl_proxy.rs).
+        assert!(
+            out.starts_with("Name:") && out.contains("Replicas:") && out.contains("Events:"),
+            "{out}"
+        );
         let (code, out, err) = run(&[
             "scale",
             "deployment",

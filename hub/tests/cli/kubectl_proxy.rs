@@ -890,3 +890,141 @@ async fn port_forward_ends_when_its_tunnel_dies() {
     sim.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// Ages differ by the second between two runs: each written as `<age>`.
+fn without_ages(text: &str) -> String {
+    let age = regex::Regex::new(r"\b\d+(s|m(\d+s)?|h(\d+m)?|d(\d+h)?|y(\d+d)?)\b").unwrap();
+    age.replace_all(text, "<age>").into_owned()
+}
+
+/// `otter describe` prints what kubectl 1.33's `describe` prints, for a
+/// pod (with its events), a deployment, a service, a node and an event,
+/// through the hub against the same cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otter_describe_prints_what_kubectl_describe_prints() {
+    let Some(kubectl) = kubectl_133() else {
+        tool_missing("kubectl 1.33");
+        return;
+    };
+    // A real agent: its kube-rs services (what otter calls) and its
+    // Kubernetes API proxy (what kubectl calls).
+    let env = otter_e2e::kube::KubeEnv::start(otter_e2e::kube::sim_config().pod(
+        "default",
+        "web-0",
+        &["web"],
+    ))
+    .await;
+    let sim = &env.sim;
+    let dir = tempfile::tempdir().unwrap();
+    let kube_path = write_kubeconfig(&env.hub, dir.path()).await;
+    let (d, kp) = (dir.path().to_owned(), kube_path.clone());
+    let k = move |args: &[&str]| {
+        let mut cmd = std::process::Command::new(&kubectl);
+        cmd.arg("--kubeconfig").arg(&kp).args(args);
+        run_bounded(&mut cmd, Duration::from_secs(60))
+    };
+    tokio::task::block_in_place(|| {
+        for args in [
+            &["create", "deployment", "web", "--image=nginx", "--port=80"][..],
+            &["create", "service", "clusterip", "web", "--tcp=80:8080"],
+            &["label", "pod", "web-0", "tier=front", "app=web"],
+            &["annotate", "pod", "web-0", "note=kept for the test"],
+        ] {
+            let (code, _, err) = k(args);
+            assert_eq!(code, 0, "{args:?}: {err}");
+        }
+        let event = serde_json::json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "web-0.pulled", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "web-0", "namespace": "default",
+                "uid": sim.object("", "pods", "default", "web-0").unwrap()["metadata"]["uid"]},
+            "reason": "Pulled", "message": "Container image \"nginx\" already present on machine",
+            "type": "Normal", "count": 1, "source": {"component": "kubelet", "host": "sim-node"},
+            "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
+        });
+        // A pod that uses most of what a pod description shows.
+        let rich = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "rich-0", "namespace": "default", "labels": {"app": "rich"},
+                "annotations": {"long": "x".repeat(150), "multi": "one\ntwo"}},
+            "spec": {
+                "nodeSelector": {"disk": "ssd"},
+                "tolerations": [
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                    {"key": "dedicated", "operator": "Equal", "value": "edge", "effect": "NoSchedule"}
+                ],
+                "initContainers": [{"name": "init", "image": "busybox", "command": ["sh", "-c", "true"]}],
+                "containers": [{
+                    "name": "app", "image": "nginx:1.27",
+                    "args": ["--port", "8080"],
+                    "ports": [{"containerPort": 8080, "protocol": "TCP"}, {"containerPort": 9090, "protocol": "UDP", "hostPort": 9090}],
+                    "env": [
+                        {"name": "PLAIN", "value": "v"},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+                        {"name": "PASS", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
+                        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": true}}}
+                    ],
+                    "envFrom": [{"configMapRef": {"name": "cfg"}}, {"prefix": "S_", "secretRef": {"name": "creds", "optional": true}}],
+                    "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
+                    "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "initialDelaySeconds": 3, "periodSeconds": 5},
+                    "readinessProbe": {"tcpSocket": {"port": 8080}},
+                    "volumeMounts": [
+                        {"name": "cache", "mountPath": "/cache"},
+                        {"name": "cfg", "mountPath": "/etc/app", "readOnly": true, "subPath": "app.conf"}
+                    ]
+                }],
+                "volumes": [
+                    {"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}},
+                    {"name": "cfg", "configMap": {"name": "cfg"}},
+                    {"name": "creds", "secret": {"secretName": "creds", "optional": true}}
+                ]
+            }
+        });
+        for (name, doc) in [("event.json", &event), ("rich.json", &rich)] {
+            let file = d.join(name);
+            std::fs::write(&file, doc.to_string()).unwrap();
+            let (code, _, err) = k(&["create", "-f", file.to_str().unwrap()]);
+            assert_eq!(code, 0, "{name}: {err}");
+        }
+        // A service that selects pods, with named ports.
+        let svc = serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "rich", "namespace": "default"},
+            "spec": {"selector": {"app": "rich"}, "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "UDP"}
+            ]}
+        });
+        let file = d.join("svc.json");
+        std::fs::write(&file, svc.to_string()).unwrap();
+        let (code, _, err) = k(&["create", "-f", file.to_str().unwrap()]);
+        assert_eq!(code, 0, "{err}");
+        for (kind, name) in [
+            ("pod", "web-0"),
+            ("pod", "rich-0"),
+            ("deployment", "web"),
+            ("service", "web"),
+            ("service", "rich"),
+            ("node", "sim-node"),
+            ("event", "web-0.pulled"),
+        ] {
+            let (code, want, err) = k(&["describe", kind, name]);
+            assert_eq!(code, 0, "kubectl describe {kind}: {err}");
+            let (code, got, err) = otter_in(&d, &["describe", kind, name, "--cluster", "edge-1"]);
+            assert_eq!(code, 0, "otter describe {kind}: {err}");
+            let (want, got) = (without_ages(&want), without_ages(&got));
+            if want != got {
+                let first = want
+                    .lines()
+                    .zip(got.lines())
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(want.lines().count().min(got.lines().count()));
+                panic!(
+                    "otter describe {kind} differs from kubectl's at line {}:\n--- kubectl\n{want}\n--- otter\n{got}",
+                    first + 1
+                );
+            }
+        }
+    });
+    env.shutdown().await;
+}
