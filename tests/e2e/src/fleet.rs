@@ -38,6 +38,8 @@ pub struct Fleet {
     pub ca_pem: String,
     /// More arguments for the hub process.
     pub hub_args: Vec<String>,
+    /// The keepalive interval of the hub and the agents (seconds).
+    pub keepalive_secs: u64,
 }
 
 #[derive(Debug)]
@@ -64,6 +66,26 @@ impl Fleet {
         transports: &[&'static str],
         tenants: &[&str],
         hub_args: &[&str],
+    ) -> Fleet {
+        Self::start_full(sim, transports, tenants, hub_args, 1).await
+    }
+
+    /// Like [`Fleet::start`], with keepalives every `keepalive_secs` on
+    /// the hub and the agents.
+    pub async fn start_with_keepalive(
+        sim: &kube_sim::KubeSim,
+        transports: &[&'static str],
+        keepalive_secs: u64,
+    ) -> Fleet {
+        Self::start_full(sim, transports, &[], &[], keepalive_secs).await
+    }
+
+    async fn start_full(
+        sim: &kube_sim::KubeSim,
+        transports: &[&'static str],
+        tenants: &[&str],
+        hub_args: &[&str],
+        keepalive_secs: u64,
     ) -> Fleet {
         let tenant_of = |i: usize| tenants.get(i).copied().unwrap_or("default");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -127,6 +149,7 @@ impl Fleet {
             viewer_token,
             ca_pem,
             hub_args: hub_args.iter().map(|a| (*a).to_owned()).collect(),
+            keepalive_secs,
             dir,
         };
         fleet.start_hub();
@@ -147,7 +170,7 @@ impl Fleet {
             "--tunnel-listen",
             &format!("127.0.0.1:{}", self.tunnel),
             "--keepalive-secs",
-            "1",
+            &self.keepalive_secs.to_string(),
         ]
         .iter()
         .map(|s| (*s).to_owned())
@@ -165,6 +188,7 @@ impl Fleet {
 
     pub fn start_agent(&mut self, i: usize) {
         let d = self.dir.path();
+        let keepalive = self.keepalive_secs.to_string();
         let a = &mut self.agents[i];
         a.starts += 1;
         let args: Vec<String> = [
@@ -183,7 +207,7 @@ impl Fleet {
             "--transports",
             a.transport,
             "--keepalive-secs",
-            "1",
+            &keepalive,
             "--health-listen",
             &a.health.to_string(),
             "--kubeconfig",

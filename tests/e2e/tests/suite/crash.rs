@@ -422,3 +422,94 @@ async fn agent_killed_mid_exec_and_port_forward() {
     drop(fleet);
     sim.shutdown().await;
 }
+
+/// An agent killed without a goodbye over QUIC (no TCP reset tells the
+/// hub): `otter links` shows it `Unresponsive` once it has missed a
+/// keepalive, then `Offline` when the keepalive timeout ends its tunnel;
+/// never `Connected … 0s` all that time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agent_shows_unresponsive_then_offline() {
+    let sim = kube_sim::KubeSim::start(sim_config())
+        .await
+        .expect("kube-sim");
+    // Keepalives every 3 s: Unresponsive after two silent intervals,
+    // Offline after three (QUIC's idle timeout), a window wide enough for
+    // the CLI to look in.
+    let mut fleet = Fleet::start_with_keepalive(&sim, &["quic"], 3).await;
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let login = otter_cli(&fleet, "links-before", &["links"]);
+    assert!(login.contains("Connected"), "{login}");
+
+    fleet.agents[0].proc.as_mut().expect("agent").kill9();
+    let killed = Instant::now();
+    let state = |links: &[otter_proto::link::v1::Link]| {
+        links[0]
+            .state
+            .and_then(|s| otter_proto::link::v1::LinkState::try_from(s).ok())
+    };
+    let mut unresponsive = None;
+    let mut shown = String::new();
+    let offline = loop {
+        let links = fleet.links(&channel).await;
+        match state(&links) {
+            Some(otter_proto::link::v1::LinkState::Unresponsive) => {
+                if unresponsive.is_none() {
+                    unresponsive = Some(killed.elapsed());
+                    shown = otter_cli(&fleet, "links-after", &["links"]);
+                }
+            }
+            Some(otter_proto::link::v1::LinkState::Offline) => break killed.elapsed(),
+            _ => {}
+        }
+        assert!(
+            killed.elapsed() < WAIT,
+            "the killed agent's link never went offline"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let unresponsive = unresponsive.expect("Unresponsive before Offline");
+    eprintln!(
+        "agent killed over QUIC (3 s keepalives): Unresponsive after {unresponsive:?}, Offline after {offline:?}; otter links showed:\n{shown}"
+    );
+    let row = shown
+        .lines()
+        .find(|l| l.starts_with("edge-0"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(row.contains("Unresponsive"), "{shown}");
+    // LAST SEEN is the last sign of life, not "0s".
+    assert!(!row.contains(" 0s"), "{shown}");
+    assert!(unresponsive < offline);
+    drop(fleet);
+    sim.shutdown().await;
+}
+
+/// Runs the `otter` CLI against the fleet's hub as its admin; `name` names
+/// its output files.
+fn otter_cli(fleet: &Fleet, name: &str, args: &[&str]) -> String {
+    let ca = fleet.dir.path().join("hub-ca.pem");
+    std::fs::write(&ca, &fleet.ca_pem).expect("CA file");
+    let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    all.extend([
+        "--hub".into(),
+        format!("https://localhost:{}", fleet.api),
+        "--token".into(),
+        fleet.admin_token.clone(),
+        "--ca-file".into(),
+        ca.display().to_string(),
+    ]);
+    let mut p = otter_e2e::procs::Proc::start_env(
+        name,
+        otter_e2e::procs::Role::Otter,
+        &all,
+        fleet.dir.path(),
+        None,
+        &[(
+            "OTTER_CONFIG",
+            &fleet.dir.path().join("otter.toml").display().to_string(),
+        )],
+    );
+    let code = p.wait(WAIT);
+    assert_eq!(code, Some(0), "{}", p.tail(20));
+    p.stdout()
+}
