@@ -283,6 +283,14 @@ fn annotations(w: &mut Lines, title: &str, map: &Json) {
     }
 }
 
+/// `label:\tvalue` when the value is not empty (kubectl leaves such
+/// lines out).
+fn optional(w: &mut Lines, level: usize, label: &str, value: &str) {
+    if !value.is_empty() {
+        w.w(level, format!("{label}:\t{value}"));
+    }
+}
+
 /// `Name:`, `Namespace:`, labels and annotations, as most describers begin.
 fn object_head(w: &mut Lines, obj: &Json, namespaced: bool) {
     w.w(0, format!("Name:\t{}", text(obj, "metadata.name")));
@@ -414,15 +422,12 @@ fn pod(w: &mut Lines, p: &Json, clock: Clock) {
             ),
         );
     }
-    if !text(p, "status.nominatedNodeName").is_empty() {
-        w.w(
-            0,
-            format!(
-                "NominatedNodeName:\t{}",
-                text(p, "status.nominatedNodeName")
-            ),
-        );
-    }
+    optional(
+        w,
+        0,
+        "NominatedNodeName",
+        text(p, "status.nominatedNodeName"),
+    );
     let pod_resources = at(p, "spec.resources");
     if !pod_resources.is_null() {
         w.w(0, "Resources:");
@@ -579,17 +584,11 @@ fn container_state(w: &mut Lines, title: &str, state: &Json) {
         );
     } else if let Some(waiting) = state.get("waiting") {
         w.w(2, format!("{title}:\tWaiting"));
-        if !text(waiting, "reason").is_empty() {
-            w.w(3, format!("Reason:\t{}", text(waiting, "reason")));
-        }
+        optional(w, 3, "Reason", text(waiting, "reason"));
     } else if let Some(t) = state.get("terminated") {
         w.w(2, format!("{title}:\tTerminated"));
-        if !text(t, "reason").is_empty() {
-            w.w(3, format!("Reason:\t{}", text(t, "reason")));
-        }
-        if !text(t, "message").is_empty() {
-            w.w(3, format!("Message:\t{}", text(t, "message")));
-        }
+        optional(w, 3, "Reason", text(t, "reason"));
+        optional(w, 3, "Message", text(t, "message"));
         w.w(3, format!("Exit Code:\t{}", int(t, "exitCode")));
         if int(t, "signal") > 0 {
             w.w(3, format!("Signal:\t{}", int(t, "signal")));
@@ -1111,12 +1110,7 @@ fn pod_template(w: &mut Lines, t: &Json) {
     if notes.as_object().is_some_and(|m| !m.is_empty()) {
         annotations(w, "  Annotations", notes);
     }
-    if !text(t, "spec.serviceAccountName").is_empty() {
-        w.w(
-            1,
-            format!("Service Account:\t{}", text(t, "spec.serviceAccountName")),
-        );
-    }
+    optional(w, 1, "Service Account", text(t, "spec.serviceAccountName"));
     if !items(t, "spec.initContainers").is_empty() {
         containers(
             w,
@@ -1141,15 +1135,12 @@ fn pod_template(w: &mut Lines, t: &Json) {
         "  Topology Spread Constraints",
         items(t, "spec.topologySpreadConstraints"),
     );
-    if !text(t, "spec.priorityClassName").is_empty() {
-        w.w(
-            1,
-            format!(
-                "Priority Class Name:\t{}",
-                text(t, "spec.priorityClassName")
-            ),
-        );
-    }
+    optional(
+        w,
+        1,
+        "Priority Class Name",
+        text(t, "spec.priorityClassName"),
+    );
     labels(w, "  Node-Selectors", at(t, "spec.nodeSelector"));
     tolerations(w, "  Tolerations", items(t, "spec.tolerations"));
 }
@@ -1202,21 +1193,13 @@ fn service(w: &mut Lines, s: &Json, related: &Related) {
             format!("External IPs:\t{}", joined("spec.externalIPs", ",")),
         );
     }
-    if !text(s, "spec.loadBalancerIP").is_empty() {
-        w.w(
-            0,
-            format!(
-                "Desired LoadBalancer IP:\t{}",
-                text(s, "spec.loadBalancerIP")
-            ),
-        );
-    }
-    if !text(s, "spec.externalName").is_empty() {
-        w.w(
-            0,
-            format!("External Name:\t{}", text(s, "spec.externalName")),
-        );
-    }
+    optional(
+        w,
+        0,
+        "Desired LoadBalancer IP",
+        text(s, "spec.loadBalancerIP"),
+    );
+    optional(w, 0, "External Name", text(s, "spec.externalName"));
     let ingress = items(s, "status.loadBalancer.ingress");
     if !ingress.is_empty() {
         let shown: Vec<String> = ingress
@@ -1255,15 +1238,12 @@ fn service(w: &mut Lines, s: &Json, related: &Related) {
         0,
         format!("Session Affinity:\t{}", text(s, "spec.sessionAffinity")),
     );
-    if !text(s, "spec.externalTrafficPolicy").is_empty() {
-        w.w(
-            0,
-            format!(
-                "External Traffic Policy:\t{}",
-                text(s, "spec.externalTrafficPolicy")
-            ),
-        );
-    }
+    optional(
+        w,
+        0,
+        "External Traffic Policy",
+        text(s, "spec.externalTrafficPolicy"),
+    );
     if !at(s, "spec.internalTrafficPolicy").is_null() {
         w.w(
             0,
@@ -1460,16 +1440,12 @@ fn node(w: &mut Lines, n: &Json, related: &Related, clock: Clock) {
             format!("  {label}:\t{}", text(n, &format!("status.nodeInfo.{key}"))),
         );
     }
-    if !text(n, "spec.podCIDR").is_empty() {
-        w.w(0, format!("PodCIDR:\t{}", text(n, "spec.podCIDR")));
-    }
+    optional(w, 0, "PodCIDR", text(n, "spec.podCIDR"));
     let cidrs: Vec<String> = items(n, "spec.podCIDRs").iter().map(scalar).collect();
     if !cidrs.is_empty() {
         w.w(0, format!("PodCIDRs:\t{}", cidrs.join(",")));
     }
-    if !text(n, "spec.providerID").is_empty() {
-        w.w(0, format!("ProviderID:\t{}", text(n, "spec.providerID")));
-    }
+    optional(w, 0, "ProviderID", text(n, "spec.providerID"));
     match &related.node_pods {
         Some(Err(())) => w.w(0, "Pods:\tnot authorized"),
         Some(Ok(pods)) => node_pods(w, n, pods, clock),

@@ -453,11 +453,9 @@ async fn a_killed_agent_shows_unresponsive_then_offline() {
     let offline = loop {
         let links = fleet.links(&channel).await;
         match state(&links) {
-            Some(otter_proto::link::v1::LinkState::Unresponsive) => {
-                if unresponsive.is_none() {
-                    unresponsive = Some(killed.elapsed());
-                    shown = otter_cli(&fleet, "links-after", &["links"]);
-                }
+            Some(otter_proto::link::v1::LinkState::Unresponsive) if unresponsive.is_none() => {
+                unresponsive = Some(killed.elapsed());
+                shown = otter_cli(&fleet, "links-after", &["links"]);
             }
             Some(otter_proto::link::v1::LinkState::Offline) => break killed.elapsed(),
             _ => {}

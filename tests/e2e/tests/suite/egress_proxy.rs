@@ -370,6 +370,26 @@ async fn tunnels_through_an_https_proxy() {
     hub.hub.shutdown().await;
 }
 
+/// Calls edge-1's agent `a1` every 250 ms until it has renewed `n` times
+/// (40 s at most): every call is answered across the renewals.
+async fn calls_until_renewed(hub: &TestHub, agent: &otter_e2e::double::TestAgent, n: u32) {
+    let mut resources = ResourceServiceClient::new(hub.channel().await);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    while agent.agent.status().renewals < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "renewals: {:?}",
+            agent.agent.status()
+        );
+        let r = resources
+            .get(with_token(get("edge-1", "x"), &hub.admin_token))
+            .await
+            .expect("calls keep flowing across renewals");
+        assert_eq!(field(r.get_ref(), "agent"), "a1");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The lines of tinyproxy's log that open a tunnel to `port`.
 fn connects_to(tp: &Tinyproxy, port: u16) -> usize {
     let log = std::fs::read_to_string(tp.dir().join("tinyproxy.log")).unwrap_or_default();
@@ -406,24 +426,7 @@ async fn register_and_renewals_go_through_the_proxy() {
         connects_to(&tp, api_port) >= 1,
         "Register went through the proxy"
     );
-    let channel = hub.channel().await;
-    let mut resources = ResourceServiceClient::new(channel.clone());
-    let mut renewed = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-    while renewed < 3 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "renewals: {:?}",
-            agent.agent.status()
-        );
-        let r = resources
-            .get(with_token(get("edge-1", "x"), &hub.admin_token))
-            .await
-            .expect("calls keep flowing across renewals");
-        assert_eq!(field(r.get_ref(), "agent"), "a1");
-        renewed = agent.agent.status().renewals;
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    calls_until_renewed(&hub, &agent, 3).await;
     // Each renewal was a connection through the proxy, to the tunnel
     // port (the first try; the API port is the fallback).
     let tunnel_port = hub.hub.tunnel_addr.port();
@@ -600,21 +603,7 @@ async fn renewals_take_the_tunnel_port_when_it_is_the_only_way_out() {
         .wait_for(WAIT, |s| s.connected.is_some())
         .await
         .expect("tunnels through the proxy");
-    let mut resources = ResourceServiceClient::new(hub.channel().await);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
-    while agent.agent.status().renewals < 3 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "renewals behind a tunnel-port-only proxy: {:?}",
-            agent.agent.status()
-        );
-        let r = resources
-            .get(with_token(get("edge-1", "x"), &hub.admin_token))
-            .await
-            .expect("calls keep flowing across renewals");
-        assert_eq!(field(r.get_ref(), "agent"), "a1");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    calls_until_renewed(&hub, &agent, 3).await;
     let status = agent.agent.status();
     assert_eq!(
         status.renewals_on_tunnel_port, status.renewals,

@@ -259,7 +259,9 @@ async fn link_core(transport: TransportKind) {
     wait_until(
         async || {
             let mut c = ResourceServiceClient::new(channel.clone());
-            matches!(c.get(with_token(get("edge-1", "x"), &hub.admin_token)).await, Err(e) if e.code() == Code::Unavailable)
+            // A call racing the tunnel's close says the tunnel failed;
+            // once the hub has seen it close, the cluster is offline.
+            matches!(c.get(with_token(get("edge-1", "x"), &hub.admin_token)).await, Err(e) if e.code() == Code::Unavailable && e.message().contains("is offline"))
         },
         "edge-1 to be reported offline",
     )
