@@ -13,6 +13,8 @@ use crate::{Agent, AgentConfig, config::Secret};
 #[derive(Debug, Parser)]
 #[command(name = "otter-agent", version, about)]
 pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// How log lines are written: `text`, or `json` (one object a line,
     /// for log collectors).
     #[arg(long, env = "OTTER_LOG_FORMAT", default_value = "text")]
@@ -128,8 +130,24 @@ pub struct Cli {
     pub session_idle_secs: u64,
 }
 
-/// Runs the agent until Ctrl-C or SIGTERM; returns the exit code.
+/// What to do instead of running the agent.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Check, a line each, what this agent needs to reach its hub (the
+    /// hub's names, the proxy, the API and tunnel ports over TCP and TLS,
+    /// QUIC over UDP, the clock, something to join with), with the fix
+    /// for what fails; exits 1 when a check fails. Takes the agent's own
+    /// flags and variables: `kubectl exec deploy/otter-agent -- otter-agent
+    /// doctor` in the cluster.
+    Doctor,
+}
+
+/// Runs the agent until Ctrl-C or SIGTERM (or the doctor); returns the
+/// exit code.
 pub async fn run(cli: Cli) -> i32 {
+    if matches!(cli.command, Some(Command::Doctor)) {
+        return doctor(cli).await;
+    }
     let health = match cli.health_listen {
         Some(addr) => match crate::health::bind(addr).await {
             Ok(l) => {
@@ -164,7 +182,8 @@ pub async fn run(cli: Cli) -> i32 {
     }
 }
 
-async fn start(cli: Cli) -> anyhow::Result<Agent> {
+/// The agent's settings from its flags (all but what needs the cluster).
+fn agent_config(cli: &Cli) -> anyhow::Result<AgentConfig> {
     let ca = std::fs::read_to_string(&cli.hub_ca_file)
         .map_err(|e| anyhow::anyhow!("cannot read hub CA {}: {e}", cli.hub_ca_file.display()))?;
     // Pin the hub: the CA handed over with the manifest must be the one the
@@ -180,17 +199,18 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     }
     let agent_id = cli
         .agent_id
+        .clone()
         .or_else(|| std::env::var("POD_NAME").ok())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "agent".into());
-    let mut hub_urls = cli.hub_urls.into_iter();
+    let mut hub_urls = cli.hub_urls.iter().cloned();
     let first = hub_urls
         .next()
         .ok_or_else(|| anyhow::anyhow!("--hub-url is required"))?;
     let mut config = AgentConfig::new(first, &cli.cluster, &agent_id, &ca);
     config.more_hub_urls = hub_urls.collect();
-    if let Some(path) = cli.join_token_file {
-        let token = std::fs::read_to_string(&path)
+    if let Some(path) = &cli.join_token_file {
+        let token = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read join token {}: {e}", path.display()))?;
         config.join_token = Secret(token.trim().to_owned());
     }
@@ -203,10 +223,13 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
         },
         public_roots: cli.hub_api_public_roots,
     };
-    config.state = cli.state_dir.map(crate::identity::IdentityStore::Dir);
-    config.rancher_project_id = cli.rancher_project_id;
-    config.transports = cli.transports;
-    config.proxy = match cli.proxy {
+    config.state = cli
+        .state_dir
+        .clone()
+        .map(crate::identity::IdentityStore::Dir);
+    config.rancher_project_id = cli.rancher_project_id.clone();
+    config.transports = cli.transports.clone();
+    config.proxy = match cli.proxy.clone() {
         Some(url) => {
             let no_proxy = std::env::var("NO_PROXY")
                 .or_else(|_| std::env::var("no_proxy"))
@@ -235,25 +258,16 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     config.transport_retry = std::time::Duration::from_secs(cli.transport_retry_secs);
     config.renew_at = cli.renew_at;
     config.validate()?;
+    Ok(config)
+}
+
+async fn start(cli: Cli) -> anyhow::Result<Agent> {
+    let mut config = agent_config(&cli)?;
     if cli.state_secret.is_none() {
         nothing_to_join_with(&config).await?;
     }
     otter_pki::tls::install_default_provider();
-    // A KUBECONFIG that names several files is left to kube's own loader.
-    let single_file = cli
-        .kubeconfig
-        .filter(|p| !p.as_os_str().is_empty() && !p.to_string_lossy().contains(':'));
-    let kube_config = crate::kube::load_config(single_file.as_deref())
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let ceiling = crate::impersonation::Ceiling::new(
-        cli.allow_user_prefixes.clone(),
-        cli.allow_group_prefixes.clone(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    let access = crate::kube::KubeAccess::new(kube_config)
-        .map_err(anyhow::Error::msg)?
-        .with_ceiling(ceiling);
+    let access = kube_access(&cli).await?;
     if let Some(name) = &cli.state_secret {
         config.state = Some(crate::identity::IdentityStore::secret(
             access.agent().clone(),
@@ -274,6 +288,61 @@ async fn start(cli: Cli) -> anyhow::Result<Agent> {
     let proxy = crate::kube_proxy::KubeProxy::for_access(&access);
     let routes = crate::services(access, &config.cluster, services);
     Ok(Agent::start_with_proxy(config, routes, Some(proxy))?)
+}
+
+/// The agent's access to its cluster: the kubeconfig's or the pod's
+/// ServiceAccount, impersonating within the ceiling.
+async fn kube_access(cli: &Cli) -> anyhow::Result<crate::kube::KubeAccess> {
+    // A KUBECONFIG that names several files is left to kube's own loader.
+    let single_file = cli
+        .kubeconfig
+        .clone()
+        .filter(|p| !p.as_os_str().is_empty() && !p.to_string_lossy().contains(':'));
+    let kube_config = crate::kube::load_config(single_file.as_deref())
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let ceiling = crate::impersonation::Ceiling::new(
+        cli.allow_user_prefixes.clone(),
+        cli.allow_group_prefixes.clone(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    Ok(crate::kube::KubeAccess::new(kube_config)
+        .map_err(anyhow::Error::msg)?
+        .with_ceiling(ceiling))
+}
+
+async fn doctor(cli: Cli) -> i32 {
+    otter_pki::tls::install_default_provider();
+    let mut config = match agent_config(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("otter-agent doctor: {e}");
+            return 64;
+        }
+    };
+    // The identity kept in a Secret needs the cluster: read it when the
+    // cluster answers, else the doctor goes on without it.
+    if let Some(name) = &cli.state_secret {
+        match kube_access(&cli).await {
+            Ok(access) => {
+                config.state = Some(crate::identity::IdentityStore::secret(
+                    access.agent().clone(),
+                    &cli.state_namespace,
+                    name,
+                ));
+            }
+            Err(e) => eprintln!("otter-agent doctor: the kept identity cannot be read: {e}"),
+        }
+    }
+    let checks = crate::doctor::run(&config).await;
+    print!("{}", crate::doctor::render(&checks));
+    match checks
+        .iter()
+        .any(|c| c.verdict == crate::doctor::Verdict::Fail)
+    {
+        true => 1,
+        false => 0,
+    }
 }
 
 /// Fails the start when waiting would change nothing: no join token and no

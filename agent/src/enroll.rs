@@ -113,17 +113,7 @@ async fn channel(
                 proxy.clone(),
             );
             async move {
-                let io: Box<dyn otter_tunnel::h2::Io> = match &proxy {
-                    Some(p) => p
-                        .connect(&host, port)
-                        .await
-                        .map_err(std::io::Error::other)?,
-                    None => {
-                        let tcp = TcpStream::connect((host.as_str(), port)).await?;
-                        let _ = tcp.set_nodelay(true);
-                        Box::new(tcp)
-                    }
-                };
+                let io = dial_tcp(&host, port, proxy.as_ref()).await?;
                 let tls = connector
                     .connect(server_name, io)
                     .await
@@ -148,6 +138,23 @@ async fn channel(
                 why.unwrap_or_else(|| error_chain(&e))
             ))
         })
+}
+
+/// A TCP connection to `host:port`, through `proxy` unless its `NO_PROXY`
+/// rules exempt the host: the way out every connection to the hub takes.
+pub async fn dial_tcp(
+    host: &str,
+    port: u16,
+    proxy: Option<&otter_tunnel::proxy::Proxy>,
+) -> std::io::Result<Box<dyn otter_tunnel::h2::Io>> {
+    match proxy.filter(|p| !p.bypass(host, port)) {
+        Some(p) => p.connect(host, port).await.map_err(std::io::Error::other),
+        None => {
+            let tcp = TcpStream::connect((host, port)).await?;
+            let _ = tcp.set_nodelay(true);
+            Ok(Box::new(tcp))
+        }
+    }
 }
 
 /// A TLS failure because the hub's certificate is not valid yet or no

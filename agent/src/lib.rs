@@ -32,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod convert;
 pub mod discovery;
+pub mod doctor;
 pub mod ended;
 pub mod enroll;
 pub mod gauges;

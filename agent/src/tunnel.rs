@@ -1125,14 +1125,10 @@ async fn api_reachable(config: &AgentConfig) -> bool {
         .trim_end_matches(']')
         .to_owned();
     let port = config.hub_url.port_or_known_default().unwrap_or(443);
-    let proxy = config.proxy.as_ref().filter(|p| !p.bypass(&host, port));
     let connect = async {
-        match proxy {
-            Some(p) => p.connect(&host, port).await.is_ok(),
-            None => tokio::net::TcpStream::connect((host.as_str(), port))
-                .await
-                .is_ok(),
-        }
+        enroll::dial_tcp(&host, port, config.proxy.as_ref())
+            .await
+            .is_ok()
     };
     tokio::time::timeout(Duration::from_secs(5), connect)
         .await

@@ -1,0 +1,179 @@
+//! `otter-agent doctor` against a real hub on loopback, healthy and then
+//! with one fault at a time: UDP to the tunnel port dropped, a clock ten
+//! minutes off, the tunnel port behind something that re-signs TLS, a hub
+//! name that does not resolve, nothing to join with. Each fault shows as
+//! its own check with its fix; the others stay ok.
+
+use std::sync::Arc;
+
+use otter_agent::{
+    AgentConfig,
+    doctor::{self, Check, Verdict},
+    identity::IdentityStore,
+};
+use otter_e2e::{
+    Relay, TestHub,
+    double::{WAIT, start_agent_with},
+};
+use otter_tunnel::TransportKind;
+
+fn verdict_of(checks: &[Check], name: &str) -> (Verdict, String) {
+    checks
+        .iter()
+        .find(|c| c.name == name)
+        .map(|c| (c.verdict, c.detail.clone()))
+        .unwrap_or_else(|| panic!("no {name} check:\n{}", doctor::render(checks)))
+}
+
+/// Every check but `except` passed.
+fn others_ok(checks: &[Check], except: &[&str]) {
+    for c in checks.iter().filter(|c| !except.contains(&c.name)) {
+        assert_eq!(
+            c.verdict,
+            Verdict::Ok,
+            "{} should pass:\n{}",
+            c.name,
+            doctor::render(checks)
+        );
+    }
+}
+
+/// A TLS server on loopback showing a certificate for `localhost` from a
+/// CA of its own, as a middlebox that inspects TLS would.
+async fn re_signing_server() -> std::net::SocketAddr {
+    let ca = otter_pki::CertificateAuthority::generate("inspecting middlebox").unwrap();
+    let (cert, key) = ca.issue_server_cert(&["localhost".into()]).unwrap();
+    let tls = otter_pki::tls::server_config(
+        &cert,
+        &key,
+        ca.cert_pem(),
+        otter_pki::tls::ClientAuth::None,
+        &[otter_tunnel::h2::ALPN],
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(tcp).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
+    // The tunnel URLs lead through a relay, where UDP can be dropped and
+    // the target swapped for a re-signing server.
+    let relay = Relay::start().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        let port = relay.addr.port();
+        c.tunnel_urls = ["quic", "h2"]
+            .iter()
+            .map(|s| url::Url::parse(&format!("{s}://localhost:{port}")).unwrap())
+            .collect();
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    // An agent enrolled once, its identity kept.
+    let state = tempfile::tempdir().unwrap();
+    let keep = || Some(IdentityStore::Dir(state.path().to_owned()));
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.state = keep();
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("enrolls");
+    agent.agent.shutdown().await;
+    let config = |tweak: &dyn Fn(&mut AgentConfig)| {
+        let mut c = AgentConfig::new(hub.api_url(), "edge-1", "a1", hub.hub.ca_pem());
+        c.state = keep();
+        c.transports = vec![TransportKind::Quic, TransportKind::H2];
+        tweak(&mut c);
+        c
+    };
+
+    let healthy = doctor::run(&config(&|_| {})).await;
+    println!("healthy:\n{}", doctor::render(&healthy));
+    let names: Vec<&str> = healthy.iter().map(|c| c.name).collect();
+    for name in [
+        "dns",
+        "proxy",
+        "api-tcp",
+        "api-tls",
+        "clock",
+        "tunnel-tcp",
+        "tunnel-tls",
+        "quic",
+        "identity",
+    ] {
+        assert!(names.contains(&name), "{name} missing: {names:?}");
+    }
+    others_ok(&healthy, &[]);
+
+    // UDP dropped on the way to the tunnel port.
+    relay.block_udp(true);
+    let checks = doctor::run(&config(&|_| {})).await;
+    println!("UDP blocked:\n{}", doctor::render(&checks));
+    let (v, detail) = verdict_of(&checks, "quic");
+    assert_eq!(v, Verdict::Warn, "{detail}");
+    assert!(
+        detail.contains("UDP") && detail.contains("HTTP/2"),
+        "{detail}"
+    );
+    others_ok(&checks, &["quic"]);
+    relay.block_udp(false);
+
+    // This agent's clock ten minutes ahead.
+    let checks = doctor::run(&config(&|c| c.clock.offset_secs = 600)).await;
+    println!("clock ahead:\n{}", doctor::render(&checks));
+    let (v, detail) = verdict_of(&checks, "clock");
+    assert_eq!(v, Verdict::Fail, "{detail}");
+    assert!(
+        detail.contains("ahead of") && detail.contains("NTP"),
+        "{detail}"
+    );
+
+    // Something on the way to the tunnel port re-signs TLS.
+    relay.set_target(re_signing_server().await);
+    let checks = doctor::run(&config(&|c| c.transports = vec![TransportKind::H2])).await;
+    println!("tunnel port re-signed:\n{}", doctor::render(&checks));
+    let (v, detail) = verdict_of(&checks, "tunnel-tls");
+    assert_eq!(v, Verdict::Fail, "{detail}");
+    assert!(
+        detail.contains("something on the way re-signs TLS")
+            && detail.contains("without inspection"),
+        "{detail}"
+    );
+    others_ok(&checks, &["tunnel-tls", "quic"]);
+    relay.set_target(hub.hub.tunnel_addr);
+
+    // A hub name that does not resolve; nothing to join with.
+    let checks = doctor::run(&config(&|c| {
+        c.hub_url = url::Url::parse("https://hub.invalid:8443").unwrap();
+        c.state = None;
+    }))
+    .await;
+    println!("unknown name, no identity:\n{}", doctor::render(&checks));
+    let (v, detail) = verdict_of(&checks, "dns");
+    assert_eq!(v, Verdict::Fail, "{detail}");
+    assert!(
+        detail.contains("hub.invalid") && detail.contains("DNS"),
+        "{detail}"
+    );
+    let (v, detail) = verdict_of(&checks, "identity");
+    assert_eq!(v, Verdict::Fail, "{detail}");
+    assert!(
+        detail.contains("otter agent-manifest --cluster edge-1"),
+        "{detail}"
+    );
+    hub.hub.shutdown().await;
+}
