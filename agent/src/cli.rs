@@ -298,17 +298,12 @@ async fn kube_access(cli: &Cli) -> anyhow::Result<crate::kube::KubeAccess> {
         .kubeconfig
         .clone()
         .filter(|p| !p.as_os_str().is_empty() && !p.to_string_lossy().contains(':'));
-    let kube_config = crate::kube::load_config(single_file.as_deref())
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let kube_config = crate::kube::load_config(single_file.as_deref()).await?;
     let ceiling = crate::impersonation::Ceiling::new(
         cli.allow_user_prefixes.clone(),
         cli.allow_group_prefixes.clone(),
-    )
-    .map_err(anyhow::Error::msg)?;
-    Ok(crate::kube::KubeAccess::new(kube_config)
-        .map_err(anyhow::Error::msg)?
-        .with_ceiling(ceiling))
+    )?;
+    Ok(crate::kube::KubeAccess::new(kube_config)?.with_ceiling(ceiling))
 }
 
 async fn doctor(cli: Cli) -> i32 {

@@ -208,6 +208,21 @@ impl Catalog {
         *self.discovery.lock().await = None;
     }
 
+    /// [`Catalog::resolve`] for the names as a request carries them:
+    /// version and resource required, each a valid path segment.
+    pub async fn resolve_named(
+        &self,
+        group: &Option<String>,
+        version: &Option<String>,
+        resource: &Option<String>,
+    ) -> Result<ApiEntry, Status> {
+        use crate::resource::{opt_segment, segment};
+        let g = opt_segment(group, "group")?;
+        let v = segment(version, "version")?;
+        let r = segment(resource, "resource")?;
+        self.resolve(g, v, r).await
+    }
+
     /// The type `resource` of `group`/`version`; NotFound with the name when
     /// the cluster does not serve it.
     pub async fn resolve(

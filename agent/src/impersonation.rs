@@ -65,16 +65,18 @@ impl Refusal {
 impl Ceiling {
     /// A ceiling of user and group prefixes; none may be empty or start
     /// with `system:`.
-    pub fn new(users: Vec<String>, groups: Vec<String>) -> Result<Self, String> {
+    pub fn new(users: Vec<String>, groups: Vec<String>) -> crate::Result<Self> {
         for p in users.iter().chain(&groups) {
             if p.is_empty() || p.starts_with("system:") {
-                return Err(format!(
+                return Err(crate::AgentError::Config(format!(
                     "allowed identity prefix {p:?} must be non-empty and not start with \"system:\""
-                ));
+                )));
             }
         }
         if users.is_empty() {
-            return Err("at least one allowed user prefix is needed".into());
+            return Err(crate::AgentError::Config(
+                "at least one allowed user prefix is needed".into(),
+            ));
         }
         Ok(Ceiling { users, groups })
     }

@@ -8,7 +8,6 @@
 //! recently used first out.
 
 use std::{
-    collections::HashMap,
     path::Path,
     sync::{Arc, Mutex},
     time::Duration,
@@ -28,18 +27,19 @@ pub use crate::impersonation::AUTHENTICATED;
 /// Builds the agent's own client configuration: the kubeconfig file when
 /// given, else `KUBECONFIG` / `~/.kube/config`, else the in-cluster
 /// ServiceAccount.
-pub async fn load_config(kubeconfig: Option<&Path>) -> Result<kube::Config, String> {
+pub async fn load_config(kubeconfig: Option<&Path>) -> crate::Result<kube::Config> {
     let mut config = match kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
+            let unusable = |source| crate::AgentError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(unusable)?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                .map_err(unusable)?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| format!("no Kubernetes configuration found: {e}"))?,
+        None => kube::Config::infer().await?,
     };
     // Watches, `logs -f`, exec and port-forward stay open as long as the
     // caller wants: no read timeout on the connection. Unary calls are
@@ -57,18 +57,22 @@ pub async fn load_config(kubeconfig: Option<&Path>) -> Result<kube::Config, Stri
 /// addresses stay direct. (kube checks `NO_PROXY` against the proxy's own
 /// address, so the agent decides here.) Errors never show the proxy's
 /// credentials.
-fn apply_proxy_rules(config: &mut kube::Config) -> Result<(), String> {
+fn apply_proxy_rules(config: &mut kube::Config) -> crate::Result<()> {
+    let invalid = |why: String| crate::AgentError::Config(why);
     let from_env = otter_tunnel::proxy::Proxy::from_env()
         .transpose()
-        .map_err(|e| format!("HTTPS_PROXY / HTTP_PROXY: {e}"))?;
+        .map_err(|e| invalid(format!("HTTPS_PROXY / HTTP_PROXY: {e}")))?;
     let configured = match config.proxy_url.take() {
         Some(uri) => {
             let url = url::Url::parse(&uri.to_string())
-                .map_err(|e| format!("the kubeconfig's proxy-url: {e}"))?;
+                .map_err(|e| invalid(format!("the kubeconfig's proxy-url: {e}")))?;
             let no_proxy = std::env::var("NO_PROXY")
                 .or_else(|_| std::env::var("no_proxy"))
                 .unwrap_or_default();
-            Some(otter_tunnel::proxy::Proxy::new(url, &no_proxy).map_err(|e| e.to_string())?)
+            Some(
+                otter_tunnel::proxy::Proxy::new(url, &no_proxy)
+                    .map_err(|e| invalid(e.to_string()))?,
+            )
         }
         None => from_env,
     };
@@ -87,7 +91,7 @@ fn apply_proxy_rules(config: &mut kube::Config) -> Result<(), String> {
             .url
             .as_str()
             .parse()
-            .map_err(|_| format!("proxy {} is not a valid URI", proxy.display()))?,
+            .map_err(|_| invalid(format!("proxy {} is not a valid URI", proxy.display())))?,
     );
     Ok(())
 }
@@ -96,7 +100,8 @@ fn apply_proxy_rules(config: &mut kube::Config) -> Result<(), String> {
 #[derive(Clone)]
 pub struct KubeAccess {
     agent: kube::Client,
-    cache: Arc<Mutex<ClientCache>>,
+    /// Impersonating clients by caller, the least recently used out.
+    cache: Arc<Mutex<lru::LruCache<Caller, kube::Client>>>,
     ceiling: Ceiling,
 }
 
@@ -108,9 +113,8 @@ impl std::fmt::Debug for KubeAccess {
 
 impl KubeAccess {
     /// From the agent's own configuration.
-    pub fn new(config: kube::Config) -> Result<KubeAccess, String> {
-        let agent = kube::Client::try_from(config)
-            .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+    pub fn new(config: kube::Config) -> crate::Result<KubeAccess> {
+        let agent = kube::Client::try_from(config).map_err(crate::AgentError::KubeClient)?;
         Ok(Self::from_client(agent, DEFAULT_CLIENT_CACHE))
     }
 
@@ -118,7 +122,9 @@ impl KubeAccess {
     pub fn from_client(agent: kube::Client, cache: usize) -> KubeAccess {
         KubeAccess {
             agent,
-            cache: Arc::new(Mutex::new(ClientCache::new(cache.max(1)))),
+            cache: Arc::new(Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(cache).unwrap_or(std::num::NonZeroUsize::MIN),
+            ))),
             ceiling: Ceiling::default(),
         }
     }
@@ -148,8 +154,8 @@ impl KubeAccess {
                 "the call carries no verified caller",
             ));
         }
-        if let Some(c) = self.cache.lock().map_err(poisoned)?.get(caller) {
-            return Ok(c);
+        if let Some(c) = self.cache().get(caller) {
+            return Ok(c.clone());
         }
         let headers =
             Arc::new(crate::impersonation::headers(&self.ceiling, caller).map_err(|r| r.status())?);
@@ -167,56 +173,14 @@ impl KubeAccess {
             }
         });
         let client = kube::Client::new(service, self.agent.default_namespace().to_owned());
-        self.cache
-            .lock()
-            .map_err(poisoned)?
-            .put(caller.clone(), client.clone());
+        self.cache().put(caller.clone(), client.clone());
         Ok(client)
     }
-}
 
-fn poisoned<T>(_: T) -> Status {
-    Status::internal("client cache lock poisoned")
-}
-
-/// A small least-recently-used map of clients.
-struct ClientCache {
-    max: usize,
-    tick: u64,
-    entries: HashMap<Caller, (u64, kube::Client)>,
-}
-
-impl ClientCache {
-    fn new(max: usize) -> Self {
-        Self {
-            max,
-            tick: 0,
-            entries: HashMap::new(),
-        }
-    }
-
-    fn get(&mut self, caller: &Caller) -> Option<kube::Client> {
-        self.tick += 1;
-        let tick = self.tick;
-        self.entries.get_mut(caller).map(|(used, c)| {
-            *used = tick;
-            c.clone()
-        })
-    }
-
-    fn put(&mut self, caller: Caller, client: kube::Client) {
-        self.tick += 1;
-        if self.entries.len() >= self.max
-            && !self.entries.contains_key(&caller)
-            && let Some(oldest) = self
-                .entries
-                .iter()
-                .min_by_key(|(_, (used, _))| *used)
-                .map(|(k, _)| k.clone())
-        {
-            self.entries.remove(&oldest);
-        }
-        self.entries.insert(caller, (self.tick, client));
+    fn cache(&self) -> std::sync::MutexGuard<'_, lru::LruCache<Caller, kube::Client>> {
+        self.cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -239,10 +203,10 @@ mod tests {
         for u in ["a", "b", "a", "c"] {
             access.for_caller(&who(u)).unwrap();
         }
-        let cache = access.cache.lock().unwrap();
-        assert_eq!(cache.entries.len(), 2);
-        assert!(cache.entries.contains_key(&who("a")));
-        assert!(cache.entries.contains_key(&who("c")));
+        let cache = access.cache();
+        assert_eq!(cache.len(), 2);
+        assert!(cache.contains(&who("a")));
+        assert!(cache.contains(&who("c")));
         drop(cache);
         match access.for_caller(&who("")) {
             Err(e) => assert_eq!(e.code(), tonic::Code::Unauthenticated),

@@ -8,6 +8,9 @@
 //!   the current certificate.
 //! - [`tunnel`] — the dial loop: transport order, fallback, backoff with
 //!   full jitter, serving streams, renewal before expiry.
+//! - [`dispatch`] — the one service a tunnel's streams are served with:
+//!   by target, the gRPC API, the Kubernetes API proxy, or the agent's own
+//!   answers (diagnosis, renew now, the hub's goodbye).
 //! - [`backoff`] — the reconnect schedule, sans IO.
 //! - [`ended`] — who ended a tunnel (the hub, a proxy, the network) and
 //!   why, sans IO.
@@ -32,6 +35,7 @@ pub mod cli;
 pub mod config;
 pub mod convert;
 pub mod discovery;
+pub mod dispatch;
 pub mod doctor;
 pub mod ended;
 pub mod enroll;
@@ -100,6 +104,19 @@ pub enum AgentError {
     Tunnel(#[from] otter_tunnel::TunnelError),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The kubeconfig file could not be read or used.
+    #[error("kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: ::kube::config::KubeconfigError,
+    },
+    /// Neither a kubeconfig nor the in-cluster ServiceAccount was found.
+    #[error("no Kubernetes configuration found: {0}")]
+    NoKubeConfig(#[from] ::kube::config::InferConfigError),
+    /// The Kubernetes client could not be built from the configuration.
+    #[error("cannot build the Kubernetes client: {0}")]
+    KubeClient(#[source] ::kube::Error),
     /// The kept identity (a Secret) could not be read or written.
     #[error("identity store: {0}")]
     Identity(String),

@@ -524,21 +524,9 @@ impl Resources {
         let client = self.kube.for_caller(&caller(&request)?)?;
         let r = request.into_inner();
         let (group, version, resource) = r.names();
-        let entry = self.resolve(group, version, resource).await?;
+        let entry = self.catalog.resolve_named(group, version, resource).await?;
         entry.require(verb)?;
         Ok((client, r, entry))
-    }
-
-    async fn resolve(
-        &self,
-        group: &Option<String>,
-        version: &Option<String>,
-        resource: &Option<String>,
-    ) -> Result<ApiEntry, Status> {
-        let g = opt_segment(group, "group")?;
-        let v = segment(version, "version")?;
-        let r = segment(resource, "resource")?;
-        self.catalog.resolve(g, v, r).await
     }
 
     /// Events whose involvedObject.uid is `uid`, in `namespace` ("" = all).

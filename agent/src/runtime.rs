@@ -117,10 +117,7 @@ impl Runtime {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(table) = weak.upgrade() else { return };
-                let reaped = match table.lock() {
-                    Ok(mut t) => t.reap(Instant::now()),
-                    Err(_) => return,
-                };
+                let reaped = lock(&table).reap(Instant::now());
                 for (id, h) in reaped {
                     tracing::info!(session_id = %id, "idle session reaped");
                     h.reaped.cancel();
@@ -135,10 +132,19 @@ impl Runtime {
         }
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, SessionTable<Handle>>, Status> {
-        self.sessions
-            .lock()
-            .map_err(|_| Status::internal("session table lock poisoned"))
+    /// Every call that reaches the cluster starts here: the verified
+    /// caller, a client acting as them, and the request.
+    fn begin<T>(
+        &self,
+        request: Request<T>,
+    ) -> Result<(otter_tunnel::Caller, kube::Client, T), Status> {
+        let who = caller(&request)?;
+        let client = self.kube.for_caller(&who)?;
+        Ok((who, client, request.into_inner()))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionTable<Handle>> {
+        lock(&self.sessions)
     }
 
     /// Opens a session entry; the guard removes it when dropped.
@@ -157,7 +163,7 @@ impl Runtime {
             tty,
         };
         let id = self
-            .lock()?
+            .lock()
             .open(kind, user, rand::random(), Instant::now(), handle)?;
         tracing::info!(session_id = %id, kind = kind.as_str(), user, "session opened");
         Ok((
@@ -176,7 +182,7 @@ impl Runtime {
             .as_deref()
             .filter(|s| !s.is_empty())
             .ok_or_else(|| Status::invalid_argument("session_id is required"))?;
-        Ok(self.lock()?.use_session(id, kind, user, Instant::now())?)
+        Ok(self.lock().use_session(id, kind, user, Instant::now())?)
     }
 
     /// Queues bytes for the pod once the session's input budget has room.
@@ -217,19 +223,23 @@ struct SessionGuard {
 
 impl SessionGuard {
     fn touch(&self) {
-        if let Ok(mut t) = self.table.lock() {
-            t.touch(&self.id, Instant::now());
-        }
+        lock(&self.table).touch(&self.id, Instant::now());
     }
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
-        if let Ok(mut t) = self.table.lock() {
-            t.remove(&self.id);
-        }
+        lock(&self.table).remove(&self.id);
         tracing::info!(session_id = %self.id, "session ended");
     }
+}
+
+/// The session table, poisoned or not: each change to it is one call
+/// that leaves it whole (the workspace's one lock policy).
+fn lock(table: &Mutex<SessionTable<Handle>>) -> std::sync::MutexGuard<'_, SessionTable<Handle>> {
+    table
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The container to use when the caller names none: the one the
@@ -314,8 +324,7 @@ impl RuntimeService for Runtime {
         &self,
         request: Request<pb::PodLogRequest>,
     ) -> Result<Response<Self::PodLogStream>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
+        let (_, client, r) = self.begin(request)?;
         let ns = segment(&r.namespace, "namespace")?;
         let name = segment(&r.name, "name")?;
         let pods: Api<Pod> = Api::namespaced(client, ns);
@@ -372,9 +381,7 @@ impl RuntimeService for Runtime {
         &self,
         request: Request<pb::ExecuteTtyRequest>,
     ) -> Result<Response<Self::ExecuteTTYStream>, Status> {
-        let who = caller(&request)?;
-        let client = self.kube.for_caller(&who)?;
-        let r = request.into_inner();
+        let (who, client, r) = self.begin(request)?;
         let ns = segment(&r.namespace, "namespace")?;
         let name = segment(&r.name, "name")?;
         if r.command.is_empty() {
@@ -547,9 +554,7 @@ impl RuntimeService for Runtime {
         &self,
         request: Request<pb::PortForwardRequest>,
     ) -> Result<Response<Self::PortForwardStream>, Status> {
-        let who = caller(&request)?;
-        let client = self.kube.for_caller(&who)?;
-        let r = request.into_inner();
+        let (who, client, r) = self.begin(request)?;
         let ns = segment(&r.namespace, "namespace")?;
         let name = segment(&r.name, "name")?.to_owned();
         let port = r
@@ -659,15 +664,10 @@ impl RuntimeService for Runtime {
         &self,
         request: Request<pb::ScaleRequest>,
     ) -> Result<Response<pb::ScaleResponse>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
+        let (_, client, r) = self.begin(request)?;
         let entry = self
             .catalog
-            .resolve(
-                opt_segment(&r.group, "group")?,
-                segment(&r.version, "version")?,
-                segment(&r.resource, "resource")?,
-            )
+            .resolve_named(&r.group, &r.version, &r.resource)
             .await?;
         if !entry.subresources.iter().any(|s| s == "scale") {
             return Err(Status::invalid_argument(format!(
@@ -698,15 +698,10 @@ impl RuntimeService for Runtime {
     }
 
     async fn restart(&self, request: Request<pb::RestartRequest>) -> Result<Response<()>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
+        let (_, client, r) = self.begin(request)?;
         let entry = self
             .catalog
-            .resolve(
-                opt_segment(&r.group, "group")?,
-                segment(&r.version, "version")?,
-                segment(&r.resource, "resource")?,
-            )
+            .resolve_named(&r.group, &r.version, &r.resource)
             .await?;
         entry.require("patch")?;
         let name = segment(&r.name, "name")?;
@@ -762,8 +757,7 @@ impl RuntimeService for Runtime {
         &self,
         request: Request<pb::SubResourceActionRequest>,
     ) -> Result<Response<pb::SubResourceActionResponse>, Status> {
-        let client = self.kube.for_caller(&caller(&request)?)?;
-        let r = request.into_inner();
+        let (_, client, r) = self.begin(request)?;
         let method = r.method.as_deref().unwrap_or("").to_ascii_uppercase();
         if method != "PUT" && method != "POST" {
             return Err(Status::invalid_argument(format!(
@@ -773,11 +767,7 @@ impl RuntimeService for Runtime {
         }
         let entry = self
             .catalog
-            .resolve(
-                opt_segment(&r.group, "group")?,
-                segment(&r.version, "version")?,
-                segment(&r.resource, "resource")?,
-            )
+            .resolve_named(&r.group, &r.version, &r.resource)
             .await?;
         let sub = segment(&r.subresource, "subresource")?;
         if !entry.subresources.iter().any(|s| s == sub) {

@@ -2,6 +2,10 @@
 //! transport that works, serve the streams the hub opens, renew the
 //! certificate before it expires, and reconnect with paced backoff when the
 //! tunnel goes away.
+//!
+//! Two parts: the [`Supervisor`] owns policy across tunnels (credentials,
+//! transport and replica order, backoff, the hub's hints); a [`Session`]
+//! serves one tunnel and returns why it ended.
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
@@ -19,6 +23,7 @@ use url::Url;
 use crate::{
     AgentConfig, AgentError, Result,
     backoff::Backoff,
+    dispatch::{AgentService, DiagFn, Goodbye, Own},
     enroll::{self, Credentials},
 };
 
@@ -118,14 +123,29 @@ impl Agent {
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let gauges = config.gauges.clone();
-        tasks.spawn(run(
+        let supervisor = Supervisor {
+            backoff: Backoff::new(config.backoff_base, config.backoff_cap),
+            renew_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
             config,
             routes,
             kube,
-            tx,
-            shutdown.clone(),
-            tasks.clone(),
-        ));
+            status: tx,
+            shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
+            creds: None,
+            renew_now: Arc::new(tokio::sync::Notify::new()),
+            last_good: None,
+            renew_retry_at: None,
+            quic: Arc::new(quic::Dialer::default()),
+            failed_rounds: 0,
+            failing_since: None,
+            urls_refreshed: None,
+            failed_with_api_up: false,
+            refused_at: None,
+            adopted: Vec::new(),
+            site: 0,
+        };
+        tasks.spawn(supervisor.run());
         Ok(Agent {
             status: rx,
             gauges,
@@ -188,136 +208,211 @@ impl Agent {
     }
 }
 
-async fn run(
+/// The agent's policy across tunnels: credentials (register, renew), which
+/// transports and which replica to dial and in what order, backoff and the
+/// hub's retry hints. Each tunnel it gets is served by a [`Session`], which
+/// reports back why the tunnel ended.
+struct Supervisor {
     config: AgentConfig,
     routes: tonic::service::Routes,
     kube: Option<crate::kube_proxy::KubeProxy>,
     status: watch::Sender<AgentStatus>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
-) {
-    let (config, mut creds) = kept_identity(config).await;
-    if let Some(c) = &creds {
-        status.send_modify(|s| {
-            s.cert_serial = c.serial.clone();
-            s.cert_not_after = c.not_after;
-        });
-    }
-    let renew_now = std::sync::Arc::new(tokio::sync::Notify::new());
-    // The transport that worked last is tried first on a reconnect.
-    let mut last_good: Option<TransportKind> = None;
-    // Better-transport probes report here, tagged with the tunnel they
-    // were started for.
-    let (probe_tx, mut probe_rx) = tokio::sync::mpsc::channel(1);
-    let mut generation: u64 = 0;
-    let mut backoff = Backoff::new(config.backoff_base, config.backoff_cap);
-    // Failed renewals are retried after 1 s, doubling to a minute.
-    let mut renew_backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-    // After a failed renewal, when to try again (sooner than it is due).
-    let mut renew_retry_at: Option<tokio::time::Instant> = None;
-    // One QUIC endpoint for every dial of this agent's life.
-    let quic = Arc::new(quic::Dialer::default());
-    // Dial rounds that failed in a row, and when the tunnel URLs were last
-    // asked for again (see `URL_REFRESH_ROUNDS`).
-    let mut failed_rounds = 0u32;
-    let mut failing_since: Option<tokio::time::Instant> = None;
-    // Whether the API answered when the last round of dials failed: the
-    // tunnel port moved (ask for the URLs again), as opposed to a hub that
-    // was down (a restart: keep the certificate, dial again).
-    let mut failed_with_api_up = false;
-    let mut urls_refreshed: Option<tokio::time::Instant> = None;
-    // When the hub last refused this agent with a hint.
-    let mut refused_at: Option<tokio::time::Instant> = None;
-    // The last tunnel URLs the hub advertised that were taken.
-    let mut adopted: Vec<Url> = Vec::new();
-    // Which hub replica's tunnel URLs to dial (see `sites`): the first
-    // listed (the replica that answered) until a round fails, then the next.
-    let mut site = 0usize;
-    loop {
-        if shutdown.is_cancelled() {
-            return;
+    creds: Option<Credentials>,
+    /// Woken when the hub asks for a renewal now (a CA rotation step).
+    renew_now: Arc<tokio::sync::Notify>,
+    /// The transport that worked last, tried first on a reconnect.
+    last_good: Option<TransportKind>,
+    backoff: Backoff,
+    /// Failed renewals are retried after 1 s, doubling to a minute.
+    renew_backoff: Backoff,
+    /// After a failed renewal, when to try again (sooner than it is due).
+    renew_retry_at: Option<tokio::time::Instant>,
+    /// One QUIC endpoint for every dial of this agent's life.
+    quic: Arc<quic::Dialer>,
+    /// Dial rounds that failed in a row, since when, and when the tunnel
+    /// URLs were last asked for again (see `URL_REFRESH_ROUNDS`).
+    failed_rounds: u32,
+    failing_since: Option<tokio::time::Instant>,
+    urls_refreshed: Option<tokio::time::Instant>,
+    /// Whether the API answered when the last round of dials failed: the
+    /// tunnel port moved (ask for the URLs again), as opposed to a hub that
+    /// was down (a restart: keep the certificate, dial again).
+    failed_with_api_up: bool,
+    /// When the hub last refused this agent with a hint.
+    refused_at: Option<tokio::time::Instant>,
+    /// The last tunnel URLs the hub advertised that were taken.
+    adopted: Vec<Url>,
+    /// Which hub replica's tunnel URLs to dial (see `sites`): the first
+    /// listed (the replica that answered) until a round fails, then the next.
+    site: usize,
+}
+
+/// What the supervisor does after a step that did not give a tunnel.
+enum Next {
+    /// Go on to the next step.
+    Go,
+    /// Start the round again (after the pause already taken).
+    Again,
+    /// The agent is shutting down.
+    Stop,
+}
+
+impl Supervisor {
+    async fn run(mut self) {
+        let (config, creds) = kept_identity(self.config.clone()).await;
+        self.config = config;
+        self.creds = creds;
+        if let Some(c) = &self.creds {
+            self.status.send_modify(|s| {
+                s.cert_serial = c.serial.clone();
+                s.cert_not_after = c.not_after;
+            });
         }
-        // The attempt after a refusal starts here: how long it waited.
-        if let Some(at) = refused_at.take() {
+        loop {
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            self.note_wait_after_refusal();
+            match self.credentials().await {
+                Next::Go => {}
+                Next::Again => continue,
+                Next::Stop => return,
+            }
+            self.adopt_advertised_urls().await;
+            let Some(current) = self.creds.as_ref().map(|c| at_site(c, self.site)) else {
+                continue;
+            };
+            let admitted = match self.connect(&current).await {
+                Ok(admitted) => admitted,
+                Err(Next::Stop) => return,
+                Err(_) => continue,
+            };
+            let Some(why) = Session::start(&mut self, admitted, &current)
+                .run(&mut self)
+                .await
+            else {
+                return;
+            };
+            tracing::info!(closed_by = %why.by, reason = %why.why, "tunnel down");
+            // A replica that went silent, reset the connection or said it is
+            // stopping is likely gone: the next round dials the next
+            // replica's URLs first rather than wait out a QUIC handshake
+            // with a dead port (with one replica, or a load balancer, the
+            // same URLs).
+            if why.by != crate::ended::EndedBy::Hub || why.why == otter_tunnel::frame::BYE_STOPPING
+            {
+                self.site = self.site.wrapping_add(1);
+            }
+            self.status.send_modify(|s| {
+                s.connected = None;
+                s.last_error = why.to_string();
+                s.last_tunnel_end = Some(why);
+            });
+            // Even a clean close waits a little: the agent never spins.
+            if !pause(&mut self.backoff, &self.shutdown).await {
+                return;
+            }
+        }
+    }
+
+    /// The attempt after a refusal starts now: records how long it waited.
+    fn note_wait_after_refusal(&mut self) {
+        if let Some(at) = self.refused_at.take() {
             let waited = at.elapsed();
-            status.send_modify(|s| {
+            self.status.send_modify(|s| {
                 s.shortest_wait_after_refusal = Some(
                     s.shortest_wait_after_refusal
                         .map_or(waited, |w| w.min(waited)),
                 );
             });
         }
+    }
+
+    /// Registers on first contact, renews when due; pauses when that fails.
+    async fn credentials(&mut self) -> Next {
         // The hub may have moved its tunnel port: after a few failed rounds
         // a renewal (Register) brings its current URLs, at most once a
         // minute, instead of waiting for the certificate to be due.
         // Only when the API answered as the last dials failed: a hub that
         // was down (a restart) has moved nothing, and its agents keep the
         // certificates they have, even when it is back before they dial.
-        let refresh_urls = failed_rounds >= URL_REFRESH_ROUNDS
-            && failing_since.is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
-            && urls_refreshed.is_none_or(|t| t.elapsed() >= URL_REFRESH_EVERY)
-            && failed_with_api_up;
-        // Credentials: register on first contact, renew when due.
-        let due = creds
+        let refresh_urls = self.failed_rounds >= URL_REFRESH_ROUNDS
+            && self
+                .failing_since
+                .is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
+            && self
+                .urls_refreshed
+                .is_none_or(|t| t.elapsed() >= URL_REFRESH_EVERY)
+            && self.failed_with_api_up;
+        let due = self
+            .creds
             .as_ref()
-            .is_none_or(|c| config.clock.now() >= c.renew_at(config.renew_at));
-        if due || refresh_urls {
-            if refresh_urls {
-                urls_refreshed = Some(tokio::time::Instant::now());
-                tracing::info!(failed_rounds, "asking the hub for its tunnel URLs again");
+            .is_none_or(|c| self.config.clock.now() >= c.renew_at(self.config.renew_at));
+        if !due && !refresh_urls {
+            return Next::Go;
+        }
+        if refresh_urls {
+            self.urls_refreshed = Some(tokio::time::Instant::now());
+            tracing::info!(
+                failed_rounds = self.failed_rounds,
+                "asking the hub for its tunnel URLs again"
+            );
+        }
+        match obtain(&self.config, self.creds.as_ref(), &self.status).await {
+            Ok(c) => {
+                self.creds = Some(c);
+                self.failed_rounds = 0;
+                self.failing_since = None;
+                self.site = 0;
+                Next::Go
             }
-            match obtain(&config, creds.as_ref(), &status).await {
-                Ok(c) => {
-                    creds = Some(c);
-                    failed_rounds = 0;
-                    failing_since = None;
-                    site = 0;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "register failed");
-                    let hint = e.retry_after();
-                    if hint.is_some() {
-                        refused_at = Some(tokio::time::Instant::now());
-                    }
-                    status.send_modify(|s| {
-                        s.last_error = e.to_string();
-                        if hint.is_some() {
-                            s.refusals += 1;
-                            s.last_retry_after = hint;
-                        }
-                    });
-                    let go_on = match hint {
-                        Some(after) => pause_at_least(after, &shutdown).await,
-                        None => pause(&mut backoff, &shutdown).await,
-                    };
-                    if !go_on {
-                        return;
-                    }
-                    continue;
-                }
+            Err(e) => {
+                tracing::warn!(error = %e, "register failed");
+                let hint = e.retry_after();
+                self.status.send_modify(|s| {
+                    s.last_error = e.to_string();
+                });
+                self.wait(hint).await
             }
         }
-        if adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await {
-            site = 0;
-        }
-        let Some(current) = creds.as_ref().map(|c| at_site(c, site)) else {
-            continue;
-        };
+    }
 
-        // Connect: transports in the configured order, first that works.
-        // A tunnel counts once the hub has admitted it, which it shows by
-        // opening the first stream; a hub that is busy says when to come
-        // back instead, and then no other transport is tried either.
-        status.send_modify(|s| s.dials += 1);
+    /// Pauses after a failed step: the hub's hint when it gave one (counted
+    /// as a refusal), else the backoff.
+    async fn wait(&mut self, hint: Option<Duration>) -> Next {
+        let go_on = match hint {
+            Some(after) => {
+                self.refused_at = Some(tokio::time::Instant::now());
+                self.status.send_modify(|s| {
+                    s.refusals += 1;
+                    s.last_retry_after = hint;
+                });
+                pause_at_least(after, &self.shutdown).await
+            }
+            None => pause(&mut self.backoff, &self.shutdown).await,
+        };
+        if go_on { Next::Again } else { Next::Stop }
+    }
+
+    /// One connect round: the transports in order, first that works. A
+    /// tunnel counts once the hub has admitted it, which it shows by
+    /// opening the first stream; a hub that is busy says when to come back
+    /// instead, and then no other transport is tried either.
+    async fn connect(&mut self, current: &Credentials) -> std::result::Result<Admitted, Next> {
+        self.status.send_modify(|s| s.dials += 1);
         let mut attempts = Vec::new();
-        let mut up: Option<Admitted> = None;
         let mut hint = None;
-        for kind in &dial_order(&config.transports, last_good) {
-            match dial_admitted(&config, &current, *kind, &quic).await {
-                Ok(pair) => {
+        for kind in &dial_order(&self.config.transports, self.last_good) {
+            match dial_admitted(&self.config, current, *kind, &self.quic).await {
+                Ok(admitted) => {
                     attempts.push((*kind, Ok(())));
-                    up = Some(pair);
-                    break;
+                    self.last_good = Some(*kind);
+                    self.failed_rounds = 0;
+                    self.failing_since = None;
+                    self.status.send_modify(|s| s.attempts = attempts);
+                    return Ok(admitted);
                 }
                 Err(e) => {
                     tracing::info!(transport = %kind, error = %e, "transport failed");
@@ -329,265 +424,350 @@ async fn run(
                 }
             }
         }
-        let Some(Admitted {
-            mut acceptor,
+        if hint.is_none() {
+            // The next round tries the next replica's URLs, if the hub
+            // listed more than one (replicas without a load balancer).
+            self.site = self.site.wrapping_add(1);
+            self.failed_rounds += 1;
+            self.failing_since
+                .get_or_insert_with(tokio::time::Instant::now);
+            self.failed_with_api_up = self.failed_rounds >= URL_REFRESH_ROUNDS
+                && self
+                    .failing_since
+                    .is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
+                && api_reachable(&self.config).await;
+        }
+        self.status.send_modify(|s| {
+            s.last_error = format!("no transport worked: {attempts:?}");
+            s.attempts = attempts;
+        });
+        Err(self.wait(hint).await)
+    }
+
+    /// Takes the URLs the hub advertised last (see the free function);
+    /// new ones send the next dial to the first replica listed.
+    async fn adopt_advertised_urls(&mut self) {
+        if adopt_advertised_urls(
+            &self.config,
+            &mut self.creds,
+            &self.status,
+            &mut self.adopted,
+        )
+        .await
+        {
+            self.site = 0;
+        }
+    }
+
+    /// The one service for every stream of a tunnel whose diagnosis
+    /// `diag` makes.
+    fn service(&self, diag: DiagFn) -> AgentService {
+        AgentService::new(
+            self.routes.clone(),
+            self.kube.as_ref().map(|k| k.service()),
+            Own {
+                diag,
+                renew: self.renew_now.clone(),
+                goodbye: Goodbye::default(),
+            },
+        )
+    }
+
+    /// The credentials at the current site, or `fallback` without any.
+    fn newest(&self, fallback: &Credentials) -> Credentials {
+        self.creds
+            .as_ref()
+            .map_or_else(|| fallback.clone(), |c| at_site(c, self.site))
+    }
+
+    /// When the next renewal is due: the retry after a failed one, else
+    /// the certificate's renewal point.
+    fn renew_in(&self) -> Duration {
+        match self.renew_retry_at {
+            Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
+            None => Duration::from_secs(self.creds.as_ref().map_or(0, |c| {
+                (c.renew_at(self.config.renew_at) - self.config.clock.now()).max(0)
+            }) as u64),
+        }
+    }
+
+    /// A renewal's outcome. A new certificate is kept and returned (the
+    /// session moves to a tunnel on it); a failure is retried after a
+    /// backoff, well before expiry, the tunnel serving meanwhile.
+    fn renewed(&mut self, renewed: Result<Credentials>) -> Option<Credentials> {
+        match renewed {
+            Ok(c) => {
+                self.creds = Some(c.clone());
+                self.renew_backoff.reset();
+                self.renew_retry_at = None;
+                Some(c)
+            }
+            Err(e) => {
+                let retry_in = self.renew_backoff.next_delay().max(Duration::from_secs(1));
+                self.renew_retry_at = Some(tokio::time::Instant::now() + retry_in);
+                // How long the certificate has left, by the hub's clock.
+                let left = self
+                    .creds
+                    .as_ref()
+                    .map_or(0, |c| c.not_after - (self.config.clock.now() + c.skew));
+                tracing::warn!(error = %e, ?retry_in, certificate_expires_in_secs = left, "renewal failed");
+                self.status.send_modify(|s| {
+                    s.last_error = e.to_string();
+                    s.last_renewal_error = e.to_string();
+                    s.renewal_failures += 1;
+                });
+                None
+            }
+        }
+    }
+}
+
+/// One tunnel, served until it ends: the streams the hub opens, a renewal
+/// beside it when due (the tunnel moves to the new certificate, make before
+/// break), and a move to a better transport when one works again.
+struct Session {
+    acceptor: Box<dyn AcceptorDyn>,
+    kind: TransportKind,
+    /// The credentials the tunnel was dialled with.
+    current: Credentials,
+    service: AgentService,
+    probe_at: Option<tokio::time::Instant>,
+    /// A new tunnel is being set up beside this one.
+    probing: bool,
+    /// Where a new tunnel being set up reports; a probe of a session that
+    /// ended finds the receiver gone, and the tunnel it found is dropped.
+    probe_tx: tokio::sync::mpsc::Sender<Option<Admitted>>,
+    probe_rx: tokio::sync::mpsc::Receiver<Option<Admitted>>,
+    /// A renewal runs beside the tunnel, never in the serving loop: a hub
+    /// API that does not answer must not stop the calls on the tunnel.
+    renewing: bool,
+    renew_tx: tokio::sync::mpsc::Sender<Result<Credentials>>,
+    renew_rx: tokio::sync::mpsc::Receiver<Result<Credentials>>,
+    /// The tunnel ended while a new one was being set up: why, and until
+    /// when the new one is waited for.
+    closing: Option<(crate::ended::Ended, tokio::time::Instant)>,
+    /// The proxy the tunnel goes through, for how it ended.
+    route: Option<String>,
+}
+
+impl Session {
+    /// Takes a tunnel the hub admitted and serves its first stream.
+    fn start(sup: &mut Supervisor, admitted: Admitted, current: &Credentials) -> Session {
+        let Admitted {
+            acceptor,
             first,
             setup_started,
-        }) = up
-        else {
-            if hint.is_none() {
-                // The next round tries the next replica's URLs, if the hub
-                // listed more than one (replicas without a load balancer).
-                site = site.wrapping_add(1);
-                failed_rounds += 1;
-                failing_since.get_or_insert_with(tokio::time::Instant::now);
-                failed_with_api_up = failed_rounds >= URL_REFRESH_ROUNDS
-                    && failing_since.is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
-                    && api_reachable(&config).await;
-            } else {
-                refused_at = Some(tokio::time::Instant::now());
-            }
-            status.send_modify(|s| {
-                s.last_error = format!("no transport worked: {attempts:?}");
-                s.attempts = attempts;
-                if hint.is_some() {
-                    s.refusals += 1;
-                    s.last_retry_after = hint;
-                }
-            });
-            let go_on = match hint {
-                Some(after) => pause_at_least(after, &shutdown).await,
-                None => pause(&mut backoff, &shutdown).await,
-            };
-            if !go_on {
-                return;
-            }
-            continue;
-        };
-        let mut kind = acceptor.kind_dyn();
-        last_good = Some(kind);
-        failed_rounds = 0;
-        failing_since = None;
+        } = admitted;
+        let kind = acceptor.kind_dyn();
+        let config = &sup.config;
         // What the hub asks for to show how this agent got through.
-        let mut route = proxy_route(&config, &current, kind);
-        let mut diag = diagnosis(&config, &attempts, route.as_deref(), &status, setup_started);
+        let route = proxy_route(config, current, kind);
+        let attempts = sup.status.borrow().attempts.clone();
+        let diag = diagnosis(
+            config,
+            &attempts,
+            route.as_deref(),
+            &sup.status,
+            setup_started,
+        );
         tracing::info!(transport = %kind, cluster = %config.cluster, "tunnel up");
-        status.send_modify(|s| {
+        sup.status.send_modify(|s| {
             s.connected = Some(kind);
             s.connects += 1;
-            s.attempts = attempts;
             s.proxy = route.clone();
         });
-        backoff.reset();
-        // Where the hub's goodbye for this tunnel lands, if it says one.
-        let mut goodbye = otter_tunnel::http::Goodbye::default();
-        let own = |diag: &otter_tunnel::http::DiagFn, goodbye: &otter_tunnel::http::Goodbye| {
-            otter_tunnel::http::AgentSelf {
-                diag: Some(diag.clone()),
-                renew: Some(renew_now.clone()),
-                goodbye: Some(goodbye.clone()),
-            }
-        };
-        serve_one(
-            &tasks,
-            first,
-            &routes,
-            kube.as_ref(),
-            own(&diag, &goodbye),
-            &config.gauges,
-        );
+        sup.backoff.reset();
+        let service = sup.service(diag);
+        serve_one(&sup.tasks, first, &service, &config.gauges);
+        let (probe_tx, probe_rx) = tokio::sync::mpsc::channel(1);
+        let (renew_tx, renew_rx) = tokio::sync::mpsc::channel(1);
+        Session {
+            acceptor,
+            kind,
+            current: current.clone(),
+            service,
+            probe_at: next_probe(config, kind),
+            probing: false,
+            probe_tx,
+            probe_rx,
+            renewing: false,
+            renew_tx,
+            renew_rx,
+            closing: None,
+            route,
+        }
+    }
 
-        // Serve until the tunnel ends; renew in the meantime without dropping
-        // it, and move to a better transport when one works again.
-        generation += 1;
-        let mut probe_at = next_probe(&config, kind);
-        let mut probing = false;
-        // A renewal runs beside the tunnel, never in this loop: a hub API
-        // that does not answer must not stop the calls on the tunnel.
-        let (renew_tx, mut renew_rx) = tokio::sync::mpsc::channel(1);
-        let mut renewing = false;
-        // The tunnel ended while a new one was being set up: why, and until
-        // when the new one is waited for.
-        let mut closing: Option<(crate::ended::Ended, tokio::time::Instant)> = None;
-        let why = loop {
+    /// Serves until the tunnel ends, and says why; `None` when the agent
+    /// is shutting down.
+    async fn run(mut self, sup: &mut Supervisor) -> Option<crate::ended::Ended> {
+        loop {
             // The skew measured on the tunnel (the hub's clock comes with
             // each diagnosis request) schedules renewals from now on.
-            if let (Some(c), Some(ms)) = (creds.as_mut(), status.borrow().clock_skew_ms) {
+            if let (Some(c), Some(ms)) = (sup.creds.as_mut(), sup.status.borrow().clock_skew_ms) {
                 c.skew = (ms as f64 / 1000.0).round() as i64;
             }
-            if adopt_advertised_urls(&config, &mut creds, &status, &mut adopted).await {
-                site = 0;
-            }
-            let renew_in = match renew_retry_at {
-                Some(at) => at.saturating_duration_since(tokio::time::Instant::now()),
-                None => Duration::from_secs(creds.as_ref().map_or(0, |c| {
-                    (c.renew_at(config.renew_at) - config.clock.now()).max(0)
-                }) as u64),
-            };
+            sup.adopt_advertised_urls().await;
+            let renew_in = sup.renew_in();
             tokio::select! {
-                next = acceptor.accept_dyn(), if closing.is_none() => {
+                next = self.acceptor.accept_dyn(), if self.closing.is_none() => {
                     let why = match next {
                         Ok(Some(stream)) => {
-                            serve_one(&tasks, stream, &routes, kube.as_ref(), own(&diag, &goodbye), &config.gauges);
+                            serve_one(&sup.tasks, stream, &self.service, &sup.config.gauges);
                             continue;
                         }
                         end => {
-                            let said = goodbye.lock().unwrap_or_else(|p| p.into_inner()).take();
-                            crate::ended::classify(&end, said, route.as_deref())
+                            let said = self.service.take_goodbye();
+                            crate::ended::classify(&end, said, self.route.as_deref())
                         }
                     };
                     // The hub closes a replaced tunnel once it admitted the
                     // new one (a better transport, a renewed certificate),
                     // which can be before the new one reaches this loop:
                     // wait for it (bounded) rather than reconnect.
-                    if !probing {
-                        break why;
+                    if !self.probing {
+                        return Some(why);
                     }
-                    closing = Some((why, tokio::time::Instant::now() + config.connect_timeout));
+                    self.closing = Some((why, tokio::time::Instant::now() + sup.config.connect_timeout));
                 }
-                _ = sleep_until_some(closing.as_ref().map(|(_, at)| *at)) => {
-                    match closing.take() {
-                        Some((why, _)) => break why,
-                        None => continue,
+                _ = sleep_until_some(self.closing.as_ref().map(|(_, at)| *at)) => {
+                    if let Some((why, _)) = self.closing.take() {
+                        return Some(why);
                     }
                 }
                 // When due, or at once when the hub asks (a CA rotation step).
                 _ = async {
                     tokio::select! {
                         _ = tokio::time::sleep(renew_in) => {}
-                        _ = renew_now.notified() => {}
+                        _ = sup.renew_now.notified() => {}
                     }
-                }, if !renewing => {
-                    renewing = true;
-                    let (config, current, status, tx) =
-                        (config.clone(), creds.clone(), status.clone(), renew_tx.clone());
-                    tasks.spawn(async move {
-                        let renewed = tokio::time::timeout(
-                            RENEWAL_TIMEOUT,
-                            obtain(&config, current.as_ref(), &status),
-                        )
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(AgentError::Connect(format!(
-                                "renewal got no answer within {} s",
-                                RENEWAL_TIMEOUT.as_secs()
-                            )))
-                        });
-                        let _ = tx.send(renewed).await;
-                    });
+                }, if !self.renewing => self.renew(sup),
+                Some(renewed) = self.renew_rx.recv() => {
+                    self.renewing = false;
+                    // The hub honours this tunnel only until the certificate
+                    // it was opened with expires: move to a tunnel on the
+                    // new one, make before break, as for a better transport.
+                    if let Some(c) = sup.renewed(renewed)
+                        && !self.probing
+                    {
+                        // The replica that renewed it lists its own URLs first.
+                        sup.site = 0;
+                        let order = dial_order(&sup.config.transports, Some(self.kind));
+                        self.dial_beside(sup, at_site(&c, sup.site), order);
+                    }
                 }
-                Some(renewed) = renew_rx.recv() => {
-                    renewing = false;
-                    match renewed {
-                        Ok(c) => {
-                            creds = Some(c.clone());
-                            renew_backoff.reset();
-                            renew_retry_at = None;
-                            // The hub honours this tunnel only until the
-                            // certificate it was opened with expires: move
-                            // to a tunnel on the new one, make before break,
-                            // as for a better transport.
-                            if !probing {
-                                probing = true;
-                                let order = dial_order(&config.transports, Some(kind));
-                                // The replica that renewed it lists its own URLs first.
-                                site = 0;
-                                tasks.spawn(dial_new_tunnel(config.clone(), at_site(&c, site), order, quic.clone(), probe_tx.clone(), generation));
+                _ = sleep_until_some(self.probe_at), if !self.probing => {
+                    let newest = sup.newest(&self.current);
+                    let better = better_than(&sup.config.transports, self.kind);
+                    self.dial_beside(sup, newest, better);
+                }
+                Some(found) = self.probe_rx.recv() => {
+                    self.probing = false;
+                    match found {
+                        Some(better) => self.move_to(sup, better),
+                        None => {
+                            if let Some((why, _)) = self.closing.take() {
+                                return Some(why);
                             }
-                        }
-                        Err(e) => {
-                            // Again after a backoff, well before expiry; the
-                            // tunnel serves meanwhile on the current certificate.
-                            let retry_in = renew_backoff.next_delay().max(Duration::from_secs(1));
-                            renew_retry_at = Some(tokio::time::Instant::now() + retry_in);
-                            // How long the certificate has left, by the hub's clock.
-                            let left = creds.as_ref().map_or(0, |c| c.not_after - (config.clock.now() + c.skew));
-                            tracing::warn!(error = %e, ?retry_in, certificate_expires_in_secs = left, "renewal failed");
-                            status.send_modify(|s| {
-                                s.last_error = e.to_string();
-                                s.last_renewal_error = e.to_string();
-                                s.renewal_failures += 1;
-                            });
+                            self.probe_at = next_probe(&sup.config, self.kind);
                         }
                     }
                 }
-                _ = sleep_until_some(probe_at), if !probing => {
-                    // Dialled off this loop, so calls keep being served meanwhile.
-                    probing = true;
-                    let newest = creds.as_ref().map_or_else(|| current.clone(), |c| at_site(c, site));
-                    let better = better_than(&config.transports, kind);
-                    tasks.spawn(dial_new_tunnel(config.clone(), newest, better, quic.clone(), probe_tx.clone(), generation));
-                }
-                Some((of, found)) = probe_rx.recv() => {
-                    if of != generation {
-                        continue; // from a tunnel that is gone; dropping it closes it
-                    }
-                    probing = false;
-                    let Some(Admitted { acceptor: better, first, setup_started }) = found else {
-                        if let Some((why, _)) = closing.take() {
-                            break why;
-                        }
-                        probe_at = next_probe(&config, kind);
-                        continue;
-                    };
-                    closing = None;
-                    // Make before break: the hub routes new calls to the
-                    // newest tunnel of this agent and drains the old one,
-                    // which goes on serving its calls until the hub closes it.
-                    let old = std::mem::replace(&mut acceptor, better);
-                    let old_goodbye = std::mem::take(&mut goodbye);
-                    let new_kind = acceptor.kind_dyn();
-                    let moved = new_kind != kind;
-                    tracing::info!(from = %kind, to = %new_kind, "moved to a new tunnel");
-                    tasks.spawn(serve_until_closed(old, tasks.clone(), routes.clone(), kube.clone(), own(&diag, &old_goodbye), config.gauges.clone(), shutdown.clone()));
-                    kind = new_kind;
-                    last_good = Some(kind);
-                    let newest = creds.as_ref().map_or_else(|| current.clone(), |c| at_site(c, site));
-                    route = proxy_route(&config, &newest, kind);
-                    // A switch reports the probe that found the better
-                    // transport; a redial on a renewed certificate keeps the
-                    // connect round's report (what failed before it worked).
-                    if moved {
-                        status.send_modify(|s| s.attempts = vec![(kind, Ok(()))]);
-                    }
-                    let attempts = status.borrow().attempts.clone();
-                    diag = diagnosis(&config, &attempts, route.as_deref(), &status, setup_started);
-                    serve_one(&tasks, first, &routes, kube.as_ref(), own(&diag, &goodbye), &config.gauges);
-                    probe_at = next_probe(&config, kind);
-                    status.send_modify(|s| {
-                        s.connected = Some(kind);
-                        // A better transport counts as a connect and a
-                        // switch; a new tunnel on a renewed certificate as a
-                        // redial.
-                        if moved {
-                            s.switches += 1;
-                            s.connects += 1;
-                        } else {
-                            s.redials += 1;
-                        }
-                    });
-                }
-                _ = shutdown.cancelled() => return,
+                _ = sup.shutdown.cancelled() => return None,
             }
-        };
-        drop(acceptor);
-        tracing::info!(closed_by = %why.by, reason = %why.why, "tunnel down");
-        // A replica that went silent, reset the connection or said it is
-        // stopping is likely gone: the next round dials the next replica's
-        // URLs first rather than wait out a QUIC handshake with a dead
-        // port (with one replica, or a load balancer, the same URLs).
-        if why.by != crate::ended::EndedBy::Hub || why.why == otter_tunnel::frame::BYE_STOPPING {
-            site = site.wrapping_add(1);
         }
-        status.send_modify(|s| {
-            s.connected = None;
-            s.last_error = why.to_string();
-            s.last_tunnel_end = Some(why);
+    }
+
+    /// Starts a renewal beside the tunnel, bounded by [`RENEWAL_TIMEOUT`].
+    fn renew(&mut self, sup: &Supervisor) {
+        self.renewing = true;
+        let (config, current, status, tx) = (
+            sup.config.clone(),
+            sup.creds.clone(),
+            sup.status.clone(),
+            self.renew_tx.clone(),
+        );
+        sup.tasks.spawn(async move {
+            let renewed =
+                tokio::time::timeout(RENEWAL_TIMEOUT, obtain(&config, current.as_ref(), &status))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(AgentError::Connect(format!(
+                            "renewal got no answer within {} s",
+                            RENEWAL_TIMEOUT.as_secs()
+                        )))
+                    });
+            let _ = tx.send(renewed).await;
         });
-        // Even a clean close waits a little: the agent never spins.
-        if !pause(&mut backoff, &shutdown).await {
-            return;
+    }
+
+    /// Sets up a new tunnel over the first of `order` that works, off the
+    /// serving loop, so calls keep being served meanwhile.
+    fn dial_beside(&mut self, sup: &Supervisor, creds: Credentials, order: Vec<TransportKind>) {
+        self.probing = true;
+        sup.tasks.spawn(dial_new_tunnel(
+            sup.config.clone(),
+            creds,
+            order,
+            sup.quic.clone(),
+            self.probe_tx.clone(),
+        ));
+    }
+
+    /// Make before break: the hub routes new calls to the newest tunnel of
+    /// this agent and drains the old one, which goes on serving its calls
+    /// until the hub closes it.
+    fn move_to(&mut self, sup: &mut Supervisor, better: Admitted) {
+        self.closing = None;
+        let Admitted {
+            acceptor,
+            first,
+            setup_started,
+        } = better;
+        let old = std::mem::replace(&mut self.acceptor, acceptor);
+        let new_kind = self.acceptor.kind_dyn();
+        let moved = new_kind != self.kind;
+        tracing::info!(from = %self.kind, to = %new_kind, "moved to a new tunnel");
+        sup.tasks.spawn(serve_until_closed(
+            old,
+            sup.tasks.clone(),
+            self.service.clone(),
+            sup.config.gauges.clone(),
+            sup.shutdown.clone(),
+        ));
+        self.kind = new_kind;
+        sup.last_good = Some(new_kind);
+        let newest = sup.newest(&self.current);
+        self.route = proxy_route(&sup.config, &newest, new_kind);
+        // A switch reports the probe that found the better transport; a
+        // redial on a renewed certificate keeps the connect round's report
+        // (what failed before it worked).
+        if moved {
+            sup.status
+                .send_modify(|s| s.attempts = vec![(new_kind, Ok(()))]);
         }
+        let attempts = sup.status.borrow().attempts.clone();
+        let diag = diagnosis(
+            &sup.config,
+            &attempts,
+            self.route.as_deref(),
+            &sup.status,
+            setup_started,
+        );
+        self.service = sup.service(diag);
+        serve_one(&sup.tasks, first, &self.service, &sup.config.gauges);
+        self.probe_at = next_probe(&sup.config, new_kind);
+        sup.status.send_modify(|s| {
+            s.connected = Some(new_kind);
+            // A better transport counts as a connect and a switch; a new
+            // tunnel on a renewed certificate as a redial.
+            if moved {
+                s.switches += 1;
+                s.connects += 1;
+            } else {
+                s.redials += 1;
+            }
+        });
     }
 }
 
@@ -601,7 +781,7 @@ fn diagnosis(
     route: Option<&str>,
     status: &watch::Sender<AgentStatus>,
     setup_started: std::time::Instant,
-) -> otter_tunnel::http::DiagFn {
+) -> DiagFn {
     let fixed = serde_json::json!({
         "attempts": attempts.iter().map(|(t, r)| serde_json::json!({
             "transport": t.as_str(),
@@ -796,24 +976,15 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 fn serve_one(
     tasks: &TaskTracker,
     stream: otter_tunnel::TunnelStream,
-    routes: &tonic::service::Routes,
-    kube: Option<&crate::kube_proxy::KubeProxy>,
-    own: otter_tunnel::http::AgentSelf,
+    service: &AgentService,
     gauges: &Arc<crate::gauges::Gauges>,
 ) {
-    let routes = tower::ServiceExt::<http::Request<otter_tunnel::http::RequestBody>>::map_response(
-        routes.clone(),
-        oversize_is_resource_exhausted,
-    );
-    let kube = kube.map(|k| k.service());
+    let service = service.clone();
     // Counted for as long as the stream is served, however it ends.
     let counted = gauges.stream();
     tasks.spawn(async move {
         let _counted = counted;
-        if let Err(e) =
-            otter_tunnel::http::serve_stream_full(stream, routes, kube, own, Limits::default())
-                .await
-        {
+        if let Err(e) = otter_tunnel::http::serve(stream, service, Limits::default()).await {
             tracing::debug!(error = %e, "stream ended with an error");
         }
     });
@@ -827,15 +998,13 @@ const REPLACED_TUNNEL_LIMIT: Duration = Duration::from_secs(20 * 60);
 async fn serve_until_closed(
     mut old: Box<dyn AcceptorDyn>,
     tasks: TaskTracker,
-    routes: tonic::service::Routes,
-    kube: Option<crate::kube_proxy::KubeProxy>,
-    own: otter_tunnel::http::AgentSelf,
+    service: AgentService,
     gauges: Arc<crate::gauges::Gauges>,
     shutdown: CancellationToken,
 ) {
     let serve = async {
         while let Ok(Some(stream)) = old.accept_dyn().await {
-            serve_one(&tasks, stream, &routes, kube.as_ref(), own.clone(), &gauges);
+            serve_one(&tasks, stream, &service, &gauges);
         }
     };
     tokio::select! {
@@ -936,10 +1105,6 @@ async fn pause_at_least(after: Duration, shutdown: &CancellationToken) -> bool {
     }
 }
 
-/// What [`dial_new_tunnel`] reports: the tunnel it was started for, and
-/// the new tunnel, if one was admitted.
-type NewTunnel = (u64, Option<Admitted>);
-
 /// A tunnel the hub admitted.
 struct Admitted {
     acceptor: Box<dyn AcceptorDyn>,
@@ -955,23 +1120,21 @@ struct Admitted {
 
 /// A tunnel set up beside the one in use (a better transport, a renewed
 /// certificate): the first of `order` the hub admits, reported to the
-/// serving loop tagged with the tunnel it was started for (`None` when
-/// none worked).
+/// session that asked (`None` when none worked).
 async fn dial_new_tunnel(
     config: AgentConfig,
     creds: Credentials,
     order: Vec<TransportKind>,
     quic: Arc<quic::Dialer>,
-    to: tokio::sync::mpsc::Sender<NewTunnel>,
-    generation: u64,
+    to: tokio::sync::mpsc::Sender<Option<Admitted>>,
 ) {
     for kind in order {
-        if let Ok(pair) = dial_admitted(&config, &creds, kind, &quic).await {
-            let _ = to.send((generation, Some(pair))).await;
+        if let Ok(admitted) = dial_admitted(&config, &creds, kind, &quic).await {
+            let _ = to.send(Some(admitted)).await;
             return;
         }
     }
-    let _ = to.send((generation, None)).await;
+    let _ = to.send(None).await;
 }
 
 /// Dials over `kind` and waits (bounded) for the hub to admit the tunnel:
@@ -1179,20 +1342,6 @@ async fn resolve(url: &Url) -> Result<(String, SocketAddr)> {
         .next()
         .ok_or_else(|| AgentError::Connect(format!("{host} does not resolve")))?;
     Ok((host, addr))
-}
-
-/// gRPC says a message over the receiver's limit is RESOURCE_EXHAUSTED;
-/// tonic answers OutOfRange. Callers get the code the protocol (and the
-/// hub, for the limits it checks itself) promises.
-fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Response<B> {
-    if let Some(status) = tonic::Status::from_header_map(resp.headers())
-        && status.code() == tonic::Code::OutOfRange
-        && status.message().contains("message length too large")
-    {
-        let _ = tonic::Status::resource_exhausted(status.message().to_owned())
-            .add_header(resp.headers_mut());
-    }
-    resp
 }
 
 #[cfg(test)]

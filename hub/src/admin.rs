@@ -272,7 +272,7 @@ async fn mint_token(
     } else {
         let role = match body.role.as_deref().unwrap_or("member").parse::<Role>() {
             Ok(r) => r,
-            Err(e) => return plain(http::StatusCode::BAD_REQUEST, &e),
+            Err(e) => return plain(http::StatusCode::BAD_REQUEST, &e.to_string()),
         };
         let tenant = match crate::auth::admin_tenant(caller, body.tenant.as_deref(), true) {
             Ok(t) => t,
@@ -499,7 +499,7 @@ async fn create_tenant(
         Err(resp) => return resp,
     };
     if let Err(e) = crate::tenancy::validate_tenant_name(&body.name) {
-        return plain(http::StatusCode::BAD_REQUEST, &e);
+        return plain(http::StatusCode::BAD_REQUEST, &e.to_string());
     }
     match crate::tenancy::create_tenant(&*state.store, &body.name, &caller.user) {
         Ok(Ok(t)) => {

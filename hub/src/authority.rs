@@ -186,8 +186,7 @@ impl std::fmt::Debug for Authority {
 /// shared store agree on one.
 fn stored(store: &dyn Store) -> Result<(Vec<u8>, SetRecord)> {
     let parse = |raw: Vec<u8>| -> Result<(Vec<u8>, SetRecord)> {
-        let record = serde_json::from_slice(&raw)
-            .map_err(|e| HubError::Store(format!("{}/{CA_SET}: {e}", tree::META)))?;
+        let record = crate::store::decode(tree::META, CA_SET, &raw)?;
         Ok((raw, record))
     };
     if let Some(raw) = store.get_raw(tree::META, CA_SET)? {
@@ -215,7 +214,7 @@ fn stored(store: &dyn Store) -> Result<(Vec<u8>, SetRecord)> {
             }
         }
     };
-    let raw = serde_json::to_vec(&fresh).map_err(|e| HubError::Store(e.to_string()))?;
+    let raw = crate::store::encode(tree::META, CA_SET, &fresh)?;
     if store.compare_and_swap_raw(tree::META, CA_SET, None, Some(&raw))? {
         if moved {
             // The keys live in the new record only from now on.
@@ -228,9 +227,11 @@ fn stored(store: &dyn Store) -> Result<(Vec<u8>, SetRecord)> {
         return Ok((raw, fresh));
     }
     // Another replica made it first.
-    let raw = store
-        .get_raw(tree::META, CA_SET)?
-        .ok_or_else(|| HubError::Store(format!("{}/{CA_SET}: written and gone", tree::META)))?;
+    let raw = store.get_raw(tree::META, CA_SET)?.ok_or_else(|| {
+        HubError::Store(crate::store::StoreError::Vanished {
+            at: format!("{}/{CA_SET}", tree::META),
+        })
+    })?;
     parse(raw)
 }
 
@@ -259,7 +260,10 @@ impl Authority {
 
     /// The CAs now.
     pub fn current(&self) -> Arc<CaSet> {
-        self.set.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.set
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The listeners' swappable TLS material.
@@ -278,8 +282,14 @@ impl Authority {
     fn adopt(&self, raw: Vec<u8>, next: CaSet) -> Result<()> {
         let (cert, key) = next.active.issue_server_cert(&self.server_names)?;
         self.live.update(&cert, &key, &next.bundle_pem())?;
-        *self.set.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
-        *self.record.lock().unwrap_or_else(|p| p.into_inner()) = raw;
+        *self
+            .set
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(next);
+        *self
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = raw;
         self.adopted
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.write_bundle()
@@ -300,11 +310,15 @@ impl Authority {
         let Some(raw) = store.get_raw(tree::META, CA_SET)? else {
             return Ok(false);
         };
-        if *self.record.lock().unwrap_or_else(|p| p.into_inner()) == raw {
+        if *self
+            .record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            == raw
+        {
             return Ok(false);
         }
-        let record: SetRecord = serde_json::from_slice(&raw)
-            .map_err(|e| HubError::Store(format!("{}/{CA_SET}: {e}", tree::META)))?;
+        let record: SetRecord = crate::store::decode(tree::META, CA_SET, &raw)?;
         let next = record.load()?;
         tracing::info!(phase = ?next.phase, active = %next.active.fingerprint(), "took up a CA rotation step made on another replica");
         self.adopt(raw, next)?;
@@ -325,14 +339,13 @@ impl Authority {
         let raw = self
             .record
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         let next = match decide(&now)? {
             Ok(next) => next,
             Err(not_ready) => return Ok(Err(not_ready)),
         };
-        let new_raw = serde_json::to_vec(&SetRecord::of(&next))
-            .map_err(|e| HubError::Store(e.to_string()))?;
+        let new_raw = crate::store::encode(tree::META, CA_SET, &SetRecord::of(&next))?;
         if !store.compare_and_swap_raw(tree::META, CA_SET, Some(&raw), Some(&new_raw))? {
             // Someone stepped in between: take up theirs, refuse this one.
             self.follow(store)?;

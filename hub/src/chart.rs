@@ -727,7 +727,10 @@ impl Charts {
     }
 
     fn cached(&self, digest: &str) -> Option<Arc<ChartFiles>> {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         cache
             .iter()
             .find(|(d, _)| d == digest)
@@ -735,7 +738,10 @@ impl Charts {
     }
 
     fn remember(&self, digest: String, files: Arc<ChartFiles>) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if files.size() > CACHE_BYTES || cache.iter().any(|(d, _)| *d == digest) {
             return;
         }

@@ -284,7 +284,7 @@ impl HubConfig {
 pub fn tunnel_transport(url: &Url) -> Result<TransportKind> {
     url.scheme()
         .parse()
-        .map_err(|e: String| HubError::Config(format!("tunnel URL {url}: {e}")))
+        .map_err(|e: otter_tunnel::TunnelError| HubError::Config(format!("tunnel URL {url}: {e}")))
 }
 
 /// How often the API certificate's files are looked at: cert-manager

@@ -47,7 +47,10 @@ impl LiveCredentials {
     /// hold says so.
     pub fn hold(self: &Arc<Self>, credential: &Credential) -> Hold {
         let cancel = {
-            let mut tokens = self.tokens.lock().expect("live credentials");
+            let mut tokens = self
+                .tokens
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let live = tokens.entry(credential.id.clone()).or_insert_with(|| Live {
                 cancel: CancellationToken::new(),
                 streams: 0,
@@ -69,7 +72,11 @@ impl LiveCredentials {
 
     /// Ends every stream of token `id` on this replica.
     pub fn revoke(&self, id: &str) {
-        let live = self.tokens.lock().expect("live credentials").remove(id);
+        let live = self
+            .tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
         if let Some(live) = live {
             tracing::info!(token = %id, streams = live.streams, "ending the streams of a revoked token");
             live.cancel.cancel();
@@ -80,7 +87,7 @@ impl LiveCredentials {
     pub fn ids(&self) -> Vec<String> {
         self.tokens
             .lock()
-            .expect("live credentials")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .keys()
             .cloned()
             .collect()
@@ -109,7 +116,10 @@ impl LiveCredentials {
     }
 
     fn release(&self, id: &str) {
-        let mut tokens = self.tokens.lock().expect("live credentials");
+        let mut tokens = self
+            .tokens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(live) = tokens.get_mut(id) {
             live.streams -= 1;
             if live.streams == 0 {

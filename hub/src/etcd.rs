@@ -64,17 +64,19 @@ pub struct EtcdOptions {
 
 impl EtcdOptions {
     /// Options from `etcd://HOST:PORT[,HOST:PORT…]`.
-    pub fn from_url(url: &str) -> std::result::Result<Self, String> {
-        let hosts = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| format!("{url:?}: a store is etcd://HOST:PORT[,HOST:PORT…]"))?;
+    pub fn from_url(url: &str) -> Result<Self> {
+        let hosts = url.strip_prefix("etcd://").ok_or_else(|| {
+            HubError::Invalid(format!("{url:?}: a store is etcd://HOST:PORT[,HOST:PORT…]"))
+        })?;
         let hosts: Vec<&str> = hosts.trim_end_matches('/').split(',').collect();
         for h in &hosts {
             let ok = h
                 .rsplit_once(':')
                 .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
             if !ok {
-                return Err(format!("{url:?}: {h:?} is not HOST:PORT"));
+                return Err(HubError::Invalid(format!(
+                    "{url:?}: {h:?} is not HOST:PORT"
+                )));
             }
         }
         Ok(EtcdOptions {
@@ -248,7 +250,7 @@ fn etcd_err_ref(e: &etcd_client::Error) -> Transient {
 fn etcd_err(e: etcd_client::Error) -> HubError {
     match etcd_err_ref(&e) {
         Transient::Yes => HubError::StoreUnavailable(format!("etcd: {e}")),
-        Transient::No => HubError::Store(format!("etcd: {e}")),
+        Transient::No => HubError::Store(e.into()),
     }
 }
 
@@ -273,7 +275,7 @@ impl EtcdStore {
                 {
                     Ok(r) => r,
                     Err(e) => {
-                        let _ = handle_tx.send(Err(e.to_string()));
+                        let _ = handle_tx.send(Err(e));
                         return;
                     }
                 };
@@ -284,8 +286,10 @@ impl EtcdStore {
             })?;
         let runtime = handle_rx
             .recv()
-            .map_err(|_| HubError::Store("etcd client thread did not start".into()))?
-            .map_err(HubError::Store)?;
+            .map_err(|_| {
+                crate::store::StoreError::Thread(std::io::Error::other("it ended before starting"))
+            })?
+            .map_err(crate::store::StoreError::Thread)?;
         let endpoints: Vec<String> = options
             .endpoints
             .iter()
@@ -323,7 +327,7 @@ impl EtcdStore {
         tracing::info!(
             endpoints = ?options.endpoints,
             prefix = %store.prefix,
-            keys = store.copy.lock().expect("copy").entries.len(),
+            keys = store.copy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entries.len(),
             revision,
             "store on etcd"
         );
@@ -395,14 +399,17 @@ impl EtcdStore {
         })?;
         let retried = attempts.load(std::sync::atomic::Ordering::Relaxed) > 1;
         let revision = resp.header().map_or(0, |h| h.revision());
-        let mut copy = self.copy.lock().expect("copy");
+        let mut copy = self
+            .copy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let name = format!("{tree}/{key}");
         if resp.succeeded() {
             if new.is_none() {
                 self.lease
                     .held
                     .lock()
-                    .expect("lease")
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .remove(&self.key(tree, key));
             }
             copy.apply(name, new.map(<[u8]>::to_vec), revision);
@@ -446,11 +453,10 @@ impl EtcdStore {
             async move { client.put(k, v, options).await }
         })?;
         let revision = resp.header().map_or(0, |h| h.revision());
-        self.copy.lock().expect("copy").apply(
-            format!("{tree}/{key}"),
-            Some(value.to_vec()),
-            revision,
-        );
+        self.copy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .apply(format!("{tree}/{key}"), Some(value.to_vec()), revision);
         Ok(())
     }
 }
@@ -546,7 +552,7 @@ async fn keep_lease(client: Client, lease: Arc<Lease>) {
         let held: Vec<(String, Vec<u8>)> = lease
             .held
             .lock()
-            .expect("lease")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -591,7 +597,9 @@ async fn read_all(
 
 /// Makes the copy what a full read found: keys it lacks were deleted.
 fn replace_copy(copy: &Mutex<Copy>, prefix: &str, (kvs, revision): Snapshot) -> i64 {
-    let mut copy = copy.lock().expect("copy");
+    let mut copy = copy
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mut fresh = BTreeMap::new();
     for (key, value, rev) in kvs {
         if let Some(k) = key.strip_prefix(prefix) {
@@ -636,7 +644,9 @@ async fn follow(
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "etcd watch failed; retrying");
-                copy.lock().expect("copy").following = false;
+                copy.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .following = false;
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
@@ -661,7 +671,9 @@ async fn follow(
                 Ok(Some(resp)) if resp.canceled() => break,
                 Ok(Some(resp)) => {
                     backoff = Duration::from_millis(100);
-                    let mut copy = copy.lock().expect("copy");
+                    let mut copy = copy
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let brought = !resp.events().is_empty();
                     copy.following = true;
                     for event in resp.events() {
@@ -684,7 +696,9 @@ async fn follow(
                     }
                 }
                 Ok(None) | Err(_) => {
-                    copy.lock().expect("copy").following = false;
+                    copy.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .following = false;
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     break;
@@ -697,7 +711,13 @@ async fn follow(
 impl Store for EtcdStore {
     fn get_raw(&self, tree: &str, key: &str) -> Result<Option<Vec<u8>>> {
         let name = format!("{tree}/{key}");
-        if let Some(e) = self.copy.lock().expect("copy").entries.get(&name) {
+        if let Some(e) = self
+            .copy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entries
+            .get(&name)
+        {
             return Ok(e.value.clone());
         }
         if !READ_THROUGH.contains(&tree) {
@@ -714,7 +734,7 @@ impl Store for EtcdStore {
             let value = kv.value().to_vec();
             self.copy
                 .lock()
-                .expect("copy")
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .apply(name, Some(value.clone()), kv.mod_revision());
             value
         }))
@@ -730,7 +750,7 @@ impl Store for EtcdStore {
         self.lease
             .held
             .lock()
-            .expect("lease")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(self.key(tree, key), value.to_vec());
         Ok(())
     }
@@ -739,7 +759,7 @@ impl Store for EtcdStore {
         self.lease
             .held
             .lock()
-            .expect("lease")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&self.key(tree, key));
         let (client, k) = (self.client.clone(), self.key(tree, key));
         let resp = self.wait(move || {
@@ -749,7 +769,7 @@ impl Store for EtcdStore {
         let revision = resp.header().map_or(0, |h| h.revision());
         self.copy
             .lock()
-            .expect("copy")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .apply(format!("{tree}/{key}"), None, revision);
         Ok(())
     }
@@ -776,7 +796,7 @@ impl Store for EtcdStore {
             self.lease
                 .held
                 .lock()
-                .expect("lease")
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(self.key(tree, key), new.to_vec());
         }
         Ok(swapped)
@@ -784,7 +804,10 @@ impl Store for EtcdStore {
 
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
         let start = format!("{tree}/");
-        let copy = self.copy.lock().expect("copy");
+        let copy = self
+            .copy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(copy
             .entries
             .range(start.clone()..)
@@ -806,7 +829,12 @@ impl Store for EtcdStore {
     /// readiness probe must not wait out the store's own timeout when etcd
     /// has lost its quorum.
     fn writable(&self) -> bool {
-        if !self.copy.lock().expect("copy").following {
+        if !self
+            .copy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .following
+        {
             return false;
         }
         let (client, k) = (self.client.clone(), self.key(tree::META, "health-probe"));

@@ -179,6 +179,7 @@ async fn route(
     };
     let resp = otter_tunnel::http::forward(
         call.stream,
+        "",
         Some(call.identity),
         req,
         Limits::default(),

@@ -186,8 +186,11 @@ async fn serve(
             &state.metrics,
         ) {
             Ok(guard) => Some(guard),
-            Err(message) => {
-                return crate::server::unread_body(status(429, "TooManyRequests", &message), req);
+            Err(full) => {
+                return crate::server::unread_body(
+                    status(429, "TooManyRequests", &full.to_string()),
+                    req,
+                );
             }
         },
     };
@@ -239,9 +242,9 @@ async fn serve(
             ),
         },
     };
-    let forwarded = otter_tunnel::http::forward_to(
-        TARGET_KUBE,
+    let forwarded = otter_tunnel::http::forward(
         call.stream,
+        TARGET_KUBE,
         Some(call.identity),
         http::Request::from_parts(parts, body),
         Limits::default(),
@@ -610,6 +613,19 @@ where
     }
 }
 
+/// Which bound on upgraded connections is full (answered 429).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UpgradesFull {
+    #[error(
+        "too many exec, attach and port-forward connections for this user (limit {0}); close one and retry"
+    )]
+    PerUser(usize),
+    #[error(
+        "too many exec, attach and port-forward connections to this cluster (limit {0}); retry later"
+    )]
+    PerCluster(usize),
+}
+
 /// Counts of upgraded connections per user and per cluster.
 #[derive(Debug, Default)]
 pub struct Upgrades {
@@ -637,7 +653,7 @@ impl Upgrades {
         user: &str,
         cluster: &str,
         metrics: &Arc<crate::metrics::Metrics>,
-    ) -> Result<UpgradeGuard, String> {
+    ) -> Result<UpgradeGuard, UpgradesFull> {
         let (user, cluster) = (
             UpgradeKey::User {
                 tenant: tenant.to_owned(),
@@ -645,19 +661,16 @@ impl Upgrades {
             },
             UpgradeKey::Cluster(cluster.to_owned()),
         );
-        let mut counts = self.counts.lock().expect("upgrade counts");
+        let mut counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let of = |k: &UpgradeKey| counts.get(k).copied().unwrap_or(0);
         if of(&user) >= limits.per_user {
-            return Err(format!(
-                "too many exec, attach and port-forward connections for this user (limit {}); close one and retry",
-                limits.per_user
-            ));
+            return Err(UpgradesFull::PerUser(limits.per_user));
         }
         if of(&cluster) >= limits.per_cluster {
-            return Err(format!(
-                "too many exec, attach and port-forward connections to this cluster (limit {}); retry later",
-                limits.per_cluster
-            ));
+            return Err(UpgradesFull::PerCluster(limits.per_cluster));
         }
         *counts.entry(user.clone()).or_default() += 1;
         *counts.entry(cluster.clone()).or_default() += 1;
@@ -671,7 +684,10 @@ impl Upgrades {
 
     /// Connections counted for `tenant`'s `user` right now.
     pub fn user_count(&self, tenant: &str, user: &str) -> usize {
-        let counts = self.counts.lock().expect("upgrade counts");
+        let counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         counts
             .get(&UpgradeKey::User {
                 tenant: tenant.to_owned(),
@@ -693,7 +709,11 @@ pub struct UpgradeGuard {
 impl Drop for UpgradeGuard {
     fn drop(&mut self) {
         self.metrics.kube_upgraded.dec();
-        let mut counts = self.upgrades.counts.lock().expect("upgrade counts");
+        let mut counts = self
+            .upgrades
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for key in &self.keys {
             if let Some(n) = counts.get_mut(key) {
                 *n -= 1;

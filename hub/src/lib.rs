@@ -66,7 +66,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub enum HubError {
     /// The store failed or holds something unreadable.
     #[error("store: {0}")]
-    Store(String),
+    Store(#[from] store::StoreError),
     /// The shared store cannot take a write now (no etcd quorum, no
     /// member reachable): worth retrying, unlike [`HubError::Store`].
     #[error("store unavailable: {0}")]
@@ -81,6 +81,17 @@ pub enum HubError {
     /// Tunnel transport failure.
     #[error(transparent)]
     Tunnel(#[from] otter_tunnel::TunnelError),
+    /// A value the caller gave is not acceptable (a name, a duration, a
+    /// flag): said as it is, and to a gRPC caller as `InvalidArgument`.
+    #[error("{0}")]
+    Invalid(String),
+    /// A file a setting names cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    ReadFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A setting is wrong; said before anything is bound.
     #[error("configuration: {0}")]
     Config(String),
@@ -94,6 +105,7 @@ impl HubError {
     pub fn into_status(self) -> tonic::Status {
         match self {
             HubError::Pki(e) => tonic::Status::invalid_argument(e.to_string()),
+            HubError::Invalid(e) => tonic::Status::invalid_argument(e),
             HubError::StoreUnavailable(e) => {
                 tracing::warn!(error = %e, "store unavailable");
                 tonic::Status::unavailable(

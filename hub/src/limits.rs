@@ -106,7 +106,9 @@ impl ApiConnections {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A place for a connection from `source`, or `None`: close it.

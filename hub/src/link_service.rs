@@ -95,7 +95,10 @@ pub struct RenewalGaps {
 impl RenewalGaps {
     /// Records a renewal of `cluster` now, or says how long until one may.
     pub fn try_renew(&self, cluster: &str) -> Result<(), std::time::Duration> {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = std::time::Instant::now();
         if let Some(at) = last.get(cluster) {
             let since = now.duration_since(*at);
@@ -555,7 +558,7 @@ impl LinkService for LinkSvc {
         let cluster = req.cluster.unwrap_or_default();
         otter_pki::validate_cluster_name(&cluster)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        manifest::validate_users(&req.extra_users).map_err(Status::invalid_argument)?;
+        manifest::validate_users(&req.extra_users).map_err(crate::HubError::into_status)?;
         let rancher = req.rancher_project_id.unwrap_or_default();
         if rancher.len() > MAX_RANCHER_ID_LEN || !printable(&rancher) {
             return Err(Status::invalid_argument(
@@ -638,8 +641,7 @@ pub fn open_for_reenrollment(
         let Some(raw) = store.get_raw(tree::LINKS, cluster)? else {
             return Ok(None);
         };
-        let mut link: LinkRecord = serde_json::from_slice(&raw)
-            .map_err(|e| crate::HubError::Store(format!("links/{cluster}: {e}")))?;
+        let mut link: LinkRecord = crate::store::decode(tree::LINKS, cluster, &raw)?;
         link.reenroll_after = Some(now);
         if store.replace(tree::LINKS, cluster, &raw, &link)? {
             return Ok(Some(now));
@@ -786,7 +788,9 @@ const REFUSALS_LOGGED_PER_SEC: u32 = 10;
 fn refusal_logged() -> bool {
     static WINDOW: std::sync::Mutex<(i64, u32)> = std::sync::Mutex::new((0, 0));
     let now = crate::unix_now();
-    let mut w = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
+    let mut w = WINDOW
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if w.0 != now {
         if w.1 > REFUSALS_LOGGED_PER_SEC {
             tracing::warn!(

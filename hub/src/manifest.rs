@@ -122,20 +122,21 @@ pub fn count_fetch(
         let old = store.get_raw(tree::MANIFEST_URLS, &key)?;
         let fetches = match &old {
             Some(raw) => {
-                serde_json::from_slice::<ManifestUrlRecord>(raw)
-                    .map_err(|e| crate::HubError::Store(format!("manifest url {key}: {e}")))?
-                    .fetches
+                crate::store::decode::<ManifestUrlRecord>(tree::MANIFEST_URLS, &key, raw)?.fetches
             }
             None => 0,
         };
         if fetches >= MAX_URL_FETCHES {
             return Ok(Err(UrlError::Exhausted(fetches)));
         }
-        let new = serde_json::to_vec(&ManifestUrlRecord {
-            fetches: fetches + 1,
-            expires: claims.expires,
-        })
-        .map_err(|e| crate::HubError::Store(e.to_string()))?;
+        let new = crate::store::encode(
+            tree::MANIFEST_URLS,
+            &key,
+            &ManifestUrlRecord {
+                fetches: fetches + 1,
+                expires: claims.expires,
+            },
+        )?;
         if store.compare_and_swap_raw(tree::MANIFEST_URLS, &key, old.as_deref(), Some(&new))? {
             store.flush()?;
             return Ok(Ok(()));
@@ -268,13 +269,14 @@ pub fn cluster_user_name(user: &str) -> String {
 }
 
 /// Checks what goes into a manifest that the caller supplied.
-pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
+pub fn validate_users(users: &[String]) -> crate::Result<()> {
+    let invalid = |why: String| Err(crate::HubError::Invalid(why));
     if users.len() > MAX_EXTRA_USERS {
-        return Err(format!("at most {MAX_EXTRA_USERS} extra users"));
+        return invalid(format!("at most {MAX_EXTRA_USERS} extra users"));
     }
     for u in users {
         if u.starts_with("system:") {
-            return Err("a manifest binds no system: user".to_owned());
+            return invalid("a manifest binds no system: user".to_owned());
         }
         if u.is_empty() || u.len() > 253 || u.chars().any(char::is_control) {
             // Only the start of the name goes back: the answer carries it in
@@ -282,7 +284,7 @@ pub fn validate_users(users: &[String]) -> std::result::Result<(), String> {
             // large by the caller's HTTP/2 stack instead of explained.
             let start: String = u.chars().take(64).collect();
             let more = if u.chars().count() > 64 { "…" } else { "" };
-            return Err(format!(
+            return invalid(format!(
                 "user name {start:?}{more} must be 1 to 253 printable characters"
             ));
         }

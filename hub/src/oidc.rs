@@ -173,7 +173,7 @@ impl KeyState {
     }
 
     /// Takes in the outcome of one fetch attempt.
-    fn record(&mut self, outcome: Result<Keys, String>, now: Instant) {
+    fn record(&mut self, outcome: Result<Keys, FetchError>, now: Instant) {
         self.attempts += 1;
         match outcome {
             Ok(keys) => {
@@ -188,10 +188,53 @@ impl KeyState {
                     .min(BACKOFF_CAP);
                 self.failures = self.failures.saturating_add(1);
                 self.retry_at = Some(now + wait);
-                self.last_error = Some(e);
+                self.last_error = Some(e.to_string());
             }
         }
     }
+}
+
+/// Why the identity provider's keys could not be fetched (said to callers
+/// refused meanwhile, so it names the URL and never a token).
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("{url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error("{0}: timed out")]
+    Timeout(String),
+    #[error("{url}: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("{url}: HTTP {status}")]
+    Status {
+        url: String,
+        status: http::StatusCode,
+    },
+    #[error("{url}: {source}")]
+    Body {
+        url: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{url}: not JSON: {source}")]
+    NotJson {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("discovery names issuer {found:?}, not {expected}")]
+    WrongIssuer { found: String, expected: String },
+    #[error("discovery has no jwks_uri")]
+    NoJwksUri,
+    #[error("JWKS: {0}")]
+    Jwks(#[source] serde_json::Error),
 }
 
 type HttpsClient = Client<
@@ -236,32 +279,38 @@ impl Drop for OidcVerifier {
 /// Nothing panics while holding these locks, but a poisoned one is still
 /// consistent: each update is a single assignment.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Source {
-    async fn get_json(&self, url: &str) -> Result<serde_json::Value, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    async fn get_json(&self, url: &str) -> Result<serde_json::Value, FetchError> {
+        let at = || url.to_owned();
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|source| FetchError::Url { url: at(), source })?;
         let resp = tokio::time::timeout(FETCH_TIMEOUT, self.client.get(uri))
             .await
-            .map_err(|_| format!("{url}: timed out"))?
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|_| FetchError::Timeout(at()))?
+            .map_err(|source| FetchError::Request { url: at(), source })?;
         if !resp.status().is_success() {
-            return Err(format!("{url}: HTTP {}", resp.status()));
+            return Err(FetchError::Status {
+                url: at(),
+                status: resp.status(),
+            });
         }
         let body = tokio::time::timeout(
             FETCH_TIMEOUT,
             http_body_util::Limited::new(resp.into_body(), MAX_DOCUMENT).collect(),
         )
         .await
-        .map_err(|_| format!("{url}: timed out"))?
-        .map_err(|e| format!("{url}: {e}"))?
+        .map_err(|_| FetchError::Timeout(at()))?
+        .map_err(|source| FetchError::Body { url: at(), source })?
         .to_bytes();
-        serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
+        serde_json::from_slice(&body).map_err(|source| FetchError::NotJson { url: at(), source })
     }
 
     /// Fetches discovery and the JWKS.
-    async fn fetch(&self) -> Result<Keys, String> {
+    async fn fetch(&self) -> Result<Keys, FetchError> {
         let discovery_url = format!(
             "{}/.well-known/openid-configuration",
             self.issuer.as_str().trim_end_matches('/')
@@ -269,16 +318,16 @@ impl Source {
         let discovery = self.get_json(&discovery_url).await?;
         let issuer = discovery["issuer"].as_str().unwrap_or_default();
         if issuer.trim_end_matches('/') != self.issuer.as_str().trim_end_matches('/') {
-            return Err(format!(
-                "discovery names issuer {issuer:?}, not {}",
-                self.issuer
-            ));
+            return Err(FetchError::WrongIssuer {
+                found: issuer.to_owned(),
+                expected: self.issuer.to_string(),
+            });
         }
         let jwks_uri = discovery["jwks_uri"]
             .as_str()
-            .ok_or("discovery has no jwks_uri")?;
-        let set: JwkSet = serde_json::from_value(self.get_json(jwks_uri).await?)
-            .map_err(|e| format!("JWKS: {e}"))?;
+            .ok_or(FetchError::NoJwksUri)?;
+        let set: JwkSet =
+            serde_json::from_value(self.get_json(jwks_uri).await?).map_err(FetchError::Jwks)?;
         let mut by_kid = HashMap::new();
         for jwk in &set.keys {
             let Some(kid) = jwk.common.key_id.clone() else {
@@ -485,7 +534,13 @@ mod tests {
         let mut now = t0;
         let mut waits = vec![];
         for _ in 0..9 {
-            state.record(Err("HTTP 503".into()), now);
+            state.record(
+                Err(FetchError::Status {
+                    url: "https://idp".into(),
+                    status: http::StatusCode::SERVICE_UNAVAILABLE,
+                }),
+                now,
+            );
             let retry_at = state.retry_at.unwrap();
             waits.push((retry_at - now).as_secs());
             // Until then every token is refused at once, saying why.
@@ -506,7 +561,7 @@ mod tests {
         // One success and the next failure starts from the bottom again.
         state.record(Ok(keys(now, &["a"])), now);
         assert_eq!(what(&state, "a", now, true), "use");
-        state.record(Err("timed out".into()), now);
+        state.record(Err(FetchError::Timeout("https://idp".into())), now);
         assert_eq!(state.retry_at, Some(now + BACKOFF_BASE));
     }
 
@@ -526,7 +581,7 @@ mod tests {
         // The issuer is down when the gap is over: unknown ids are refused
         // as Unavailable (the key may be new), known ones still verify.
         let t1 = t0 + gap;
-        state.record(Err("connection refused".into()), t1);
+        state.record(Err(FetchError::NoJwksUri), t1);
         assert_eq!(what(&state, "made-up", t1, true), "Unavailable");
         assert_eq!(what(&state, "a", t1, true), "use");
     }
@@ -538,7 +593,13 @@ mod tests {
         state.record(Ok(keys(t0, &["a"])), t0);
         let stale = t0 + config().jwks_refresh;
         assert_eq!(what(&state, "a", stale, true), "fetch");
-        state.record(Err("HTTP 500".into()), stale);
+        state.record(
+            Err(FetchError::Status {
+                url: "https://idp".into(),
+                status: http::StatusCode::INTERNAL_SERVER_ERROR,
+            }),
+            stale,
+        );
         assert_eq!(what(&state, "a", stale, true), "use");
         assert_eq!(what(&state, "a", stale, false), "use");
         assert_eq!(

@@ -155,9 +155,8 @@ pub fn announce(state: &HubState) {
         api_url: state.external_url.to_string(),
         tunnel_urls: state.tunnel_urls.iter().map(Url::to_string).collect(),
     };
-    let written = serde_json::to_vec(&record)
-        .map_err(|e| crate::HubError::Store(e.to_string()))
-        .and_then(|v| {
+    let written =
+        crate::store::encode(tree::REPLICAS, &state.config.replica, &record).and_then(|v| {
             state
                 .store
                 .put_leased(tree::REPLICAS, &state.config.replica, &v)
@@ -297,7 +296,10 @@ impl Peers {
         replica: &str,
     ) -> crate::Result<()> {
         let next = Self::connector(authority, replica)?;
-        let mut tls = self.tls.write().unwrap_or_else(|p| p.into_inner());
+        let mut tls = self
+            .tls
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         *tls = (tls.0 + 1, next);
         Ok(())
     }
@@ -309,26 +311,27 @@ impl Peers {
         caller: &Principal,
         remote: &str,
         mut req: http::Request<HttpBody>,
-    ) -> Result<http::Response<Incoming>, String> {
-        let principal = serde_json::to_vec(caller).map_err(|e| e.to_string())?;
+    ) -> Result<http::Response<Incoming>, PeerError> {
+        let principal = serde_json::to_vec(caller)?;
         let headers = req.headers_mut();
         headers.insert(
             PRINCIPAL_HEADER,
-            http::HeaderValue::from_str(&URL_SAFE_NO_PAD.encode(principal))
-                .map_err(|e| e.to_string())?,
+            http::HeaderValue::from_str(&URL_SAFE_NO_PAD.encode(principal))?,
         );
         if let Ok(v) = http::HeaderValue::from_str(remote) {
             headers.insert(REMOTE_HEADER, v);
         }
-        let url: url::Url = owner.peer_url.parse().map_err(|e| format!("{e}"))?;
+        let url: url::Url = owner.peer_url.parse().map_err(|source| PeerError::Url {
+            url: owner.peer_url.clone(),
+            source,
+        })?;
         let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
         *req.uri_mut() = format!(
             "https://{}:{}{path}",
             url.host_str().unwrap_or("localhost"),
             url.port().unwrap_or(443)
         )
-        .parse()
-        .map_err(|e| format!("{e}"))?;
+        .parse()?;
         // Whatever the caller spoke, the peer connection is HTTP/2.
         *req.version_mut() = http::Version::HTTP_2;
         let req = req.map(skip_empty);
@@ -346,9 +349,15 @@ impl Peers {
                         .await?
                         .send_request(req)
                         .await
-                        .map_err(|e| format!("replica {}: {e}", owner.replica))
+                        .map_err(|source| PeerError::Send {
+                            replica: owner.replica.clone(),
+                            source,
+                        })
                 }
-                None => Err(format!("replica {}: {}", owner.replica, e.into_error())),
+                None => Err(PeerError::Send {
+                    replica: owner.replica.clone(),
+                    source: e.into_error(),
+                }),
             },
         }
     }
@@ -358,9 +367,13 @@ impl Peers {
     }
 
     /// The open connection to `url`, or a new one.
-    async fn connection(&self, url: &url::Url) -> Result<SendRequest<HttpBody>, String> {
+    async fn connection(&self, url: &url::Url) -> Result<SendRequest<HttpBody>, PeerError> {
         let key = url.as_str().to_owned();
-        let (generation, connector) = self.tls.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let (generation, connector) = self
+            .tls
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         let mut conns = self.conns.lock().await;
         if let Some((made_with, c)) = conns.get(&key)
             && *made_with == generation
@@ -368,34 +381,86 @@ impl Peers {
         {
             return Ok(c.clone());
         }
-        let host = url.host_str().ok_or("peer URL without a host")?.to_owned();
+        let host = url
+            .host_str()
+            .ok_or_else(|| PeerError::NoHost(url.to_string()))?
+            .to_owned();
         let port = url.port().unwrap_or(443);
+        let at = |step: &'static str| {
+            move |source| PeerError::Io {
+                step,
+                url: url.to_string(),
+                source,
+            }
+        };
         let connect = async {
             let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
                 .await
-                .map_err(|e| format!("connecting to {url}: {e}"))?;
+                .map_err(at("connecting to"))?;
             let _ = tcp.set_nodelay(true);
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| format!("{host}: {e}"))?;
-            let tls = connector
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("TLS to {url}: {e}"))?;
+            let name = rustls::pki_types::ServerName::try_from(host.clone())?;
+            let tls = connector.connect(name, tcp).await.map_err(at("TLS to"))?;
             let (sender, conn) =
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
                     .await
-                    .map_err(|e| format!("HTTP/2 to {url}: {e}"))?;
+                    .map_err(|source| PeerError::Handshake {
+                        url: url.to_string(),
+                        source,
+                    })?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            Ok::<_, String>(sender)
+            Ok::<_, PeerError>(sender)
         };
         let sender = tokio::time::timeout(Duration::from_secs(10), connect)
             .await
-            .map_err(|_| format!("no connection to {url} within 10 s"))??;
+            .map_err(|_| PeerError::Timeout(url.to_string()))??;
         conns.insert(key, (generation, sender.clone()));
         Ok(sender)
     }
+}
+
+/// Why a call could not be passed to the replica holding the tunnel
+/// (answered `Unavailable`, naming the cluster).
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("the caller's identity: {0}")]
+    Principal(#[from] serde_json::Error),
+    #[error("the caller's identity header: {0}")]
+    Header(#[from] http::header::InvalidHeaderValue),
+    #[error("peer URL {url:?}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: url::ParseError,
+    },
+    #[error("peer request URI: {0}")]
+    Uri(#[from] http::uri::InvalidUri),
+    #[error("peer URL {0} has no host")]
+    NoHost(String),
+    #[error("peer host: {0}")]
+    ServerName(#[from] rustls::pki_types::InvalidDnsNameError),
+    #[error("{step} {url}: {source}")]
+    Io {
+        step: &'static str,
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("HTTP/2 to {url}: {source}")]
+    Handshake {
+        url: String,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("no connection to {0} within 10 s")]
+    Timeout(String),
+    #[error("replica {replica}: {source}")]
+    Send {
+        replica: String,
+        #[source]
+        source: hyper::Error,
+    },
 }
 
 /// A body without its empty DATA frames. A request or response passed on

@@ -66,13 +66,19 @@ impl Liveness {
     pub fn observe(&self, heard: Option<u64>) {
         let changed = heard.is_none_or(|h| self.heard.swap(h, Ordering::AcqRel) != h);
         if changed {
-            *self.at.lock().unwrap_or_else(|p| p.into_inner()) = std::time::Instant::now();
+            *self
+                .at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = std::time::Instant::now();
         }
     }
 
     /// How long since the agent was last heard from.
     pub fn silent_for(&self) -> Duration {
-        self.at.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+        self.at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed()
     }
 }
 
@@ -122,7 +128,9 @@ impl Diagnosis {
     fn lock(
         &self,
     ) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, i64, serde_json::Value)>> {
-        self.report.lock().unwrap_or_else(|p| p.into_inner())
+        self.report
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -294,11 +302,15 @@ impl Registry {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<TunnelEntry>>> {
-        self.tunnels.read().unwrap_or_else(|p| p.into_inner())
+        self.tunnels
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<TunnelEntry>>> {
-        self.tunnels.write().unwrap_or_else(|p| p.into_inner())
+        self.tunnels
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -394,9 +406,9 @@ pub async fn ask_agent(
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .ok()?;
         *req.headers_mut() = headers;
-        otter_tunnel::http::forward_to(
-            target,
+        otter_tunnel::http::forward(
             stream,
+            target,
             None,
             req,
             otter_tunnel::frame::Limits::default(),

@@ -106,7 +106,7 @@ impl<S: Store> SealedStore<S> {
         let mut nonce = [0u8; NONCE_LEN];
         SystemRandom::new()
             .fill(&mut nonce)
-            .map_err(|_| HubError::Store("no randomness for a nonce".into()))?;
+            .map_err(|_| seal_err(tree, key, "no randomness for a nonce"))?;
         let mut data = value.to_vec();
         self.key
             .seal_in_place_append_tag(
@@ -114,7 +114,7 @@ impl<S: Store> SealedStore<S> {
                 Aad::from(format!("{tree}/{key}").as_bytes()),
                 &mut data,
             )
-            .map_err(|_| HubError::Store(format!("cannot seal {tree}/{key}")))?;
+            .map_err(|_| seal_err(tree, key, "cannot seal"))?;
         Ok([PREFIX, &nonce, &data].concat())
     }
 
@@ -122,10 +122,10 @@ impl<S: Store> SealedStore<S> {
         let body = raw
             .strip_prefix(PREFIX)
             .filter(|b| b.len() >= NONCE_LEN)
-            .ok_or_else(|| HubError::Store(format!("{tree}/{key} is not sealed")))?;
+            .ok_or_else(|| seal_err(tree, key, "not sealed"))?;
         let (nonce, sealed) = body.split_at(NONCE_LEN);
         let nonce = Nonce::try_assume_unique_for_key(nonce)
-            .map_err(|_| HubError::Store(format!("{tree}/{key}: bad nonce")))?;
+            .map_err(|_| seal_err(tree, key, "bad nonce"))?;
         let mut data = sealed.to_vec();
         let plain = self
             .key
@@ -228,6 +228,14 @@ impl<S: Store> Store for SealedStore<S> {
     fn writable(&self) -> bool {
         self.inner.writable()
     }
+}
+
+/// A record that could not be sealed or opened, and why.
+fn seal_err(tree: &str, key: &str, why: &'static str) -> HubError {
+    HubError::Store(crate::store::StoreError::Sealed {
+        at: format!("{tree}/{key}"),
+        why,
+    })
 }
 
 #[cfg(test)]

@@ -149,11 +149,14 @@ impl Hub {
                 let opened =
                     tokio::task::spawn_blocking(move || crate::etcd::EtcdStore::connect(&etcd))
                         .await
-                        .map_err(|e| HubError::Store(e.to_string()))??;
+                        .map_err(crate::store::StoreError::from)??;
                 // Replicas sharing the store keep their own files (the CA
                 // bundle, the first admin token) in the data dir.
-                crate::store::create_private_dir(&config.data_dir).map_err(|e| {
-                    HubError::Store(format!("data dir {}: {e}", config.data_dir.display()))
+                crate::store::create_private_dir(&config.data_dir).map_err(|source| {
+                    crate::store::StoreError::DataDir {
+                        path: config.data_dir.clone(),
+                        source,
+                    }
                 })?;
                 Arc::new(crate::sealed::SealedStore::new(
                     opened,
@@ -493,7 +496,7 @@ impl Hub {
 
     /// Creates a tenant.
     pub fn create_tenant(&self, name: &str) -> Result<()> {
-        crate::tenancy::validate_tenant_name(name).map_err(crate::HubError::Config)?;
+        crate::tenancy::validate_tenant_name(name)?;
         crate::tenancy::create_tenant(&*self.state.store, name, "hub")?
             .map_err(|e| crate::HubError::Config(e.to_string()))?;
         Ok(())
@@ -968,7 +971,7 @@ impl FirstRequest {
         if let Some(p) = self
             .pending
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
         {
             p.verified();
@@ -978,7 +981,7 @@ impl FirstRequest {
     fn waiting(&self) -> bool {
         self.pending
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .is_some()
     }
 }

@@ -5,11 +5,79 @@
 //! Records are JSON: readable with any sled tool, and a field added later
 //! loads fine from an older record.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{HubError, Result};
+
+/// Why the store failed, by cause ([`HubError::Store`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The embedded database failed.
+    #[error(transparent)]
+    Sled(#[from] sled::Error),
+    /// etcd refused or failed a request, and retrying will not help.
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    /// A record did not convert to or from JSON (`at`: tree/key).
+    #[error("{at}: {source}")]
+    Json {
+        at: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A secret kept as hex is not hex.
+    #[error("{at}: {source}")]
+    Hex {
+        at: String,
+        #[source]
+        source: hex::FromHexError,
+    },
+    /// A sealed record could not be sealed or opened.
+    #[error("{at}: {why}")]
+    Sealed { at: String, why: &'static str },
+    /// A record just written was not there to read back.
+    #[error("{at}: written and gone")]
+    Vanished { at: String },
+    /// The data directory could not be made, opened or made private.
+    #[error("data dir {}: {source}", path.display())]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// sled could not open its database in the data directory.
+    #[error("cannot open store in {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    /// The thread that runs the etcd client did not start.
+    #[error("etcd client thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// The task that opened the store did not finish.
+    #[error("opening the store: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// `value` as the JSON kept at `tree`/`key`.
+pub fn encode<T: Serialize>(tree: &str, key: &str, value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|source| json_err(tree, key, source))
+}
+
+/// The record kept at `tree`/`key`, from its JSON `raw`.
+pub fn decode<T: DeserializeOwned>(tree: &str, key: &str, raw: &[u8]) -> Result<T> {
+    serde_json::from_slice(raw).map_err(|source| json_err(tree, key, source))
+}
+
+fn json_err(tree: &str, key: &str, source: serde_json::Error) -> HubError {
+    HubError::Store(StoreError::Json {
+        at: format!("{tree}/{key}"),
+        source,
+    })
+}
 
 /// Trees (tables) of the store.
 pub mod tree {
@@ -93,15 +161,12 @@ pub trait Store: Send + Sync + 'static {
 pub trait StoreExt: Store {
     fn get<T: DeserializeOwned>(&self, tree: &str, key: &str) -> Result<Option<T>> {
         self.get_raw(tree, key)?
-            .map(|v| {
-                serde_json::from_slice(&v)
-                    .map_err(|e| HubError::Store(format!("{tree}/{key}: {e}")))
-            })
+            .map(|v| decode(tree, key, &v))
             .transpose()
     }
 
     fn put<T: Serialize>(&self, tree: &str, key: &str, value: &T) -> Result<()> {
-        let bytes = serde_json::to_vec(value).map_err(|e| HubError::Store(e.to_string()))?;
+        let bytes = encode(tree, key, value)?;
         self.put_raw(tree, key, &bytes)?;
         self.flush()
     }
@@ -109,7 +174,7 @@ pub trait StoreExt: Store {
     /// Replaces the record `old` (as read, raw) with `new` unless another
     /// write came between; whether it did. Durable when it returns true.
     fn replace<T: Serialize>(&self, tree: &str, key: &str, old: &[u8], new: &T) -> Result<bool> {
-        let bytes = serde_json::to_vec(new).map_err(|e| HubError::Store(e.to_string()))?;
+        let bytes = encode(tree, key, new)?;
         let swapped = self.compare_and_swap_raw(tree, key, Some(old), Some(&bytes))?;
         if swapped {
             self.flush()?;
@@ -130,22 +195,24 @@ pub trait StoreExt: Store {
             return Ok((found, false));
         }
         let made = make()?;
-        let bytes = serde_json::to_vec(&made).map_err(|e| HubError::Store(e.to_string()))?;
+        let bytes = encode(tree, key, &made)?;
         if self.compare_and_swap_raw(tree, key, None, Some(&bytes))? {
             self.flush()?;
             return Ok((made, true));
         }
         self.get(tree, key)?
             .map(|found| (found, false))
-            .ok_or_else(|| HubError::Store(format!("{tree}/{key}: written and gone")))
+            .ok_or_else(|| {
+                HubError::Store(StoreError::Vanished {
+                    at: format!("{tree}/{key}"),
+                })
+            })
     }
 
     fn scan<T: DeserializeOwned>(&self, tree: &str) -> Result<Vec<T>> {
         self.scan_raw(tree)?
             .into_iter()
-            .map(|(k, v)| {
-                serde_json::from_slice(&v).map_err(|e| HubError::Store(format!("{tree}/{k}: {e}")))
-            })
+            .map(|(k, v)| decode(tree, &k, &v))
             .collect()
     }
 }
@@ -204,7 +271,12 @@ pub fn secret(store: &dyn Store, name: &str) -> Result<Vec<u8>> {
     let (hex_key, _) = store.get_or_create(tree::META, name, || {
         Ok(hex::encode(rand::random::<[u8; 32]>()))
     })?;
-    hex::decode(hex_key).map_err(|e| HubError::Store(format!("{name}: {e}")))
+    hex::decode(hex_key).map_err(|source| {
+        HubError::Store(StoreError::Hex {
+            at: format!("{}/{name}", tree::META),
+            source,
+        })
+    })
 }
 
 /// The embedded default: sled in the hub's data directory.
@@ -221,8 +293,11 @@ impl SledStore {
     /// 0700) whatever the umask: sled's files hold the CA key and token
     /// hashes, `admin-token` a bearer token.
     pub fn open(dir: &Path) -> Result<Self> {
-        create_private_dir(dir).map_err(|e| {
-            HubError::Store(format!("cannot create data dir {}: {e}", dir.display()))
+        create_private_dir(dir).map_err(|source| {
+            HubError::Store(StoreError::DataDir {
+                path: dir.to_owned(),
+                source,
+            })
         })?;
         let db = sled::Config::new()
             .path(dir.join("db"))
@@ -234,17 +309,20 @@ impl SledStore {
                 if e.to_string().contains("could not acquire lock") {
                     HubError::Locked(dir.to_owned())
                 } else {
-                    HubError::Store(format!("cannot open store in {}: {e}", dir.display()))
+                    HubError::Store(StoreError::Open {
+                        path: dir.to_owned(),
+                        source: e,
+                    })
                 }
             })?;
         // sled creates its files with the process umask (0644 under the
         // usual 022), and files an older hub left behind keep their mode.
         // Files sled makes later land in `db/`, which is 0700 by then.
-        restrict_tree(dir).map_err(|e| {
-            HubError::Store(format!(
-                "cannot make data dir {} private: {e}",
-                dir.display()
-            ))
+        restrict_tree(dir).map_err(|source| {
+            HubError::Store(StoreError::DataDir {
+                path: dir.to_owned(),
+                source,
+            })
         })?;
         Ok(Self { db })
     }
@@ -335,7 +413,7 @@ fn restrict(path: &Path, mode: u32) -> std::io::Result<bool> {
 }
 
 fn sled_err(e: sled::Error) -> HubError {
-    HubError::Store(e.to_string())
+    HubError::Store(e.into())
 }
 
 impl Store for SledStore {

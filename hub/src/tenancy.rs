@@ -42,13 +42,15 @@ impl Role {
 }
 
 impl std::str::FromStr for Role {
-    type Err = String;
+    type Err = HubError;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self> {
         match s {
             "member" => Ok(Role::Member),
             "admin" => Ok(Role::Admin),
-            other => Err(format!("role {other:?} is not member or admin")),
+            other => Err(HubError::Invalid(format!(
+                "role {other:?} is not member or admin"
+            ))),
         }
     }
 }
@@ -106,7 +108,7 @@ impl TenancyError {
 
 /// Tenant names are DNS labels, like cluster names: they appear in the
 /// group names sent to clusters.
-pub fn validate_tenant_name(name: &str) -> std::result::Result<(), String> {
+pub fn validate_tenant_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name
@@ -117,10 +119,10 @@ pub fn validate_tenant_name(name: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(HubError::Invalid(format!(
             "tenant name {:?} must be 1 to 63 lowercase letters, digits and '-', not starting or ending with '-'",
             name.chars().take(64).collect::<String>()
-        ))
+        )))
     }
 }
 
@@ -136,7 +138,7 @@ pub fn create_tenant(
         created_by: by.to_owned(),
         admins_named: false,
     };
-    let raw = serde_json::to_vec(&record).map_err(|e| HubError::Store(e.to_string()))?;
+    let raw = crate::store::encode(tree::TENANTS, name, &record)?;
     if store.compare_and_swap_raw(tree::TENANTS, name, None, Some(&raw))? {
         Ok(Ok(record))
     } else {
@@ -182,7 +184,7 @@ pub fn delete_tenant(
             clusters,
         }));
     }
-    let raw = serde_json::to_vec(&record).map_err(|e| HubError::Store(e.to_string()))?;
+    let raw = crate::store::encode(tree::TENANTS, name, &record)?;
     let _ = store.compare_and_swap_raw(tree::TENANTS, name, Some(&raw), None)?;
     Ok(Ok(()))
 }
@@ -195,8 +197,7 @@ pub fn mark_admins_named(store: &dyn Store, tenant: &str) -> Result<bool> {
         let Some(raw) = store.get_raw(tree::TENANTS, tenant)? else {
             return Ok(false);
         };
-        let mut record: TenantRecord = serde_json::from_slice(&raw)
-            .map_err(|e| HubError::Store(format!("{}/{tenant}: {e}", tree::TENANTS)))?;
+        let mut record: TenantRecord = crate::store::decode(tree::TENANTS, tenant, &raw)?;
         if record.admins_named {
             return Ok(false);
         }
@@ -226,7 +227,7 @@ pub fn claim_cluster(
         tenant: tenant.to_owned(),
         claimed: unix_now(),
     };
-    let raw = serde_json::to_vec(&claim).map_err(|e| HubError::Store(e.to_string()))?;
+    let raw = crate::store::encode(tree::CLUSTER_TENANTS, cluster, &claim)?;
     if store.compare_and_swap_raw(tree::CLUSTER_TENANTS, cluster, None, Some(&raw))? {
         return Ok(Ok(()));
     }
@@ -251,7 +252,7 @@ pub fn claim_cluster_for_manifest(
         tenant: tenant.to_owned(),
         claimed: unix_now(),
     };
-    let fresh = serde_json::to_vec(&fresh).map_err(|e| HubError::Store(e.to_string()))?;
+    let fresh = crate::store::encode(tree::CLUSTER_TENANTS, cluster, &fresh)?;
     loop {
         let Some(raw) = store.get_raw(tree::CLUSTER_TENANTS, cluster)? else {
             if store.compare_and_swap_raw(tree::CLUSTER_TENANTS, cluster, None, Some(&fresh))? {
@@ -259,8 +260,7 @@ pub fn claim_cluster_for_manifest(
             }
             continue;
         };
-        let held: ClusterClaim = serde_json::from_slice(&raw)
-            .map_err(|e| HubError::Store(format!("{}/{cluster}: {e}", tree::CLUSTER_TENANTS)))?;
+        let held: ClusterClaim = crate::store::decode(tree::CLUSTER_TENANTS, cluster, &raw)?;
         let lapsed = held.claimed + (stale_after.as_secs() as i64) < unix_now()
             && store.get_raw(tree::LINKS, cluster)?.is_none();
         if held.tenant != tenant && !lapsed {

@@ -180,8 +180,7 @@ pub fn check_join_token(
     let Some(raw) = store.get_raw(tree::JOIN_TOKENS, id)? else {
         return Ok(Err(JoinTokenError::Unknown));
     };
-    let record: JoinTokenRecord = serde_json::from_slice(&raw)
-        .map_err(|e| crate::HubError::Store(format!("{}/{id}: {e}", tree::JOIN_TOKENS)))?;
+    let record: JoinTokenRecord = crate::store::decode(tree::JOIN_TOKENS, id, &raw)?;
     if !secret_matches(&record.secret_sha256, secret) {
         return Ok(Err(JoinTokenError::Unknown));
     }
@@ -383,7 +382,7 @@ pub fn ensure_admin_token(store: &dyn Store, data_dir: &Path) -> Result<Option<S
     // revoked gets a new one at the next start, as before.)
     let marker = store.get_raw(tree::META, "first-admin-token")?;
     let mine = hex::encode(rand::random::<[u8; 16]>());
-    let mine = serde_json::to_vec(&mine).map_err(|e| crate::HubError::Store(e.to_string()))?;
+    let mine = crate::store::encode(tree::META, "first-admin-token", &mine)?;
     if !store.compare_and_swap_raw(
         tree::META,
         "first-admin-token",

@@ -35,7 +35,29 @@ pub async fn run(
     }
 }
 
-fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
+/// Why a tunnel was not admitted: logged, audited, and told to the agent
+/// as the reason its connection closed.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    #[error("no client certificate")]
+    NoCertificate,
+    #[error("client certificate: {0}")]
+    Certificate(#[source] otter_pki::PkiError),
+    #[error("cluster {0} is not registered")]
+    NotRegistered(String),
+    #[error(transparent)]
+    Store(crate::HubError),
+    #[error("agent {agent} of cluster {cluster} was replaced by agent {by}")]
+    Replaced {
+        agent: String,
+        cluster: String,
+        by: String,
+    },
+    #[error("certificate {serial} of cluster {cluster} was superseded by a renewal")]
+    Superseded { serial: String, cluster: String },
+}
+
+fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
     // The tunnel's slot among those being set up: held until the agent
     // has answered on the tunnel (its diagnosis), freed at once on refusal.
     let admission = a.admission.take();
@@ -50,37 +72,39 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), String> {
             ..Default::default()
         })
     };
-    let refuse = |why: String| {
-        audit("", "", &format!("refused: {why}"));
-        a.opener.close(&why);
+    let refuse = |why: Refused| {
+        let said = why.to_string();
+        audit("", "", &format!("refused: {said}"));
+        a.opener.close(&said);
         Err(why)
     };
     let Some(der) = a.peer_cert.as_ref() else {
-        return refuse("no client certificate".into());
+        return refuse(Refused::NoCertificate);
     };
     let peer = match PeerCertificate::from_der(der) {
         Ok(p) => p,
-        Err(e) => return refuse(format!("client certificate: {e}")),
+        Err(e) => return refuse(Refused::Certificate(e)),
     };
     let cluster = peer.identity.cluster.clone();
     let link = match state.store.get::<LinkRecord>(tree::LINKS, &cluster) {
         Ok(Some(l)) => l,
-        Ok(None) => return refuse(format!("cluster {cluster} is not registered")),
-        Err(e) => return refuse(format!("store: {e}")),
+        Ok(None) => return refuse(Refused::NotRegistered(cluster)),
+        Err(e) => return refuse(Refused::Store(e)),
     };
     if link.agent_id != peer.identity.agent_id {
-        return refuse(format!(
-            "agent {} of cluster {cluster} was replaced by agent {}",
-            peer.identity.agent_id, link.agent_id
-        ));
+        return refuse(Refused::Replaced {
+            agent: peer.identity.agent_id,
+            cluster,
+            by: link.agent_id,
+        });
     }
     // The serial is pinned: a copy of an older certificate of this very
     // agent is refused once the agent renewed and moved on.
     if !link.holds(&peer.serial) {
-        return refuse(format!(
-            "certificate {} of cluster {cluster} was superseded by a renewal",
-            peer.serial
-        ));
+        return refuse(Refused::Superseded {
+            serial: peer.serial,
+            cluster,
+        });
     }
     if link.cert_serial == peer.serial && link.prev_serial.is_some() {
         forget_previous_serial(state, &cluster, &peer.serial);
@@ -193,8 +217,7 @@ fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
             let Some(raw) = state.store.get_raw(tree::LINKS, cluster)? else {
                 return Ok(());
             };
-            let mut link: LinkRecord = serde_json::from_slice(&raw)
-                .map_err(|e| crate::HubError::Store(format!("links/{cluster}: {e}")))?;
+            let mut link: LinkRecord = crate::store::decode(tree::LINKS, cluster, &raw)?;
             if link.cert_serial != current || link.prev_serial.is_none() {
                 return Ok(());
             }

@@ -21,7 +21,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand};
 use url::Url;
 
-use crate::{Hub, HubConfig};
+use crate::{Hub, HubConfig, HubError};
 
 /// OtterScale Link: reach many Kubernetes clusters from one hub.
 #[derive(Debug, Parser)]
@@ -463,22 +463,23 @@ impl TenantCommand {
 }
 
 /// `12h`, `30d`, `90m`, `45s`, or plain seconds.
-fn parse_ttl(s: &str) -> Result<Duration, String> {
+fn parse_ttl(s: &str) -> Result<Duration, HubError> {
+    let invalid = |why: &str| HubError::Invalid(format!("{s:?}: {why}"));
     let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = digits
         .parse()
-        .map_err(|_| format!("{s:?}: expected a number and a unit, like 12h or 30d"))?;
+        .map_err(|_| invalid("expected a number and a unit, like 12h or 30d"))?;
     let secs = match unit {
         "" | "s" => 1,
         "m" => 60,
         "h" => 3600,
         "d" => 86400,
-        _ => return Err(format!("{s:?}: the unit is one of s, m, h, d")),
+        _ => return Err(invalid("the unit is one of s, m, h, d")),
     };
     n.checked_mul(secs)
         .filter(|&t| t > 0)
         .map(Duration::from_secs)
-        .ok_or_else(|| format!("{s:?}: must be more than 0 and not absurdly long"))
+        .ok_or_else(|| invalid("must be more than 0 and not absurdly long"))
 }
 
 #[derive(Debug, Clone, Copy, Subcommand)]
@@ -530,16 +531,15 @@ impl Scope {
     }
 }
 
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+fn parse_duration(s: &str) -> Result<std::time::Duration, HubError> {
+    let invalid = || HubError::Invalid(format!("{s:?} is not a duration like 30s, 5m or 2h"));
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 2h"))?;
+    let n: u64 = num.parse().map_err(|_| invalid())?;
     let secs = match unit {
         "" | "s" => n,
         "m" => n * 60,
         "h" => n * 3600,
-        _ => return Err(format!("{s:?} is not a duration like 30s, 5m or 2h")),
+        _ => return Err(invalid()),
     };
     Ok(std::time::Duration::from_secs(secs))
 }
@@ -752,7 +752,7 @@ pub struct HubArgs {
 }
 
 impl HubArgs {
-    pub fn into_config(self) -> Result<HubConfig, String> {
+    pub fn into_config(self) -> Result<HubConfig, HubError> {
         let mut c = HubConfig::new(self.data_dir);
         c.store_key_file = self.store_key_file;
         if let Some(url) = &self.store {
@@ -763,7 +763,9 @@ impl HubArgs {
             etcd.key_file = self.etcd_key_file;
             if let Some(user) = self.etcd_user {
                 etcd.password = Some(std::env::var("OTTER_ETCD_PASSWORD").map_err(|_| {
-                    "--etcd-user needs the password in OTTER_ETCD_PASSWORD".to_owned()
+                    HubError::Invalid(
+                        "--etcd-user needs the password in OTTER_ETCD_PASSWORD".to_owned(),
+                    )
                 })?);
                 etcd.user = Some(user);
             }
@@ -812,17 +814,20 @@ impl HubArgs {
         c.cors_origins = self.cors_origins;
         c.disabled_features = self.disabled_features;
         c.api_plaintext = self.api_plaintext;
-        c.charts = crate::chart::ChartPolicy {
-            allow_private: self.chart_allow_private,
-            allow: self.chart_allow_cidrs,
-            ca_pem: match &self.chart_ca_file {
-                Some(path) => Some(
-                    std::fs::read_to_string(path)
-                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
-                ),
-                None => None,
-            },
-        };
+        c.charts =
+            crate::chart::ChartPolicy {
+                allow_private: self.chart_allow_private,
+                allow: self.chart_allow_cidrs,
+                ca_pem: match &self.chart_ca_file {
+                    Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
+                        HubError::ReadFile {
+                            path: path.clone(),
+                            source,
+                        }
+                    })?),
+                    None => None,
+                },
+            };
         c.metrics_listen = self.metrics_listen;
         c.health_listen = self.health_listen;
         c.admin_group = self.admin_group;
@@ -852,10 +857,13 @@ impl HubArgs {
             // group's name.
             oidc.operator_group = c.admin_group.clone();
             if let Some(path) = self.oidc_ca_file {
-                oidc.ca_pem = Some(
-                    std::fs::read_to_string(&path)
-                        .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
-                );
+                oidc.ca_pem =
+                    Some(
+                        std::fs::read_to_string(&path).map_err(|source| HubError::ReadFile {
+                            path: path.clone(),
+                            source,
+                        })?,
+                    );
             }
             c.oidc = Some(oidc);
         }

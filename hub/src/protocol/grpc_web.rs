@@ -42,7 +42,7 @@ pub async fn call(
                                     return Some((data_frame(d), (body, decoder, false)));
                                 }
                                 Err(e) => {
-                                    let status = tonic::Status::invalid_argument(e);
+                                    let status = tonic::Status::invalid_argument(e.to_string());
                                     return Some((status_frame(status), (body, decoder, true)));
                                 }
                             }
@@ -50,7 +50,7 @@ pub async fn call(
                         Some(Err(e)) => return Some((err_frame(e), (body, decoder, true))),
                         None => {
                             return decoder.finish().err().map(|e| {
-                                let status = tonic::Status::invalid_argument(e);
+                                let status = tonic::Status::invalid_argument(e.to_string());
                                 (status_frame(status), (body, decoder, true))
                             });
                         }
@@ -144,7 +144,7 @@ pub struct TextDecoder {
 impl TextDecoder {
     /// Takes the next chunk of the body; returns the bytes of the whole
     /// groups seen so far, if any.
-    pub fn push(&mut self, data: &[u8]) -> Result<Option<Bytes>, String> {
+    pub fn push(&mut self, data: &[u8]) -> Result<Option<Bytes>, TextBodyError> {
         self.pending
             .extend(data.iter().filter(|b| !b.is_ascii_whitespace()));
         let whole = self.pending.len() / 4 * 4;
@@ -158,7 +158,7 @@ impl TextDecoder {
             let end = group + 4;
             if chunk[group..end].contains(&b'=') || end == whole {
                 B64.decode_vec(&chunk[start..end], &mut out)
-                    .map_err(|e| format!("grpc-web-text body is not base64: {e}"))?;
+                    .map_err(TextBodyError::NotBase64)?;
                 start = end;
             }
         }
@@ -166,13 +166,22 @@ impl TextDecoder {
     }
 
     /// Checks the body did not end inside a group.
-    pub fn finish(&self) -> Result<(), String> {
+    pub fn finish(&self) -> Result<(), TextBodyError> {
         if self.pending.is_empty() {
             Ok(())
         } else {
-            Err("grpc-web-text body ends mid base64 group".into())
+            Err(TextBodyError::Truncated)
         }
     }
+}
+
+/// Why a grpc-web-text body cannot be read (answered `InvalidArgument`).
+#[derive(Debug, thiserror::Error)]
+pub enum TextBodyError {
+    #[error("grpc-web-text body is not base64: {0}")]
+    NotBase64(#[source] base64::DecodeError),
+    #[error("grpc-web-text body ends mid base64 group")]
+    Truncated,
 }
 
 /// Trailers as gRPC-Web's last frame: `name: value\r\n` lines.

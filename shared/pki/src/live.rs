@@ -89,12 +89,18 @@ impl LiveTls {
     /// Swaps everything at once; a bad input leaves the old material.
     pub fn update(&self, cert_pem: &str, key_pem: &str, trusted_pem: &str) -> Result<()> {
         let next = Arc::new(material(cert_pem, key_pem, trusted_pem)?);
-        *self.current.write().expect("live TLS lock") = next;
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
         Ok(())
     }
 
     fn now(&self) -> Arc<Material> {
-        self.current.read().expect("live TLS lock").clone()
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// A server config drawing on this material, asking for client
@@ -196,11 +202,20 @@ impl FileCert {
     /// again next time.
     pub fn reload_if_changed(&self) -> Result<bool> {
         let now = stamp([&self.cert_path, &self.key_path]);
-        if self.current.read().unwrap_or_else(|p| p.into_inner()).1 == now {
+        if self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            == now
+        {
             return Ok(false);
         }
         let (cert, stamp) = Self::read(&self.cert_path, &self.key_path)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (cert, stamp);
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (cert, stamp);
         Ok(true)
     }
 
@@ -208,7 +223,7 @@ impl FileCert {
     pub fn chain(&self) -> Vec<CertificateDer<'static>> {
         self.current
             .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .0
             .cert
             .clone()
@@ -220,7 +235,7 @@ impl ResolvesServerCert for FileCert {
         Some(
             self.current
                 .read()
-                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0
                 .clone(),
         )

@@ -129,7 +129,9 @@ pub async fn hub_handshake_as(
                 why = keepalive(ping, settings.keepalive, rtt, answered) => why,
                 _ = closed.cancelled() => String::new(),
             };
-            let mut r = reason.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = reason
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if r.is_empty() {
                 *r = why;
             }
@@ -183,10 +185,7 @@ impl Opener for H2Opener {
                     stream,
                     closed: false,
                 }),
-                recv: Box::new(H2Recv {
-                    state: RecvState::Waiting(response),
-                    buf: Bytes::new(),
-                }),
+                recv: reader(RecvState::Waiting(response)),
             })
         })
     }
@@ -195,12 +194,18 @@ impl Opener for H2Opener {
         let (closed, reason) = (self.closed.clone(), self.reason.clone());
         Box::pin(async move {
             closed.cancelled().await;
-            reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            reason
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
         })
     }
 
     fn close(&self, why: &str) {
-        let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self
+            .reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if r.is_empty() {
             *r = why.to_owned();
         }
@@ -209,7 +214,10 @@ impl Opener for H2Opener {
     }
 
     fn rtt(&self) -> Option<Duration> {
-        *self.rtt.lock().unwrap_or_else(|p| p.into_inner())
+        *self
+            .rtt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn heard(&self) -> Option<u64> {
@@ -225,7 +233,7 @@ impl H2Opener {
     fn reason(&self) -> String {
         self.reason
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 }
@@ -288,98 +296,82 @@ pub async fn accept_loop_paced(
             tracing::debug!(%remote, "tunnel connection refused: its source holds too many handshakes");
             continue;
         };
-        let (acceptor, out, links, shutdown, pacer) = (
-            acceptor.clone(),
-            out.clone(),
-            links.clone(),
-            shutdown.clone(),
-            pacer.clone(),
-        );
-        tokio::spawn(async move {
+        let (acceptor, links, pacer) = (acceptor.clone(), links.clone(), pacer.clone());
+        let evicted = place.evicted();
+        let handshake = async move {
             let _ = tcp.set_nodelay(true);
-            let evicted = place.evicted();
-            let handshake = async {
-                let mut tls = acceptor.accept(tcp).await?;
-                // The listener requires a client certificate, so a finished
-                // handshake is a verified agent: it leaves the pending set
-                // and is paced like any agent from here on.
-                place.verified();
-                let (_, conn) = tls.get_ref();
-                let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
-                if conn.alpn_protocol() == Some(LINK_ALPN) {
-                    let link = LinkConn {
-                        io: Box::new(tls),
-                        peer_cert,
-                        remote,
-                    };
-                    if links.is_none_or(|l| l.try_send(link).is_err()) {
-                        tracing::debug!(%remote, "link connection on the tunnel port closed: not served here or too many at once");
-                    }
-                    return Ok(None);
-                }
-                let ws = conn.alpn_protocol() == Some(crate::ws::ALPN);
-                let admission = match pacer.try_enter() {
-                    Ok(a) => a,
-                    Err(after) if ws => {
-                        crate::ws::refuse(Box::new(tls), after).await;
-                        return Ok(None);
-                    }
-                    Err(after) => {
-                        use tokio::io::AsyncWriteExt;
-                        let line = format!("{}\n", crate::pace::reason(after));
-                        let _ = tls
-                            .write_all(&[crate::pace::H2_REFUSED, line.as_bytes()].concat())
-                            .await;
-                        let _ = tls.shutdown().await;
-                        return Ok(None);
-                    }
-                };
-                // The same port serves HTTP/2 directly and HTTP/2 inside a
-                // WebSocket; ALPN tells them apart.
-                let (_, conn) = tls.get_ref();
-                let (opener, transport) = match conn.alpn_protocol() {
-                    Some(p) if p == ALPN => (
-                        hub_handshake(Box::new(tls), settings).await?,
-                        TransportKind::H2,
-                    ),
-                    Some(p) if p == crate::ws::ALPN => {
-                        let ws = crate::ws::accept(Box::new(tls)).await?;
-                        let opener =
-                            hub_handshake_as(Box::new(ws), settings, TransportKind::Ws).await?;
-                        (opener, TransportKind::Ws)
-                    }
-                    _ => {
-                        return Err(TunnelError::protocol(
-                            "client did not negotiate a tunnel ALPN",
-                        ));
-                    }
-                };
-                Ok::<_, TunnelError>(Some(Accepted {
-                    opener: Arc::new(opener),
+            let mut tls = acceptor.accept(tcp).await?;
+            // The listener requires a client certificate, so a finished
+            // handshake is a verified agent: it leaves the pending set
+            // and is paced like any agent from here on.
+            place.verified();
+            let (_, conn) = tls.get_ref();
+            let peer_cert = conn.peer_certificates().and_then(|c| c.first()).cloned();
+            if conn.alpn_protocol() == Some(LINK_ALPN) {
+                let link = LinkConn {
+                    io: Box::new(tls),
                     peer_cert,
                     remote,
-                    transport,
-                    admission: Some(admission),
-                }))
-            };
-            let accepted = tokio::select! {
-                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
-                _ = evicted.cancelled() => {
-                    return tracing::debug!(%remote, "tunnel handshake dropped for a newer one");
+                };
+                if links.is_none_or(|l| l.try_send(link).is_err()) {
+                    tracing::debug!(%remote, "link connection on the tunnel port closed: not served here or too many at once");
                 }
-                _ = shutdown.cancelled() => return,
-            };
-            match accepted {
-                Ok(Ok(Some(a))) => {
-                    let _ = out.send(a).await;
-                }
-                Ok(Ok(None)) => {
-                    tracing::debug!(%remote, "no tunnel: paced (told to retry later) or a link connection handed on")
-                }
-                Ok(Err(e)) => tracing::info!(%remote, error = %e, "tunnel handshake refused"),
-                Err(_) => tracing::info!(%remote, "tunnel handshake timed out"),
+                return Ok(None);
             }
-        });
+            let ws = conn.alpn_protocol() == Some(crate::ws::ALPN);
+            let admission = match pacer.try_enter() {
+                Ok(a) => a,
+                Err(after) if ws => {
+                    crate::ws::refuse(Box::new(tls), after).await;
+                    return Ok(None);
+                }
+                Err(after) => {
+                    use tokio::io::AsyncWriteExt;
+                    let line = format!("{}\n", crate::pace::reason(after));
+                    let _ = tls
+                        .write_all(&[crate::pace::H2_REFUSED, line.as_bytes()].concat())
+                        .await;
+                    let _ = tls.shutdown().await;
+                    return Ok(None);
+                }
+            };
+            // The same port serves HTTP/2 directly and HTTP/2 inside a
+            // WebSocket; ALPN tells them apart.
+            let (_, conn) = tls.get_ref();
+            let (opener, transport) = match conn.alpn_protocol() {
+                Some(p) if p == ALPN => (
+                    hub_handshake(Box::new(tls), settings).await?,
+                    TransportKind::H2,
+                ),
+                Some(p) if p == crate::ws::ALPN => {
+                    let ws = crate::ws::accept(Box::new(tls)).await?;
+                    let opener =
+                        hub_handshake_as(Box::new(ws), settings, TransportKind::Ws).await?;
+                    (opener, TransportKind::Ws)
+                }
+                _ => {
+                    return Err(TunnelError::protocol(
+                        "client did not negotiate a tunnel ALPN",
+                    ));
+                }
+            };
+            Ok::<_, TunnelError>(Some(Accepted {
+                opener: Arc::new(opener),
+                peer_cert,
+                remote,
+                transport,
+                admission: Some(admission),
+            }))
+        };
+        crate::handshakes::spawn(
+            TransportKind::H2,
+            remote,
+            evicted,
+            HANDSHAKE_TIMEOUT,
+            out.clone(),
+            shutdown.clone(),
+            handshake,
+        );
     }
 }
 
@@ -456,7 +448,9 @@ pub async fn agent_handshake_as(
                 why = keepalive(Some(ping), settings.keepalive, rtt, Default::default()) => why,
                 _ = dead.cancelled() => return,
             };
-            *reason.lock().unwrap_or_else(|p| p.into_inner()) = why;
+            *reason
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = why;
             dead.cancel();
         });
     }
@@ -564,7 +558,7 @@ impl Acceptor for H2Acceptor {
             let next = tokio::select! {
                 n = self.conn.accept() => n,
                 _ = self.dead.cancelled() => {
-                    let why = self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let why = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
                     return Err(TunnelError::Closed(why));
                 }
             };
@@ -578,10 +572,7 @@ impl Acceptor for H2Acceptor {
                             stream: send,
                             closed: false,
                         }),
-                        recv: Box::new(H2Recv {
-                            state: RecvState::Ready(request.into_body()),
-                            buf: Bytes::new(),
-                        }),
+                        recv: reader(RecvState::Ready(request.into_body())),
                     }))
                 }
             }
@@ -589,7 +580,10 @@ impl Acceptor for H2Acceptor {
     }
 
     fn rtt(&self) -> Option<Duration> {
-        *self.rtt.lock().unwrap_or_else(|p| p.into_inner())
+        *self
+            .rtt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn kind(&self) -> TransportKind {
@@ -623,7 +617,8 @@ async fn keepalive(
         // to the timeout, past the next tick if need be.
         match tokio::time::timeout(ka.timeout, ping.ping(h2::Ping::opaque())).await {
             Ok(Ok(_)) => {
-                *rtt.lock().unwrap_or_else(|p| p.into_inner()) = Some(start.elapsed());
+                *rtt.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(start.elapsed());
                 answered.fetch_add(1, Ordering::Relaxed);
             }
             Ok(Err(e)) => return format!("keepalive ping failed: {e}"),
@@ -699,40 +694,30 @@ enum RecvState {
     Ready(RecvStream),
 }
 
-/// Read half of an HTTP/2 stream as `AsyncRead`. Window capacity is released
-/// as soon as a frame is taken, and at most one frame is held, so the peer
-/// can never have more than the stream window in flight to us.
-struct H2Recv {
-    state: RecvState,
-    buf: Bytes,
-}
-
-impl AsyncRead for H2Recv {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+/// The read half of an HTTP/2 stream as bytes. Each DATA frame's window
+/// capacity is released as the frame is taken, and the reader holds at
+/// most one frame, so the peer can never have more than the stream window
+/// in flight to us.
+fn reader(mut state: RecvState) -> Box<dyn AsyncRead + Send + Unpin> {
+    let frames = futures::stream::poll_fn(move |cx| {
         loop {
-            if !self.buf.is_empty() {
-                let n = self.buf.len().min(out.remaining());
-                out.put_slice(&self.buf.split_to(n));
-                return Poll::Ready(Ok(()));
-            }
-            match &mut self.state {
+            match &mut state {
                 RecvState::Waiting(response) => {
                     let response = ready!(Pin::new(response).poll(cx)).map_err(h2_io_error)?;
-                    self.state = RecvState::Ready(response.into_body());
+                    state = RecvState::Ready(response.into_body());
                 }
-                RecvState::Ready(stream) => match ready!(stream.poll_data(cx)) {
-                    None => return Poll::Ready(Ok(())),
-                    Some(Err(e)) => return Poll::Ready(Err(h2_io_error(e))),
-                    Some(Ok(data)) => {
-                        let _ = stream.flow_control().release_capacity(data.len());
-                        self.buf = data;
-                    }
-                },
+                RecvState::Ready(stream) => {
+                    return match ready!(stream.poll_data(cx)) {
+                        None => Poll::Ready(None),
+                        Some(Err(e)) => Poll::Ready(Some(Err(h2_io_error(e)))),
+                        Some(Ok(data)) => {
+                            let _ = stream.flow_control().release_capacity(data.len());
+                            Poll::Ready(Some(Ok::<_, io::Error>(data)))
+                        }
+                    };
+                }
             }
         }
-    }
+    });
+    Box::new(tokio_util::io::StreamReader::new(frames))
 }

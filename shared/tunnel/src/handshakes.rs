@@ -111,6 +111,49 @@ impl Handshake {
     pub fn verified(self) {}
 }
 
+/// The part of a tunnel accept loop every transport shares: runs
+/// `handshake` (TLS or QUIC, then admission) on a task of its own, bounded
+/// by `limit`, dropped when a newer one evicts it (`evicted`, from its
+/// [`Handshake`]) or the hub shuts down. An admitted tunnel goes to `out`;
+/// `Ok(None)` is a connection told to come back later or handed elsewhere.
+pub fn spawn<F>(
+    transport: crate::TransportKind,
+    remote: std::net::SocketAddr,
+    evicted: CancellationToken,
+    limit: Duration,
+    out: tokio::sync::mpsc::Sender<crate::transport::Accepted>,
+    shutdown: CancellationToken,
+    handshake: F,
+) where
+    F: std::future::Future<Output = crate::Result<Option<crate::transport::Accepted>>>
+        + Send
+        + 'static,
+{
+    tokio::spawn(async move {
+        let accepted = tokio::select! {
+            r = tokio::time::timeout(limit, handshake) => r,
+            _ = evicted.cancelled() => {
+                return tracing::debug!(%remote, %transport, "tunnel handshake dropped for a newer one");
+            }
+            _ = shutdown.cancelled() => return,
+        };
+        match accepted {
+            Ok(Ok(Some(a))) => {
+                let _ = out.send(a).await;
+            }
+            Ok(Ok(None)) => tracing::debug!(
+                %remote,
+                %transport,
+                "no tunnel: paced (told to retry later) or a link connection handed on"
+            ),
+            Ok(Err(e)) => {
+                tracing::info!(%remote, %transport, error = %e, "tunnel handshake refused")
+            }
+            Err(_) => tracing::info!(%remote, %transport, "tunnel handshake timed out"),
+        }
+    });
+}
+
 impl Drop for Handshake {
     fn drop(&mut self) {
         self.gate.release(self.id);
@@ -148,7 +191,9 @@ impl Handshakes {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A place for a handshake from `source`, decided at once.

@@ -2,8 +2,9 @@
 //!
 //! The hub side ([`forward`]) writes the request head, pumps the request
 //! body, and returns the response with a body that reads straight off the
-//! stream. The agent side ([`serve_stream`]) rebuilds the request, calls a
-//! tower service (the agent's tonic router), and writes the response back,
+//! stream. The agent side ([`serve`]) rebuilds the request, calls one
+//! tower service (the agent's, which dispatches on the request's
+//! [`Target`]), and writes the response back,
 //! trailers included. gRPC passes through unchanged.
 //!
 //! Cancellation: the hub keeps its half of the stream open until the
@@ -89,28 +90,13 @@ where
 
 // ---------------------------------------------------------------- hub side
 
-/// Sends `req` over `stream` on behalf of `caller` and returns the agent's
-/// response. `guard` lives as long as the response body (a concurrency
-/// permit, a metrics gauge).
+/// Sends `req` over `stream` to the agent's service `target` (see
+/// [`crate::frame::RequestHead::target`]; empty for its gRPC API) on behalf
+/// of `caller`, and returns the agent's response. `guard` lives as long as
+/// the response body (a concurrency permit, a metrics gauge).
 pub async fn forward<B>(
     stream: TunnelStream,
-    caller: Option<Caller>,
-    req: http::Request<B>,
-    limits: Limits,
-    guard: Option<Box<dyn Any + Send + Sync>>,
-) -> Result<http::Response<ResponseBody>>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError> + Send,
-{
-    forward_to("", stream, caller, req, limits, guard).await
-}
-
-/// Like [`forward`], for one of the agent's other services (`target`, see
-/// [`crate::frame::RequestHead::target`]).
-pub async fn forward_to<B>(
     target: &str,
-    stream: TunnelStream,
     caller: Option<Caller>,
     req: http::Request<B>,
     limits: Limits,
@@ -342,97 +328,21 @@ impl Body for RequestBody {
     }
 }
 
-/// Serves one stream: reads the request, calls `service`, writes the
-/// response. Returns when the exchange is over or the hub abandoned it.
-pub async fn serve_stream<S, B>(stream: TunnelStream, service: S, limits: Limits) -> Result<()>
-where
-    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
-    S::Error: Into<BoxError>,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    serve_stream_with(stream, service, None::<NoService>, limits).await
-}
+/// The agent's service a request is for, as the hub named it
+/// ([`crate::frame::RequestHead::target`]): in the request's extensions,
+/// beside the [`Caller`], so one service dispatches every stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target(pub String);
 
-/// A service that is never called: for [`serve_stream_with`] without a
-/// Kubernetes API proxy.
-#[derive(Debug, Clone, Copy)]
-pub struct NoService;
-
-impl tower_service::Service<http::Request<RequestBody>> for NoService {
-    type Response = http::Response<http_body_util::Empty<Bytes>>;
-    type Error = std::convert::Infallible;
-    type Future = std::future::Ready<std::result::Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> Poll<std::result::Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: http::Request<RequestBody>) -> Self::Future {
-        let mut resp = http::Response::new(http_body_util::Empty::new());
-        *resp.status_mut() = http::StatusCode::NOT_FOUND;
-        std::future::ready(Ok(resp))
+impl Target {
+    /// The agent's gRPC API (the empty target).
+    pub fn is_api(&self) -> bool {
+        self.0.is_empty()
     }
 }
-
-/// Serves one stream with the agent's gRPC `service`, or with `kube` when
-/// the request names the Kubernetes API proxy as its target (404 when there
-/// is none).
-pub async fn serve_stream_with<S, B, K, KB>(
-    stream: TunnelStream,
-    service: S,
-    kube: Option<K>,
-    limits: Limits,
-) -> Result<()>
-where
-    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
-    S::Error: Into<BoxError>,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-    K: tower_service::Service<http::Request<RequestBody>, Response = http::Response<KB>>,
-    K::Error: Into<BoxError>,
-    KB: Body<Data = Bytes>,
-    KB::Error: Into<BoxError>,
-{
-    serve_stream_full(stream, service, kube, AgentSelf::default(), limits).await
-}
-
-/// The agent's report for [`crate::frame::TARGET_DIAG`] (JSON), made when
-/// asked: from the request's headers (the hub's clock) and the agent's
-/// state at that moment.
-pub type DiagFn = std::sync::Arc<dyn Fn(&http::HeaderMap) -> Bytes + Send + Sync>;
-
-/// Where an agent keeps the hub's goodbye for a tunnel: the reason the hub
-/// gave before closing it, or `None` when it gave none.
-pub type Goodbye = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
 /// The longest goodbye reason kept; longer ones are cut.
 pub const MAX_REASON: usize = 256;
-
-/// What the agent answers for itself rather than for a caller.
-#[derive(Clone, Default)]
-pub struct AgentSelf {
-    /// Makes its report on how it connected.
-    pub diag: Option<DiagFn>,
-    /// Woken by [`crate::frame::TARGET_RENEW`]: the hub asks for a
-    /// certificate renewal now.
-    pub renew: Option<std::sync::Arc<tokio::sync::Notify>>,
-    /// Set by [`crate::frame::TARGET_BYE`]: the hub is closing this tunnel.
-    pub goodbye: Option<Goodbye>,
-}
-
-impl std::fmt::Debug for AgentSelf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentSelf")
-            .field("diag", &self.diag.is_some())
-            .field("renew", &self.renew.is_some())
-            .field("goodbye", &self.goodbye)
-            .finish()
-    }
-}
 
 /// A peer's reason as kept and logged: printable characters only (no line
 /// breaks or escapes reach a log), at most [`MAX_REASON`] bytes.
@@ -448,24 +358,16 @@ pub fn clean_reason(raw: &[u8]) -> String {
     out
 }
 
-/// Like [`serve_stream_with`], also answering the hub's own requests to the
-/// agent ([`AgentSelf`]).
-pub async fn serve_stream_full<S, B, K, KB>(
-    stream: TunnelStream,
-    service: S,
-    kube: Option<K>,
-    own: AgentSelf,
-    limits: Limits,
-) -> Result<()>
+/// Serves one stream: reads the request head, calls `service` with the
+/// request (its [`Caller`] and [`Target`] in the extensions), and writes the
+/// response back, trailers included. Returns when the exchange is over or
+/// the hub abandoned it.
+pub async fn serve<S, B>(stream: TunnelStream, service: S, limits: Limits) -> Result<()>
 where
     S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
     S::Error: Into<BoxError>,
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
-    K: tower_service::Service<http::Request<RequestBody>, Response = http::Response<KB>>,
-    K::Error: Into<BoxError>,
-    KB: Body<Data = Bytes>,
-    KB::Error: Into<BoxError>,
 {
     let codec = ChunkCodec { limits };
     let mut reader: Reader = FramedRead::new(stream.recv, codec);
@@ -479,7 +381,6 @@ where
         )));
     }
     let head = parse_request_head(payload)?;
-    let target = head.target;
 
     let (tx, rx) = mpsc::channel(2);
     let mut request = http::Request::new(RequestBody { rx });
@@ -489,6 +390,7 @@ where
     if let Some(caller) = head.caller {
         request.extensions_mut().insert(caller);
     }
+    request.extensions_mut().insert(Target(head.target));
 
     // The reader feeds the body, then watches for the hub closing its side,
     // which means the caller is gone.
@@ -525,73 +427,7 @@ where
     let reader_handle = tokio::spawn(reader_task);
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
-    let exchange = async {
-        if target == crate::frame::TARGET_RENEW {
-            let renew = own.renew.clone();
-            let answer = tower::service_fn(move |_: http::Request<RequestBody>| {
-                let renew = renew.clone();
-                async move {
-                    let mut resp = http::Response::new(http_body_util::Empty::<Bytes>::new());
-                    match renew {
-                        Some(n) => {
-                            n.notify_one();
-                            *resp.status_mut() = http::StatusCode::ACCEPTED;
-                        }
-                        None => *resp.status_mut() = http::StatusCode::NOT_FOUND,
-                    }
-                    Ok::<_, std::convert::Infallible>(resp)
-                }
-            });
-            respond(answer, request, &mut writer, limits).await
-        } else if target == crate::frame::TARGET_BYE {
-            let goodbye = own.goodbye.clone();
-            let answer = tower::service_fn(move |req: http::Request<RequestBody>| {
-                let goodbye = goodbye.clone();
-                async move {
-                    let mut resp = http::Response::new(http_body_util::Empty::<Bytes>::new());
-                    match goodbye {
-                        Some(slot) => {
-                            let reason = req
-                                .headers()
-                                .get(crate::frame::REASON_HEADER)
-                                .map(|v| clean_reason(v.as_bytes()))
-                                .unwrap_or_default();
-                            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-                            *resp.status_mut() = http::StatusCode::NO_CONTENT;
-                        }
-                        None => *resp.status_mut() = http::StatusCode::NOT_FOUND,
-                    }
-                    Ok::<_, std::convert::Infallible>(resp)
-                }
-            });
-            respond(answer, request, &mut writer, limits).await
-        } else if target == crate::frame::TARGET_DIAG {
-            let make = own.diag.clone();
-            let diag = tower::service_fn(move |req: http::Request<RequestBody>| {
-                let body = make
-                    .as_ref()
-                    .map_or_else(|| Bytes::from_static(b"{}"), |f| f(req.headers()));
-                async move {
-                    let mut resp = http::Response::new(http_body_util::Full::new(body));
-                    resp.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    Ok::<_, std::convert::Infallible>(resp)
-                }
-            });
-            respond(diag, request, &mut writer, limits).await
-        } else if target == crate::frame::TARGET_KUBE {
-            match kube {
-                Some(kube) => respond(kube, request, &mut writer, limits).await,
-                None => respond(NoService, request, &mut writer, limits).await,
-            }
-        } else if target.is_empty() {
-            respond(service, request, &mut writer, limits).await
-        } else {
-            respond(NoService, request, &mut writer, limits).await
-        }
-    };
+    let exchange = respond(service, request, &mut writer, limits);
     let result = tokio::select! {
         r = exchange => r,
         _ = abandoned.cancelled() => Err(TunnelError::Closed("the hub abandoned the call".into())),

@@ -15,7 +15,8 @@
 //! - [`frame`] — sans-IO framing of a stream: typed, length-prefixed chunks
 //!   with hard size limits.
 //! - [`http`] — HTTP exchanges over one stream: the hub side
-//!   ([`http::forward`]) and the agent side ([`http::serve_stream`]). gRPC
+//!   ([`http::forward`]) and the agent side ([`http::serve`]): the
+//!   tunnel's two verbs. gRPC
 //!   calls ride this unchanged: headers, body frames and trailers pass
 //!   through without the hub decoding a message.
 //!
@@ -76,6 +77,12 @@ pub enum TunnelError {
     Timeout(&'static str),
     /// The hub is setting up as many tunnels as it will at once; dial again
     /// after `retry_after` (see [`pace`]).
+    /// A log format that is not one of ours.
+    #[error("{0:?}: the log format is text or json")]
+    UnknownLogFormat(String),
+    /// A transport name that is not one of ours.
+    #[error("unknown transport {0:?} (quic, h2 or ws)")]
+    UnknownTransport(String),
     #[error("the hub is busy admitting other tunnels: retry after {} ms", retry_after.as_millis())]
     Refused { retry_after: std::time::Duration },
 }

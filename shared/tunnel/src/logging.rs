@@ -13,13 +13,13 @@ pub enum LogFormat {
 }
 
 impl std::str::FromStr for LogFormat {
-    type Err = String;
+    type Err = crate::TunnelError;
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+    fn from_str(s: &str) -> crate::Result<Self> {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            other => Err(format!("{other:?}: the log format is text or json")),
+            other => Err(crate::TunnelError::UnknownLogFormat(other.to_owned())),
         }
     }
 }

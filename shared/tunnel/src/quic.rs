@@ -200,56 +200,48 @@ pub async fn accept_loop_paced(
                 continue;
             }
         };
-        let (out, shutdown, pacer) = (out.clone(), shutdown.clone(), pacer.clone());
-        tokio::spawn(async move {
-            let evicted = place.evicted();
-            let handshake = async {
-                let conn = incoming.await?;
-                // The endpoint requires a client certificate: the agent is
-                // verified, and paced like any agent from here on.
-                place.verified();
-                let admission = match pacer.try_enter() {
-                    Ok(a) => a,
-                    Err(after) => {
-                        // Only an established connection can carry a reason.
-                        conn.close(
-                            VarInt::from_u32(crate::pace::QUIC_REFUSED),
-                            crate::pace::reason(after).as_bytes(),
-                        );
-                        return Ok(None);
-                    }
-                };
-                let peer_cert = conn
-                    .peer_identity()
-                    .and_then(|any| {
-                        any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                            .ok()
-                    })
-                    .and_then(|certs| certs.first().cloned());
-                Ok::<_, TunnelError>(Some(Accepted {
-                    opener: Arc::new(QuicOpener { conn }),
-                    peer_cert,
-                    remote,
-                    transport: TransportKind::Quic,
-                    admission: Some(admission),
-                }))
-            };
-            let accepted = tokio::select! {
-                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => r,
-                _ = evicted.cancelled() => {
-                    return tracing::debug!(%remote, "QUIC handshake dropped for a newer one");
+        let pacer = pacer.clone();
+        let evicted = place.evicted();
+        let handshake = async move {
+            let conn = incoming.await?;
+            // The endpoint requires a client certificate: the agent is
+            // verified, and paced like any agent from here on.
+            place.verified();
+            let admission = match pacer.try_enter() {
+                Ok(a) => a,
+                Err(after) => {
+                    // Only an established connection can carry a reason.
+                    conn.close(
+                        VarInt::from_u32(crate::pace::QUIC_REFUSED),
+                        crate::pace::reason(after).as_bytes(),
+                    );
+                    return Ok(None);
                 }
-                _ = shutdown.cancelled() => return,
             };
-            match accepted {
-                Ok(Ok(Some(a))) => {
-                    let _ = out.send(a).await;
-                }
-                Ok(Ok(None)) => tracing::debug!(%remote, "QUIC tunnel paced: told to retry later"),
-                Ok(Err(e)) => tracing::info!(%remote, error = %e, "QUIC tunnel handshake refused"),
-                Err(_) => tracing::info!(%remote, "QUIC tunnel handshake timed out"),
-            }
-        });
+            let peer_cert = conn
+                .peer_identity()
+                .and_then(|any| {
+                    any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                        .ok()
+                })
+                .and_then(|certs| certs.first().cloned());
+            Ok::<_, TunnelError>(Some(Accepted {
+                opener: Arc::new(QuicOpener { conn }),
+                peer_cert,
+                remote,
+                transport: TransportKind::Quic,
+                admission: Some(admission),
+            }))
+        };
+        crate::handshakes::spawn(
+            TransportKind::Quic,
+            remote,
+            evicted,
+            HANDSHAKE_TIMEOUT,
+            out.clone(),
+            shutdown.clone(),
+            handshake,
+        );
     }
 }
 
@@ -356,7 +348,10 @@ impl Dialer {
     /// The endpoint for one address family, bound if there is none yet
     /// (or `rebind`).
     fn endpoint(&self, ipv6: bool, rebind: bool) -> Result<Endpoint> {
-        let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+        let mut endpoints = self
+            .endpoints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let slot = &mut endpoints[usize::from(ipv6)];
         if let Some(e) = slot.as_ref().filter(|_| !rebind) {
             return Ok(e.clone());

@@ -38,13 +38,13 @@ impl std::fmt::Display for TransportKind {
 }
 
 impl std::str::FromStr for TransportKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::TunnelError;
+    fn from_str(s: &str) -> crate::Result<Self> {
         match s {
             "quic" => Ok(Self::Quic),
             "h2" | "tls" => Ok(Self::H2),
             "ws" | "wss" => Ok(Self::Ws),
-            other => Err(format!("unknown transport {other:?} (quic, h2 or ws)")),
+            other => Err(crate::TunnelError::UnknownTransport(other.to_owned())),
         }
     }
 }

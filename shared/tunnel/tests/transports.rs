@@ -18,7 +18,7 @@ use otter_tunnel::{
     Acceptor, Caller, Opener,
     frame::Limits,
     h2::{self, H2Settings},
-    http::{RequestBody, forward, serve_stream},
+    http::{RequestBody, forward, serve},
     mem,
     quic::{self, QuicSettings},
     transport::Accepted,
@@ -96,7 +96,7 @@ fn spawn_agent(mut acceptor: impl Acceptor, dropped: Arc<AtomicBool>) {
     tokio::spawn(async move {
         while let Ok(Some(stream)) = acceptor.accept().await {
             let svc = service(dropped.clone());
-            tokio::spawn(serve_stream(stream, svc, Limits::default()));
+            tokio::spawn(serve(stream, svc, Limits::default()));
         }
     });
 }
@@ -227,7 +227,7 @@ async fn call(
         groups: vec!["devs".into()],
         ..Default::default()
     };
-    forward(stream, Some(caller), req, Limits::default(), None)
+    forward(stream, "", Some(caller), req, Limits::default(), None)
         .await
         .unwrap()
 }
@@ -399,7 +399,7 @@ async fn quic_restarted_hub_resets_old_connections_when_it_keeps_its_secret() {
         let round_trip = async {
             tokio::join!(call(&*tunnel.opener, "/echo", b"hi"), async {
                 let stream = acceptor.accept().await.unwrap().expect("a stream");
-                tokio::spawn(serve_stream(
+                tokio::spawn(serve(
                     stream,
                     service(Default::default()),
                     Limits::default(),
@@ -451,7 +451,7 @@ async fn h2_tunnel_survives_many_calls() {
         let req = http::Request::post("/echo")
             .body(Full::new(Bytes::from_static(b"x")))
             .unwrap();
-        let resp = forward(stream, None, req, Limits::default(), None).await;
+        let resp = forward(stream, "", None, req, Limits::default(), None).await;
         let resp = resp.unwrap_or_else(|e| panic!("call {i} of {CALLS}: {e}"));
         resp.into_body()
             .collect()

@@ -273,11 +273,8 @@ async fn setup() -> anyhow::Result<Setup> {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN))?;
     let access = otter_agent::kube::KubeAccess::new(
-        otter_agent::kube::load_config(Some(&kubeconfig))
-            .await
-            .map_err(anyhow::Error::msg)?,
-    )
-    .map_err(anyhow::Error::msg)?;
+        otter_agent::kube::load_config(Some(&kubeconfig)).await?,
+    )?;
     let real = otter_agent::services(access, "real", Default::default());
     let admin = otter_tunnel::Caller {
         user: "otter:admin".into(),

@@ -50,8 +50,7 @@ pub async fn hub_child(
     config.tunnel_listen = SocketAddr::from(([127, 0, 0, 1], tunnel));
     config.drain_timeout = Duration::from_secs(2);
     if let Some(r) = replica {
-        config.store =
-            Some(otter_hub::etcd::EtcdOptions::from_url(&r.store).map_err(anyhow::Error::msg)?);
+        config.store = Some(otter_hub::etcd::EtcdOptions::from_url(&r.store)?);
         config.store_key_file = Some(r.key_file);
         config.replica = r.name;
         config.peer_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));

@@ -148,7 +148,9 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves consistent data (every write is one insert),
         // so a poisoned lock is still usable.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn current_rv(&self) -> u64 {

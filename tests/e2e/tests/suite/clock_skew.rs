@@ -147,8 +147,12 @@ async fn agents_with_a_wrong_clock_say_so_or_follow_the_hubs() {
         let m = metrics(&ahead_health, d).expect("metrics");
         (said, sample(&m, "otter_agent_renewals_total"))
     });
+    // Measured against the start of the hub's certificate (issued five
+    // minutes back when the hub started): a second or more after that the
+    // floor is 4m.
     assert!(
-        behind_said.contains("clock is at least 5m behind"),
+        behind_said.contains("clock is at least 5m behind")
+            || behind_said.contains("clock is at least 4m behind"),
         "{behind_said}"
     );
     assert_eq!(ahead_renewals, Some(0.0), "renewed before due");

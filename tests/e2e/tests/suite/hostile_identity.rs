@@ -378,6 +378,7 @@ async fn the_agent_refuses_identities_outside_its_ceiling() {
                 .unwrap();
             let resp = otter_tunnel::http::forward(
                 call.stream,
+                "",
                 Some(caller.clone()),
                 req,
                 Default::default(),
@@ -405,9 +406,9 @@ async fn the_agent_refuses_identities_outside_its_ceiling() {
             let req = http::Request::get("/api/v1/namespaces/default/pods/web")
                 .body(http_body_util::Full::new(Bytes::new()))
                 .unwrap();
-            let resp = otter_tunnel::http::forward_to(
-                otter_tunnel::frame::TARGET_KUBE,
+            let resp = otter_tunnel::http::forward(
                 call.stream,
+                otter_tunnel::frame::TARGET_KUBE,
                 Some(caller),
                 req,
                 Default::default(),

@@ -223,11 +223,7 @@ fn serve(
     tokio::spawn(async move {
         while let Ok(Some(stream)) = acceptor.accept().await {
             let routes = routes.clone();
-            tokio::spawn(otter_tunnel::http::serve_stream(
-                stream,
-                routes,
-                Limits::default(),
-            ));
+            tokio::spawn(otter_tunnel::http::serve(stream, routes, Limits::default()));
         }
     })
 }
