@@ -1,13 +1,12 @@
-//! An ordered document tree and a small YAML emitter for it.
+//! An ordered document tree, written as YAML by serde-saphyr.
 //!
 //! The OpenAPI document is built as a [`Node`] tree whose maps keep insertion
 //! order, so the emitted YAML is byte-for-byte stable and reads in a sensible
-//! order (no dependency on a map type's ordering features). The emitter only
-//! needs what the document uses: block mappings and sequences, plain scalars
-//! where they cannot be mistaken for another type, literal blocks for
-//! multi-line text and JSON-style double quotes for everything else (a JSON
-//! string is a valid YAML double-quoted scalar).
+//! order (no dependency on a map type's ordering features). The tree
+//! serializes as the JSON-compatible value it is; the YAML library decides
+//! quoting, and writes multi-line text as literal blocks.
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value as Json;
 
 /// A JSON-compatible value whose maps keep insertion order.
@@ -75,16 +74,7 @@ impl Node {
 
     /// The YAML text of this node as a document, ending in a newline.
     pub fn to_yaml(&self) -> String {
-        let mut out = String::new();
-        match self {
-            Node::Map(entries) if !entries.is_empty() => write_map(entries, 0, &mut out),
-            Node::Seq(items) if !items.is_empty() => write_seq(items, 0, &mut out),
-            scalar => {
-                out.push_str(&inline(scalar, 0));
-                out.push('\n');
-            }
-        }
-        out
+        serde_saphyr::to_string(self).expect("a tree of strings, numbers and maps is YAML")
     }
 }
 
@@ -118,120 +108,23 @@ impl From<Vec<Node>> for Node {
     }
 }
 
-fn pad(out: &mut String, indent: usize) {
-    out.extend(std::iter::repeat_n(' ', indent));
-}
-
-fn write_map(entries: &[(String, Node)], indent: usize, out: &mut String) {
-    for (key, value) in entries {
-        pad(out, indent);
-        out.push_str(&scalar_str(key, indent));
-        out.push(':');
-        write_value(value, indent, out);
-    }
-}
-
-fn write_seq(items: &[Node], indent: usize, out: &mut String) {
-    for item in items {
-        match item {
-            // A nested collection is written one level deeper, then its
-            // first indentation is replaced by the dash.
-            Node::Map(entries) if !entries.is_empty() => {
-                let mut inner = String::new();
-                write_map(entries, indent + 2, &mut inner);
-                pad(out, indent);
-                out.push_str("- ");
-                out.push_str(&inner[indent + 2..]);
-            }
-            Node::Seq(nested) if !nested.is_empty() => {
-                let mut inner = String::new();
-                write_seq(nested, indent + 2, &mut inner);
-                pad(out, indent);
-                out.push_str("- ");
-                out.push_str(&inner[indent + 2..]);
-            }
-            scalar => {
-                pad(out, indent);
-                out.push_str("- ");
-                out.push_str(&inline(scalar, indent + 2));
-                out.push('\n');
+/// Maps in their order; scalars and sequences as the JSON they are.
+impl Serialize for Node {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Node::Bool(b) => s.serialize_bool(*b),
+            Node::Int(i) => s.serialize_i64(*i),
+            Node::Str(v) => s.serialize_str(v),
+            Node::Seq(items) => s.collect_seq(items),
+            Node::Map(entries) => {
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
             }
         }
     }
-}
-
-/// Writes what follows `key:` (the colon is already written).
-fn write_value(value: &Node, indent: usize, out: &mut String) {
-    match value {
-        Node::Map(entries) if !entries.is_empty() => {
-            out.push('\n');
-            write_map(entries, indent + 2, out);
-        }
-        Node::Seq(items) if !items.is_empty() => {
-            out.push('\n');
-            write_seq(items, indent + 2, out);
-        }
-        scalar => {
-            out.push(' ');
-            out.push_str(&inline(scalar, indent + 2));
-            out.push('\n');
-        }
-    }
-}
-
-/// A scalar or an empty collection on one line (a literal block spans more).
-fn inline(node: &Node, indent: usize) -> String {
-    match node {
-        Node::Bool(b) => b.to_string(),
-        Node::Int(i) => i.to_string(),
-        Node::Str(s) => scalar_str(s, indent),
-        Node::Seq(_) => "[]".to_owned(),
-        Node::Map(_) => "{}".to_owned(),
-    }
-}
-
-/// Words a plain scalar must not be: YAML 1.1 and 1.2 read them as booleans
-/// or null.
-const RESERVED: &[&str] = &[
-    "true", "false", "null", "yes", "no", "on", "off", "y", "n", "~",
-];
-
-fn is_plain_safe(s: &str) -> bool {
-    let mut chars = s.chars();
-    let Some(first) = chars.next() else {
-        return false;
-    };
-    (first.is_ascii_alphabetic() || matches!(first, '_' | '$' | '/'))
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '/' | '.' | '-'))
-        && !RESERVED.contains(&s.to_ascii_lowercase().as_str())
-}
-
-/// A literal block keeps multi-line text readable; only text that it renders
-/// exactly qualifies.
-fn is_literal_safe(s: &str) -> bool {
-    s.contains('\n')
-        && !s.ends_with('\n')
-        && !s.starts_with([' ', '\n'])
-        && s.lines()
-            .all(|l| !l.ends_with([' ', '\t']) && !l.chars().any(|c| c.is_control()))
-}
-
-fn scalar_str(s: &str, indent: usize) -> String {
-    if is_plain_safe(s) {
-        return s.to_owned();
-    }
-    if is_literal_safe(s) {
-        let mut out = String::from("|-");
-        for line in s.split('\n') {
-            out.push('\n');
-            if !line.is_empty() {
-                pad(&mut out, indent);
-                out.push_str(line);
-            }
-        }
-        return out;
-    }
-    serde_json::to_string(s).expect("a string serialises to JSON")
 }
 
 #[cfg(test)]
@@ -239,23 +132,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scalars_that_look_like_other_types_are_quoted() {
-        for s in [
-            "true", "No", "null", "200", "1.5", "", "#/x", "a: b", "- x", "x #y",
-        ] {
-            assert_eq!(scalar_str(s, 0), serde_json::to_string(s).unwrap(), "{s}");
-        }
-        for s in ["object", "$ref", "/a.b.C/D", "int64", "date-time"] {
-            assert_eq!(scalar_str(s, 0), s);
-        }
-    }
-
-    #[test]
-    fn multi_line_text_becomes_a_literal_block_only_when_exact() {
-        assert_eq!(scalar_str("a\n\nb", 2), "|-\n  a\n\n  b");
-        // Trailing newline, leading space, trailing space: quoted instead.
-        for s in ["a\nb\n", " a\nb", "a \nb"] {
-            assert!(scalar_str(s, 0).starts_with('"'), "{s:?}");
-        }
+    fn the_yaml_reads_back_as_the_same_document_in_the_same_order() {
+        let doc = Node::map()
+            .with("openapi", "3.1.0")
+            .with("true", "no")
+            .with("zeta", 1i64)
+            .with(
+                "alpha",
+                Node::Seq(vec!["200".into(), "a: b".into(), "x\n\ny".into()]),
+            )
+            .with("empty", Node::map())
+            .with("flag", true);
+        let yaml = doc.to_yaml();
+        let back: Json = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(back, doc.to_json(), "{yaml}");
+        let keys: Vec<&str> = yaml
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with([' ', '-']))
+            .filter_map(|l| l.split(':').next())
+            .collect();
+        assert_eq!(
+            keys,
+            ["openapi", "\"true\"", "zeta", "alpha", "empty", "flag"],
+            "{yaml}"
+        );
     }
 }
