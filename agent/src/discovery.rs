@@ -159,45 +159,33 @@ impl Catalog {
             kube::Api::all_with(self.client.clone(), &ar);
         tokio::spawn(async move {
             use futures::StreamExt;
-            use kube::core::WatchEvent;
-            let wp = kube::api::WatchParams::default().timeout(290);
-            let mut rv = String::new();
-            loop {
-                if weak.strong_count() == 0 {
+            use kube::runtime::{WatchStreamExt, watcher};
+            // kube's watcher lists, then watches from there, lists again
+            // when the version is gone (410), and backs off on errors.
+            let events = watcher(api, watcher::Config::default().timeout(290)).default_backoff();
+            let mut events = std::pin::pin!(events);
+            while let Some(event) = events.next().await {
+                let Some(catalog) = weak.upgrade() else {
                     return;
-                }
-                let mut events = match api.watch(&wp, &rv).await {
-                    Ok(s) => s.boxed(),
-                    Err(kube::Error::Api(s)) if matches!(s.code, 401 | 403 | 404) => {
+                };
+                match event {
+                    // A change, or a fresh list that may hide changes missed.
+                    Ok(
+                        watcher::Event::Apply(_)
+                        | watcher::Event::Delete(_)
+                        | watcher::Event::InitDone,
+                    ) => {
+                        catalog.invalidate().await;
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Err(
+                        watcher::Error::InitialListFailed(kube::Error::Api(s))
+                        | watcher::Error::WatchStartFailed(kube::Error::Api(s)),
+                    ) if matches!(s.code, 401 | 403 | 404) => {
                         tracing::info!(message = %s.message, "cannot watch CRDs; discovery refreshes on its TTL");
                         return;
                     }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "CRD watch failed; retrying");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                        continue;
-                    }
-                };
-                while let Some(ev) = events.next().await {
-                    let Some(catalog) = weak.upgrade() else {
-                        return;
-                    };
-                    match ev {
-                        Ok(
-                            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o),
-                        ) => {
-                            rv = o.metadata.resource_version.unwrap_or_default();
-                            catalog.invalidate().await;
-                        }
-                        Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
-                        Ok(WatchEvent::Error(s)) => {
-                            if s.code == 410 {
-                                rv.clear();
-                            }
-                            break;
-                        }
-                        Err(_) => break,
-                    }
+                    Err(e) => tracing::debug!(error = %e, "CRD watch failed; retrying"),
                 }
             }
         });
