@@ -156,6 +156,28 @@ pub fn api_for(
     Ok(Api::all_with(client, &ar))
 }
 
+/// The apiserver's answer to `req` (built by kube's request builder for
+/// the type's URL) as the JSON it sent: what goes straight back to the
+/// caller needs no typed object in between.
+async fn as_sent(
+    client: &kube::Client,
+    req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+) -> Result<Value, Status> {
+    let req = req.map_err(|e| Status::invalid_argument(e.to_string()))?;
+    client.request::<Value>(req).await.map_err(from_kube)
+}
+
+/// One object of `api`'s type, as the apiserver sent it.
+async fn get_as_sent(
+    client: &kube::Client,
+    api: &Api<DynamicObject>,
+    name: &str,
+) -> Result<Value, Status> {
+    let req =
+        kube::core::Request::new(api.resource_url()).get(name, &kube::api::GetParams::default());
+    as_sent(client, req).await
+}
+
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, Status> {
     serde_json::to_value(v).map_err(|e| Status::internal(format!("encoding an object: {e}")))
 }
@@ -283,7 +305,7 @@ impl ResourceService for Resources {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let (client, r, entry) = self.begin(request, "list").await?;
         let ns = opt_segment(&r.namespace, "namespace")?;
-        let api = api_for(client, &entry, ns, false)?;
+        let api = api_for(client.clone(), &entry, ns, false)?;
         let limit = match r.limit {
             None | Some(0) => None,
             Some(n) if n < 0 => return Err(Status::invalid_argument("limit must be ≥ 0")),
@@ -296,16 +318,30 @@ impl ResourceService for Resources {
             continue_token: r.r#continue.filter(|s| !s.is_empty()),
             ..Default::default()
         };
-        let list = api.list(&lp).await.map_err(from_kube)?;
-        let items = list
-            .items
-            .iter()
-            .map(|o| to_json(o).map(|v| object_out(typed(v, &entry))))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut list = as_sent(
+            &client,
+            kube::core::Request::new(api.resource_url()).list(&lp),
+        )
+        .await?;
+        let items = match list.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .map(|o| object_out(typed(o, &entry)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let meta = |k: &str| list.get("metadata").and_then(|m| m.get(k));
         Ok(Response::new(pb::ListResponse {
-            resource_version: list.metadata.resource_version,
-            r#continue: Some(list.metadata.continue_.unwrap_or_default()),
-            remaining_item_count: list.metadata.remaining_item_count,
+            resource_version: meta("resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            r#continue: Some(
+                meta("continue")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
+            remaining_item_count: meta("remainingItemCount").and_then(Value::as_i64),
             items,
         }))
     }
@@ -314,13 +350,13 @@ impl ResourceService for Resources {
         let (client, r, entry) = self.begin(request, "get").await?;
         let name = segment(&r.name, "name")?;
         let api = api_for(
-            client,
+            client.clone(),
             &entry,
             opt_segment(&r.namespace, "namespace")?,
             true,
         )?;
-        let obj = api.get(name).await.map_err(from_kube)?;
-        Ok(Response::new(object_out(typed(to_json(&obj)?, &entry))))
+        let obj = get_as_sent(&client, &api, name).await?;
+        Ok(Response::new(object_out(typed(obj, &entry))))
     }
 
     async fn describe(
@@ -331,7 +367,7 @@ impl ResourceService for Resources {
         let name = segment(&r.name, "name")?;
         let ns = opt_segment(&r.namespace, "namespace")?;
         let api = api_for(client.clone(), &entry, ns, true)?;
-        let obj = typed(to_json(&api.get(name).await.map_err(from_kube)?)?, &entry);
+        let obj = typed(get_as_sent(&client, &api, name).await?, &entry);
         let uid = str_at(&obj, "metadata.uid").unwrap_or("").to_owned();
         let events = if uid.is_empty() {
             Vec::new()
