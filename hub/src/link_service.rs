@@ -350,10 +350,7 @@ impl LinkSvc {
                 .and_then(|p| p.reenroll_after)
                 .filter(|_| !enrolling),
         };
-        self.state
-            .store
-            .put(tree::LINKS, &cluster, &record)
-            .map_err(|e| e.into_status())?;
+        write_link(&*self.state.store, &cluster, record, enrolling).map_err(|e| e.into_status())?;
         // Latest agent wins: a tunnel of the agent this one replaces is
         // drained and closed.
         if let Some(old) = self.state.registry.take_if_other_agent(&cluster, &agent_id) {
@@ -630,21 +627,60 @@ impl LinkService for LinkSvc {
 
 /// Lets an enrolled `cluster` take one join token authorized from now on
 /// (an admin's re-enrollment); the time it was opened, or `None` when the
-/// cluster has no link. Read and written back with a compare-and-swap, so
-/// a renewal landing between loses neither the mark nor itself.
+/// cluster has no link.
 pub fn open_for_reenrollment(
     store: &dyn crate::store::Store,
     cluster: &str,
 ) -> crate::Result<Option<i64>> {
     let now = unix_now();
+    let opened = update_link(store, cluster, |link| {
+        link.reenroll_after = Some(now);
+        true
+    })?;
+    Ok(opened.then_some(now))
+}
+
+/// Changes the cluster's link in place: `change` says whether it changed
+/// anything. Read and written back with a compare-and-swap, retried until
+/// no other write came between, so writers of one link (a renewal, a
+/// re-enrollment mark, last seen, a retired serial) never lose each
+/// other's changes. Whether there was a link.
+pub fn update_link(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+    mut change: impl FnMut(&mut LinkRecord) -> bool,
+) -> crate::Result<bool> {
     loop {
         let Some(raw) = store.get_raw(tree::LINKS, cluster)? else {
-            return Ok(None);
+            return Ok(false);
         };
         let mut link: LinkRecord = crate::store::decode(tree::LINKS, cluster, &raw)?;
-        link.reenroll_after = Some(now);
-        if store.replace(tree::LINKS, cluster, &raw, &link)? {
-            return Ok(Some(now));
+        if !change(&mut link) || store.replace(tree::LINKS, cluster, &raw, &link)? {
+            return Ok(true);
+        }
+    }
+}
+
+/// Writes a link Register made, over whatever is there by then (a
+/// compare-and-swap, retried): a re-enrollment mark set since the link
+/// was read stays, unless this is the enrollment that ends it.
+fn write_link(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+    mut record: LinkRecord,
+    enrolling: bool,
+) -> crate::Result<()> {
+    loop {
+        let raw = store.get_raw(tree::LINKS, cluster)?;
+        if let Some(raw) = &raw
+            && !enrolling
+        {
+            let there: LinkRecord = crate::store::decode(tree::LINKS, cluster, raw)?;
+            record.reenroll_after = there.reenroll_after;
+        }
+        let new = crate::store::encode(tree::LINKS, cluster, &record)?;
+        if store.compare_and_swap_raw(tree::LINKS, cluster, raw.as_deref(), Some(&new))? {
+            return store.flush();
         }
     }
 }
@@ -802,4 +838,64 @@ fn refusal_logged() -> bool {
     }
     w.1 += 1;
     w.1 <= REFUSALS_LOGGED_PER_SEC
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{SledStore, Store, StoreExt};
+
+    fn link() -> LinkRecord {
+        serde_json::from_value(serde_json::json!({
+            "cluster": "edge-1",
+            "agent_id": "a1",
+            "agent_version": "test/1",
+            "rancher_project_id": "",
+            "cert_serial": "01",
+            "cert_not_after": 0,
+            "first_seen": 1,
+            "last_seen": 1,
+            "last_transport": "",
+            "cert_ca": "",
+        }))
+        .expect("a link record")
+    }
+
+    #[test]
+    fn writers_of_one_link_keep_a_re_enrollment_mark_set_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        store.put(tree::LINKS, "edge-1", &link()).unwrap();
+        // A renewal read the link before the admin's re-enrollment...
+        let stale = store
+            .get::<LinkRecord>(tree::LINKS, "edge-1")
+            .unwrap()
+            .unwrap();
+        let opened = open_for_reenrollment(&store, "edge-1").unwrap();
+        assert!(opened.is_some());
+        // ...and writes after it; so does a tunnel's close (last seen).
+        write_link(&store, "edge-1", stale, false).unwrap();
+        assert!(
+            update_link(&store, "edge-1", |l| {
+                l.last_seen = 2;
+                true
+            })
+            .unwrap()
+        );
+        let now = store
+            .get::<LinkRecord>(tree::LINKS, "edge-1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(now.reenroll_after, opened, "the mark survived both writes");
+        assert_eq!(now.last_seen, 2);
+        // The enrollment it was for ends it.
+        write_link(&store, "edge-1", link(), true).unwrap();
+        let now = store
+            .get::<LinkRecord>(tree::LINKS, "edge-1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(now.reenroll_after, None);
+        assert!(!update_link(&store, "absent", |_| true).unwrap());
+        let _ = store.flush();
+    }
 }

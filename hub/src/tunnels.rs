@@ -212,39 +212,30 @@ pub fn unresponsive(state: &HubState, entry: &TunnelEntry) -> bool {
 /// accepted no more. A compare-and-swap, so a renewal landing meanwhile
 /// keeps what it wrote.
 fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
-    let update = || -> crate::Result<()> {
-        loop {
-            let Some(raw) = state.store.get_raw(tree::LINKS, cluster)? else {
-                return Ok(());
-            };
-            let mut link: LinkRecord = crate::store::decode(tree::LINKS, cluster, &raw)?;
-            if link.cert_serial != current || link.prev_serial.is_none() {
-                return Ok(());
-            }
-            link.prev_serial = None;
-            if state.store.replace(tree::LINKS, cluster, &raw, &link)? {
-                return Ok(());
-            }
+    let retired = crate::link_service::update_link(&*state.store, cluster, |link| {
+        if link.cert_serial != current || link.prev_serial.is_none() {
+            return false;
         }
-    };
-    if let Err(e) = update() {
+        link.prev_serial = None;
+        true
+    });
+    if let Err(e) = retired {
         tracing::warn!(%cluster, error = %e, "could not retire the certificate renewed with");
     }
 }
 
 /// Records that the cluster was seen now (and on which transport).
 fn touch(state: &HubState, cluster: &str, transport: &str) {
-    let update = || -> crate::Result<()> {
-        if let Some(mut link) = state.store.get::<LinkRecord>(tree::LINKS, cluster)? {
-            link.last_seen = unix_now();
-            if !transport.is_empty() {
-                link.last_transport = transport.to_owned();
-            }
-            state.store.put(tree::LINKS, cluster, &link)?;
+    // A compare-and-swap: the close of a tunnel must not undo a renewal or
+    // a re-enrollment written meanwhile.
+    let touched = crate::link_service::update_link(&*state.store, cluster, |link| {
+        link.last_seen = unix_now();
+        if !transport.is_empty() {
+            link.last_transport = transport.to_owned();
         }
-        Ok(())
-    };
-    if let Err(e) = update() {
+        true
+    });
+    if let Err(e) = touched {
         tracing::warn!(%cluster, error = %e, "could not record last seen");
     }
 }
