@@ -627,3 +627,102 @@ async fn renewals_take_the_tunnel_port_when_it_is_the_only_way_out() {
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
+
+/// `otter-agent doctor` as a process, the way it runs in the agent's pod,
+/// with the site's proxy in `HTTPS_PROXY`: with the proxy's credentials
+/// CONNECT works and the TCP checks pass through it; with a wrong password
+/// the checks that need the proxy fail and say the proxy refused the
+/// credentials. The password shows nowhere in the output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_process_checks_connect_through_the_proxy() {
+    use otter_e2e::{
+        netns::strings,
+        procs::{Proc, Role},
+    };
+    let Some(tp) = tinyproxy(Some(("agent", "s3cret"))) else {
+        return;
+    };
+    let hub = TestHub::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Enrolled once (its identity kept, with the hub's tunnel URLs), as an
+    // agent whose tunnel later stopped coming up.
+    let state = dir.path().join("state");
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.state = Some(otter_agent::identity::IdentityStore::Dir(state.clone()));
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("enrolls");
+    agent.agent.shutdown().await;
+    let token = dir.path().join("token");
+    std::fs::write(&token, hub.hub.mint_join_token("edge-1").unwrap()).unwrap();
+    let ca = dir.path().join("hub-ca.crt");
+    std::fs::write(&ca, hub.hub.ca_pem()).unwrap();
+    let args = strings(&[
+        "--hub-url",
+        hub.api_url().as_str(),
+        "--cluster",
+        "edge-1",
+        "--agent-id",
+        "a1",
+        "--hub-ca-file",
+        &ca.display().to_string(),
+        "--join-token-file",
+        &token.display().to_string(),
+        "--state-dir",
+        &state.display().to_string(),
+        "--transports",
+        "quic,h2",
+        "doctor",
+    ]);
+    let run = |name: &str, password: &str| {
+        let proxy = format!("http://agent:{password}@127.0.0.1:{}", tp.port);
+        let env = [
+            ("HTTPS_PROXY", proxy.as_str()),
+            ("NO_PROXY", ""),
+            ("no_proxy", ""),
+        ];
+        let mut p = Proc::start_env(name, Role::Agent, &args, dir.path(), None, &env);
+        let code = tokio::task::block_in_place(|| p.wait(Duration::from_secs(60)));
+        (code, p.stdout())
+    };
+    let line = |out: &str, check: &str| -> String {
+        out.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(check))
+            .unwrap_or_else(|| panic!("no {check} line in:\n{out}"))
+            .to_owned()
+    };
+
+    let (code, out) = run("doctor-through-proxy", "s3cret");
+    println!("with the proxy's credentials:\n{out}");
+    assert_eq!(code, Some(0), "{out}");
+    let proxy = line(&out, "proxy");
+    assert!(
+        proxy.contains(&format!("127.0.0.1:{}", tp.port)) && proxy.contains("CONNECT"),
+        "{proxy}"
+    );
+    for check in ["api-tcp", "api-tls", "tunnel-tcp", "tunnel-tls", "clock"] {
+        assert!(line(&out, check).starts_with("ok"), "{check}:\n{out}");
+    }
+    assert!(!out.contains("s3cret"), "{out}");
+    assert!(line(&out, "quic").starts_with("skip"), "{out}");
+
+    let (code, out) = run("doctor-wrong-password", "wrong");
+    println!("with a wrong password:\n{out}");
+    assert_eq!(code, Some(1), "{out}");
+    for check in ["api-tcp", "tunnel-tcp"] {
+        let l = line(&out, check);
+        assert!(l.starts_with("FAIL"), "{l}");
+        // tinyproxy answers 401 where the standard says 407: either names the
+        // credentials.
+        assert!(
+            l.contains("refused CONNECT") && l.contains("proxy credentials missing or wrong"),
+            "{l}"
+        );
+    }
+    assert!(!out.contains("wrong@"), "{out}");
+    hub.hub.shutdown().await;
+}
