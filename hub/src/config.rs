@@ -229,6 +229,21 @@ impl HubConfig {
         for url in &self.tunnel_urls {
             tunnel_transport(url)?;
         }
+        // The CA that manifests tell agents to trust for the API: read at
+        // each manifest (the operator may replace it), checked here so a
+        // wrong path is said at start, not at the first manifest.
+        if let Some(path) = self.api_tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            let pem = std::fs::read_to_string(path).map_err(|source| HubError::ReadFile {
+                path: path.clone(),
+                source,
+            })?;
+            if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(HubError::Config(format!(
+                    "--tls-ca-file {}: no PEM certificate in it",
+                    path.display()
+                )));
+            }
+        }
         if !self.kube_proxy_prefix.starts_with('/')
             || self.kube_proxy_prefix.len() < 2
             || self.kube_proxy_prefix.ends_with('/')

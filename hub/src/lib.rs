@@ -106,6 +106,16 @@ impl HubError {
         match self {
             HubError::Pki(e) => tonic::Status::invalid_argument(e.to_string()),
             HubError::Invalid(e) => tonic::Status::invalid_argument(e),
+            // A file of the hub's own setup (the API CA a manifest names)
+            // went missing after start: the caller can do nothing but
+            // tell the operator, and the file's name says what to fix.
+            HubError::ReadFile { path, source } => {
+                tracing::error!(path = %path.display(), error = %source, "a file the hub needs cannot be read");
+                tonic::Status::failed_precondition(format!(
+                    "the hub cannot read {}: ask its operator",
+                    path.display()
+                ))
+            }
             HubError::StoreUnavailable(e) => {
                 tracing::warn!(error = %e, "store unavailable");
                 tonic::Status::unavailable(

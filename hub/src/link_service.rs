@@ -715,8 +715,11 @@ fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Res
             Some(files) => match &files.ca_file {
                 // Read at each manifest: the operator may replace it.
                 Some(path) => {
-                    manifest::ApiTrust::Ca(std::fs::read_to_string(path).map_err(|e| {
-                        crate::HubError::Config(format!("--tls-ca-file {}: {e}", path.display()))
+                    manifest::ApiTrust::Ca(std::fs::read_to_string(path).map_err(|source| {
+                        crate::HubError::ReadFile {
+                            path: path.clone(),
+                            source,
+                        }
                     })?)
                 }
                 None => manifest::ApiTrust::PublicRoots,

@@ -350,6 +350,50 @@ async fn tenants_tokens_and_links_through_the_cli() {
 /// version), and a SHA256SUMS that `sha256sum -c` accepts. Run here on the
 /// binaries this test build made (the release build itself is the same
 /// command with `--release`).
+/// A `--tls-ca-file` that cannot be read, or holds no certificate, is
+/// said at start with the file's name, before anything is bound (it used
+/// to surface as an internal error at the first manifest).
+#[test]
+fn a_wrong_api_ca_file_is_said_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = otter_pki::CertificateAuthority::generate("a public CA").unwrap();
+    let (cert, key) = ca.issue_server_cert(&["localhost".to_owned()]).unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let (cert, key) = (file("tls.crt", &cert), file("tls.key", &key));
+    let not_pem = file("not-a-ca.crt", "hello");
+    let missing = dir.path().join("missing-ca.crt").display().to_string();
+    let data = dir.path().join("data").display().to_string();
+    for (ca_file, says) in [(&missing, "cannot read"), (&not_pem, "no PEM certificate")] {
+        let (code, _, err) = run(
+            dir.path(),
+            &[
+                "hub",
+                "--data-dir",
+                &data,
+                "--listen",
+                "127.0.0.1:0",
+                "--tunnel-listen",
+                "127.0.0.1:0",
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-file",
+                ca_file,
+            ],
+        );
+        assert_eq!(code, 64, "{err}");
+        assert!(
+            err.contains(ca_file.as_str()) && err.contains(says),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn release_packages_both_binaries_with_their_checksums() {
     let bins = otter().parent().unwrap().to_owned();
