@@ -3,35 +3,15 @@
 //! expired one, and an address that never answers each get their own line
 //! with the fix, where all used to read "transport error".
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use otter_e2e::run_bounded;
 
 use crate::otter;
 
-/// A TLS server on loopback presenting `cert`: it completes no handshake
-/// the client refuses, and says nothing else.
+/// A TLS server on loopback presenting `cert`.
 async fn tls_server((cert, key): (String, String)) -> SocketAddr {
-    let config = otter_pki::tls::server_config(
-        &cert,
-        &key,
-        &cert,
-        otter_pki::tls::ClientAuth::None,
-        &[b"h2"],
-    )
-    .expect("server TLS");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let _ = acceptor.accept(tcp).await;
-            });
-        }
-    });
-    addr
+    otter_e2e::tls_server(&cert, &key, b"h2").await
 }
 
 /// What `otter links` says against `url` (trusting `ca_file` when given).

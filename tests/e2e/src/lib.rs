@@ -539,3 +539,25 @@ pub fn run_for(cmd: &mut std::process::Command, duration: Duration) -> (String, 
         err.join().unwrap_or_default(),
     )
 }
+
+/// A TLS server on loopback presenting `cert` (with `key`, over `alpn`):
+/// it completes the handshakes clients accept and says nothing else. What
+/// a client meets when something that is not the hub answers: a server of
+/// another CA, for another name, expired, or a middlebox re-signing TLS.
+pub async fn tls_server(cert: &str, key: &str, alpn: &[u8]) -> std::net::SocketAddr {
+    let config =
+        otter_pki::tls::server_config(cert, key, cert, otter_pki::tls::ClientAuth::None, &[alpn])
+            .expect("server TLS");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(tcp).await;
+            });
+        }
+    });
+    addr
+}

@@ -43,26 +43,7 @@ fn others_ok(checks: &[Check], except: &[&str]) {
 async fn re_signing_server() -> std::net::SocketAddr {
     let ca = otter_pki::CertificateAuthority::generate("inspecting middlebox").unwrap();
     let (cert, key) = ca.issue_server_cert(&["localhost".into()]).unwrap();
-    let tls = otter_pki::tls::server_config(
-        &cert,
-        &key,
-        ca.cert_pem(),
-        otter_pki::tls::ClientAuth::None,
-        &[otter_tunnel::h2::ALPN],
-    )
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let _ = acceptor.accept(tcp).await;
-            });
-        }
-    });
-    addr
+    otter_e2e::tls_server(&cert, &key, otter_tunnel::h2::ALPN).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
