@@ -39,7 +39,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    fn word(self) -> &'static str {
+    /// The verdict as printed: `ok`, `warn`, `FAIL`, `skip`.
+    pub fn word(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
             Verdict::Warn => "warn",
@@ -84,13 +85,19 @@ pub fn render(checks: &[Check]) -> String {
         .collect()
 }
 
-/// Runs every check with `config`.
+/// Runs every check with `config` and the identity it keeps, if any.
 pub async fn run(config: &AgentConfig) -> Vec<Check> {
-    let mut checks = Vec::new();
     let creds = match &config.state {
         Some(store) => store.load(config.clock.now()).await.ok().flatten(),
         None => None,
     };
+    run_with(config, creds).await
+}
+
+/// Runs every check with `config` and `creds` (what a running agent
+/// holds: its certificate and the tunnel URLs the hub gave it).
+pub async fn run_with(config: &AgentConfig, creds: Option<enroll::Credentials>) -> Vec<Check> {
+    let mut checks = Vec::new();
     let api = &config.hub_url;
     let Some((api_host, api_port)) = host_port(api) else {
         checks.push(Check::new(

@@ -83,7 +83,18 @@ pub struct AgentStatus {
     /// window. Tests count overlapping spans across agents to check the
     /// hub's bound on set-ups at once from outside the hub.
     pub setups: Vec<(std::time::Instant, std::time::Instant)>,
+    /// What the connectivity doctor found when this agent ran it itself,
+    /// after [`DOCTOR_AFTER_ROUNDS`] dial rounds failed in a row (once per
+    /// such streak); empty until then.
+    pub doctor: Vec<crate::doctor::Check>,
 }
+
+/// Failed dial rounds in a row after which the agent runs its doctor and
+/// logs what stands in the way (as `otter-agent doctor` would print it).
+pub const DOCTOR_AFTER_ROUNDS: u32 = 3;
+
+/// The longest the agent's own doctor run may take.
+const DOCTOR_LIMIT: Duration = Duration::from_secs(60);
 
 /// Set-up spans kept in [`AgentStatus::setups`].
 pub const MAX_SETUPS: usize = 16;
@@ -436,12 +447,37 @@ impl Supervisor {
                     .failing_since
                     .is_some_and(|t| t.elapsed() >= URL_REFRESH_AFTER)
                 && api_reachable(&self.config).await;
+            if self.failed_rounds == DOCTOR_AFTER_ROUNDS {
+                self.run_doctor();
+            }
         }
         self.status.send_modify(|s| {
             s.last_error = format!("no transport worked: {attempts:?}");
             s.attempts = attempts;
         });
         Err(self.wait(hint).await)
+    }
+
+    /// Runs the connectivity doctor beside the dial loop (bounded) and
+    /// keeps and logs what it found: the owner reads the cause in the
+    /// agent's log and status instead of guessing from dial errors.
+    fn run_doctor(&self) {
+        let (config, status) = (self.config.clone(), self.status.clone());
+        let creds = self.creds.clone();
+        self.tasks.spawn(async move {
+            let run = crate::doctor::run_with(&config, creds);
+            let Ok(checks) = tokio::time::timeout(DOCTOR_LIMIT, run).await
+            else {
+                return tracing::warn!("the connectivity doctor did not finish within a minute");
+            };
+            for c in checks
+                .iter()
+                .filter(|c| c.verdict != crate::doctor::Verdict::Ok)
+            {
+                tracing::warn!(check = c.name, verdict = c.verdict.word(), detail = %c.detail, "connectivity doctor");
+            }
+            status.send_modify(|s| s.doctor = checks);
+        });
     }
 
     /// Takes the URLs the hub advertised last (see the free function);

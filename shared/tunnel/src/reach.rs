@@ -57,7 +57,7 @@ fn io_cause(io: &std::io::Error, host: &str, port: u16) -> Option<String> {
     match io.kind() {
         K::ConnectionRefused => Some(format!(
             "nothing listens at {host}:{port} (connection refused): is the hub running, \
-             and is that its API port?"
+             and does it serve that port?"
         )),
         K::TimedOut => Some(timed_out(host, port)),
         _ => {

@@ -158,3 +158,39 @@ async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
     );
     hub.hub.shutdown().await;
 }
+
+/// An agent whose tunnel never comes up runs the doctor itself after a few
+/// failed rounds, keeps what it found in its status and logs it: here the
+/// hub lists a tunnel port where nothing listens, and the doctor says so
+/// while the API port answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_cannot_connect_runs_the_doctor_itself() {
+    let closed = otter_e2e::tools::free_port();
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.tunnel_urls = vec![url::Url::parse(&format!("h2://localhost:{closed}")).unwrap()];
+    })
+    .await;
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
+        c.transports = vec![TransportKind::H2];
+    });
+    let status = agent
+        .agent
+        .wait_for(std::time::Duration::from_secs(60), |s| !s.doctor.is_empty())
+        .await
+        .expect("the agent ran its doctor");
+    println!("{}", doctor::render(&status.doctor));
+    assert!(status.connected.is_none());
+    assert!(
+        status.dials >= otter_agent::tunnel::DOCTOR_AFTER_ROUNDS,
+        "{}",
+        status.dials
+    );
+    let (v, detail) = verdict_of(&status.doctor, "tunnel-tcp");
+    assert_eq!(v, Verdict::Fail, "{detail}");
+    assert!(detail.contains(&closed.to_string()), "{detail}");
+    others_ok(&status.doctor, &["tunnel-tcp", "tunnel-tls", "quic"]);
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
