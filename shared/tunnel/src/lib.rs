@@ -77,6 +77,10 @@ pub enum TunnelError {
     Timeout(&'static str),
     /// The hub is setting up as many tunnels as it will at once; dial again
     /// after `retry_after` (see [`pace`]).
+    /// The HTTP proxy did not open the way to the hub (its answer to
+    /// CONNECT, credentials named when it asked for them).
+    #[error("{0}")]
+    Proxy(String),
     /// A log format that is not one of ours.
     #[error("{0:?}: the log format is text or json")]
     UnknownLogFormat(String),

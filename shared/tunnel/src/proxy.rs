@@ -203,10 +203,12 @@ impl Proxy {
                     max: MAX_RESPONSE_HEAD,
                 });
             }
-            let b = io
-                .read_u8()
-                .await
-                .map_err(|_| TunnelError::Closed("the proxy closed the connection".into()))?;
+            let b = io.read_u8().await.map_err(|_| {
+                TunnelError::Proxy(format!(
+                    "proxy {} closed the connection before answering CONNECT {target}",
+                    self.display()
+                ))
+            })?;
             head.push(b);
         }
         let status_line = String::from_utf8_lossy(&head)
@@ -221,7 +223,7 @@ impl Proxy {
             } else {
                 ""
             };
-            return Err(TunnelError::Closed(format!(
+            return Err(TunnelError::Proxy(format!(
                 "proxy {} refused CONNECT {target}: {status_line}{hint}",
                 self.display()
             )));
