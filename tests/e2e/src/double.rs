@@ -227,6 +227,23 @@ pub fn start_agent(
     start_agent_with(hub, cluster, agent_id, token, transport, |_| {})
 }
 
+/// Enrolls `agent_id` of `cluster` once (a fresh join token), its
+/// identity kept in the directory `state`, and stops it: an agent that
+/// joined before, as a restart or a doctor run finds it.
+pub async fn enrolled_once(hub: &TestHub, cluster: &str, agent_id: &str, state: &std::path::Path) {
+    let token = hub.hub.mint_join_token(cluster).unwrap();
+    let state = state.to_owned();
+    let agent = start_agent_with(hub, cluster, agent_id, &token, TransportKind::H2, |c| {
+        c.state = Some(otter_agent::identity::IdentityStore::Dir(state));
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("enrolls");
+    agent.agent.shutdown().await;
+}
+
 /// Like [`start_agent`], with a chance to change the agent's config.
 pub fn start_agent_with(
     hub: &TestHub,

@@ -11,10 +11,7 @@ use otter_agent::{
     doctor::{self, Check, Verdict},
     identity::IdentityStore,
 };
-use otter_e2e::{
-    Relay, TestHub,
-    double::{WAIT, start_agent_with},
-};
+use otter_e2e::{Relay, TestHub, double::start_agent_with};
 use otter_tunnel::TransportKind;
 
 fn verdict_of(checks: &[Check], name: &str) -> (Verdict, String) {
@@ -64,16 +61,7 @@ async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
     // An agent enrolled once, its identity kept.
     let state = tempfile::tempdir().unwrap();
     let keep = || Some(IdentityStore::Dir(state.path().to_owned()));
-    let token = hub.hub.mint_join_token("edge-1").unwrap();
-    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
-        c.state = keep();
-    });
-    agent
-        .agent
-        .wait_for(WAIT, |s| s.connected.is_some())
-        .await
-        .expect("enrolls");
-    agent.agent.shutdown().await;
+    otter_e2e::double::enrolled_once(&hub, "edge-1", "a1", state.path()).await;
     let config = |tweak: &dyn Fn(&mut AgentConfig)| {
         let mut c = AgentConfig::new(hub.api_url(), "edge-1", "a1", hub.hub.ca_pem());
         c.state = keep();

@@ -647,16 +647,7 @@ async fn the_doctor_process_checks_connect_through_the_proxy() {
     // Enrolled once (its identity kept, with the hub's tunnel URLs), as an
     // agent whose tunnel later stopped coming up.
     let state = dir.path().join("state");
-    let token = hub.hub.mint_join_token("edge-1").unwrap();
-    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::H2, |c| {
-        c.state = Some(otter_agent::identity::IdentityStore::Dir(state.clone()));
-    });
-    agent
-        .agent
-        .wait_for(WAIT, |s| s.connected.is_some())
-        .await
-        .expect("enrolls");
-    agent.agent.shutdown().await;
+    otter_e2e::double::enrolled_once(&hub, "edge-1", "a1", &state).await;
     let token = dir.path().join("token");
     std::fs::write(&token, hub.hub.mint_join_token("edge-1").unwrap()).unwrap();
     let ca = dir.path().join("hub-ca.crt");
