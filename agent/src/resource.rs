@@ -6,8 +6,7 @@ use std::{pin::Pin, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use kube::{
-    Api,
-    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, WatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams},
     core::WatchEvent as KubeEvent,
 };
 use otter_proto::resource::v1::{
@@ -58,15 +57,11 @@ pub struct Resources {
 impl Resources {
     /// The answer to a create, apply or update: the object as written. A
     /// CRD change also refreshes discovery, so the new kind is found at once.
-    async fn written<T: serde::Serialize>(
-        &self,
-        entry: &ApiEntry,
-        obj: &T,
-    ) -> Result<Response<Resource>, Status> {
+    async fn written(&self, entry: &ApiEntry, obj: Value) -> Result<Response<Resource>, Status> {
         if is_crd(entry) {
             self.catalog.invalidate().await;
         }
-        Ok(Response::new(object_out(typed(to_json(obj)?, entry))))
+        Ok(Response::new(object_out(typed(obj, entry))))
     }
 
     /// Starts the CRD watch of the discovery cache: call inside a runtime.
@@ -133,49 +128,91 @@ fn check_segment(s: &str, what: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// The API for one type, in `namespace` when the type is namespaced.
+/// One type's URL (in one namespace, or across all) with the caller's
+/// client. Every call sends kube's request for that URL and takes the
+/// apiserver's JSON as it was sent: what goes on to the caller needs no
+/// typed object in between.
+pub struct Endpoint {
+    client: kube::Client,
+    url: kube::core::Request,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("url", &self.url.url_path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What kube's request builder returns.
+type Built = Result<http::Request<Vec<u8>>, kube::core::request::Error>;
+
+/// The endpoint for one type, in `namespace` when the type is namespaced.
 /// `need_namespace`: single-object calls on namespaced types need one.
 pub fn api_for(
     client: kube::Client,
     entry: &ApiEntry,
     namespace: &str,
     need_namespace: bool,
-) -> Result<Api<DynamicObject>, Status> {
+) -> Result<Endpoint, Status> {
     let ar = entry.api_resource();
-    if entry.namespaced {
-        if !namespace.is_empty() {
-            return Ok(Api::namespaced_with(client, namespace, &ar));
-        }
-        if need_namespace {
+    let namespace = match (entry.namespaced, namespace.is_empty()) {
+        (true, false) => Some(namespace),
+        (true, true) if need_namespace => {
             return Err(Status::invalid_argument(format!(
                 "namespace is required for {}",
                 entry.display()
             )));
         }
+        _ => None,
+    };
+    let url = <kube::api::DynamicObject as kube::Resource>::url_path(&ar, namespace);
+    Ok(Endpoint {
+        client,
+        url: kube::core::Request::new(url),
+    })
+}
+
+impl Endpoint {
+    /// kube's request builder for this URL.
+    pub fn request(&self) -> &kube::core::Request {
+        &self.url
     }
-    Ok(Api::all_with(client, &ar))
+
+    /// The caller's client.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The apiserver's answer to `req`, as it sent it, or kube's error
+    /// (for callers that treat some refusals as answers).
+    async fn send_raw(&self, req: Built) -> Result<Result<Value, kube::Error>, Status> {
+        let req = req.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(self.client.request::<Value>(req).await)
+    }
+
+    /// The apiserver's answer to `req`, as it sent it.
+    pub async fn send(&self, req: Built) -> Result<Value, Status> {
+        self.send_raw(req).await?.map_err(from_kube)
+    }
+
+    /// One object, as the apiserver sent it.
+    pub async fn get(&self, name: &str) -> Result<Value, Status> {
+        self.send(self.url.get(name, &kube::api::GetParams::default()))
+            .await
+    }
+
+    /// A watch from `rv`, its events' objects as the apiserver sent them.
+    async fn watch(&self, wp: &WatchParams, rv: &str) -> Result<Upstream, kube::Error> {
+        let req = self.url.watch(wp, rv).map_err(kube::Error::BuildRequest)?;
+        Ok(self.client.request_events::<Value>(req).await?.boxed())
+    }
 }
 
-/// The apiserver's answer to `req` (built by kube's request builder for
-/// the type's URL) as the JSON it sent: what goes straight back to the
-/// caller needs no typed object in between.
-async fn as_sent(
-    client: &kube::Client,
-    req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
-) -> Result<Value, Status> {
-    let req = req.map_err(|e| Status::invalid_argument(e.to_string()))?;
-    client.request::<Value>(req).await.map_err(from_kube)
-}
-
-/// One object of `api`'s type, as the apiserver sent it.
-async fn get_as_sent(
-    client: &kube::Client,
-    api: &Api<DynamicObject>,
-    name: &str,
-) -> Result<Value, Status> {
-    let req =
-        kube::core::Request::new(api.resource_url()).get(name, &kube::api::GetParams::default());
-    as_sent(client, req).await
+/// A manifest as the body of a create or replace.
+fn body(obj: &Value) -> Result<Vec<u8>, Status> {
+    serde_json::to_vec(obj).map_err(|e| Status::internal(format!("encoding an object: {e}")))
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Value, Status> {
@@ -249,11 +286,6 @@ fn prepare_manifest(obj: &mut Value, entry: &ApiEntry, namespace: &str) -> Resul
     Ok(ns)
 }
 
-fn dynamic(v: Value) -> Result<DynamicObject, Status> {
-    serde_json::from_value(v)
-        .map_err(|e| Status::invalid_argument(format!("manifest is not a Kubernetes object: {e}")))
-}
-
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -305,7 +337,7 @@ impl ResourceService for Resources {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let (client, r, entry) = self.begin(request, "list").await?;
         let ns = opt_segment(&r.namespace, "namespace")?;
-        let api = api_for(client.clone(), &entry, ns, false)?;
+        let api = api_for(client, &entry, ns, false)?;
         let limit = match r.limit {
             None | Some(0) => None,
             Some(n) if n < 0 => return Err(Status::invalid_argument("limit must be ≥ 0")),
@@ -318,11 +350,7 @@ impl ResourceService for Resources {
             continue_token: r.r#continue.filter(|s| !s.is_empty()),
             ..Default::default()
         };
-        let mut list = as_sent(
-            &client,
-            kube::core::Request::new(api.resource_url()).list(&lp),
-        )
-        .await?;
+        let mut list = api.send(api.request().list(&lp)).await?;
         let items = match list.get_mut("items").map(Value::take) {
             Some(Value::Array(items)) => items
                 .into_iter()
@@ -350,12 +378,12 @@ impl ResourceService for Resources {
         let (client, r, entry) = self.begin(request, "get").await?;
         let name = segment(&r.name, "name")?;
         let api = api_for(
-            client.clone(),
+            client,
             &entry,
             opt_segment(&r.namespace, "namespace")?,
             true,
         )?;
-        let obj = get_as_sent(&client, &api, name).await?;
+        let obj = api.get(name).await?;
         Ok(Response::new(object_out(typed(obj, &entry))))
     }
 
@@ -367,7 +395,7 @@ impl ResourceService for Resources {
         let name = segment(&r.name, "name")?;
         let ns = opt_segment(&r.namespace, "namespace")?;
         let api = api_for(client.clone(), &entry, ns, true)?;
-        let obj = typed(get_as_sent(&client, &api, name).await?, &entry);
+        let obj = typed(api.get(name).await?, &entry);
         let uid = str_at(&obj, "metadata.uid").unwrap_or("").to_owned();
         let events = if uid.is_empty() {
             Vec::new()
@@ -390,10 +418,9 @@ impl ResourceService for Resources {
         let ns = prepare_manifest(&mut obj, &entry, opt_segment(&r.namespace, "namespace")?)?;
         let api = api_for(client, &entry, &ns, true)?;
         let created = api
-            .create(&PostParams::default(), &dynamic(obj)?)
-            .await
-            .map_err(from_kube)?;
-        self.written(&entry, &created).await
+            .send(api.request().create(&PostParams::default(), body(&obj)?))
+            .await?;
+        self.written(&entry, created).await
     }
 
     async fn apply(
@@ -423,10 +450,9 @@ impl ResourceService for Resources {
             ..Default::default()
         };
         let applied = api
-            .patch(&name, &pp, &Patch::Apply(&obj))
-            .await
-            .map_err(from_kube)?;
-        self.written(&entry, &applied).await
+            .send(api.request().patch(&name, &pp, &Patch::Apply(&obj)))
+            .await?;
+        self.written(&entry, applied).await
     }
 
     async fn update(
@@ -452,10 +478,9 @@ impl ResourceService for Resources {
             ..Default::default()
         };
         let updated = api
-            .replace(&wanted, &pp, &dynamic(obj)?)
-            .await
-            .map_err(from_kube)?;
-        self.written(&entry, &updated).await
+            .send(api.request().replace(&wanted, &pp, body(&obj)?))
+            .await?;
+        self.written(&entry, updated).await
     }
 
     async fn delete(&self, request: Request<pb::DeleteRequest>) -> Result<Response<()>, Status> {
@@ -478,7 +503,7 @@ impl ResourceService for Resources {
             grace_period_seconds: grace,
             ..Default::default()
         };
-        api.delete(name, &dp).await.map_err(from_kube)?;
+        api.send(api.request().delete(name, &dp)).await?;
         if is_crd(&entry) {
             self.catalog.invalidate().await;
         }
@@ -510,7 +535,7 @@ impl ResourceService for Resources {
         // The first upstream watch is opened before answering, so that a
         // refusal (403, 404, 410) is the call's status.
         let first = match api.watch(&wp, rv.as_deref().unwrap_or("")).await {
-            Ok(s) => s.boxed(),
+            Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 410 => {
                 let ev = error_event(&s)?;
                 return Ok(Response::new(futures::stream::iter([Ok(ev)]).boxed()));
@@ -572,40 +597,39 @@ impl Resources {
         uid: &str,
         namespace: &str,
     ) -> Result<Vec<Resource>, Status> {
-        let ar = kube::core::ApiResource {
-            group: String::new(),
-            version: "v1".into(),
-            api_version: "v1".into(),
-            kind: "Event".into(),
-            plural: "events".into(),
-        };
-        let api: Api<DynamicObject> = if namespace.is_empty() {
-            Api::all_with(client, &ar)
+        let url = if namespace.is_empty() {
+            "/api/v1/events".to_owned()
         } else {
-            Api::namespaced_with(client, namespace, &ar)
+            format!("/api/v1/namespaces/{namespace}/events")
+        };
+        let api = Endpoint {
+            client,
+            url: kube::core::Request::new(url),
         };
         let lp = ListParams::default()
             .fields(&format!("involvedObject.uid={uid}"))
             .limit(500);
-        let list = match api.list(&lp).await {
+        let mut list = match api.send_raw(api.request().list(&lp)).await? {
             Ok(l) => l,
             // Someone who may read the object but not events still gets the object.
             Err(kube::Error::Api(s)) if s.code == 403 => return Ok(Vec::new()),
             Err(e) => return Err(from_kube(e)),
         };
-        let mut events = Vec::new();
-        for e in &list.items {
-            let mut v = to_json(e)?;
-            if str_at(&v, "involvedObject.uid") != Some(uid) {
-                continue;
-            }
-            if let Some(m) = v.as_object_mut() {
-                m.entry("apiVersion").or_insert_with(|| json!("v1"));
-                m.entry("kind").or_insert_with(|| json!("Event"));
-            }
-            events.push(object_out(v));
-        }
-        Ok(events)
+        let items = match list.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        Ok(items
+            .into_iter()
+            .filter(|e| str_at(e, "involvedObject.uid") == Some(uid))
+            .map(|mut e| {
+                if let Some(m) = e.as_object_mut() {
+                    m.entry("apiVersion").or_insert_with(|| json!("v1"));
+                    m.entry("kind").or_insert_with(|| json!("Event"));
+                }
+                object_out(e)
+            })
+            .collect())
     }
 }
 
@@ -652,14 +676,15 @@ fn error_event(s: &kube::core::Status) -> Result<pb::WatchEvent, Status> {
     })
 }
 
-type Upstream = Pin<Box<dyn Stream<Item = Result<KubeEvent<DynamicObject>, kube::Error>> + Send>>;
+/// An upstream watch; its objects are the JSON the apiserver sent.
+type Upstream = Pin<Box<dyn Stream<Item = Result<KubeEvent<Value>, kube::Error>> + Send>>;
 
 /// Passes events on for as long as the caller listens; when the apiserver
 /// ends the watch (its timeout, a dropped connection) it is opened again
 /// from the last resourceVersion seen, so nothing is lost or repeated. Only
 /// 410 (that version is gone) ends the stream, with an ERROR event.
 async fn watch_loop(
-    api: Api<DynamicObject>,
+    api: Endpoint,
     wp: WatchParams,
     mut rv: Option<String>,
     mut upstream: Upstream,
@@ -672,9 +697,9 @@ async fn watch_loop(
             n = upstream.next() => n,
         };
         let event = match next {
-            Some(Ok(KubeEvent::Added(o))) => object_event(Type::Added, &o, &entry, &mut rv),
-            Some(Ok(KubeEvent::Modified(o))) => object_event(Type::Modified, &o, &entry, &mut rv),
-            Some(Ok(KubeEvent::Deleted(o))) => object_event(Type::Deleted, &o, &entry, &mut rv),
+            Some(Ok(KubeEvent::Added(o))) => object_event(Type::Added, o, &entry, &mut rv),
+            Some(Ok(KubeEvent::Modified(o))) => object_event(Type::Modified, o, &entry, &mut rv),
+            Some(Ok(KubeEvent::Deleted(o))) => object_event(Type::Deleted, o, &entry, &mut rv),
             Some(Ok(KubeEvent::Bookmark(b))) => {
                 rv = Some(b.metadata.resource_version.clone());
                 Ok(pb::WatchEvent {
@@ -723,17 +748,18 @@ async fn watch_loop(
 
 fn object_event(
     kind: Type,
-    o: &DynamicObject,
+    o: Value,
     entry: &ApiEntry,
     rv: &mut Option<String>,
 ) -> Result<pb::WatchEvent, Status> {
-    if let Some(v) = &o.metadata.resource_version {
+    let version = str_at(&o, "metadata.resourceVersion").map(str::to_owned);
+    if let Some(v) = &version {
         *rv = Some(v.clone());
     }
     Ok(pb::WatchEvent {
         r#type: Some(kind as i32),
-        resource: Some(object_out(typed(to_json(o)?, entry))),
-        resource_version: o.metadata.resource_version.clone(),
+        resource: Some(object_out(typed(o, entry))),
+        resource_version: version,
     })
 }
 
@@ -741,7 +767,7 @@ fn object_event(
 /// backoff for as long as the caller is there. None: the stream is over
 /// (caller gone, or the end was sent).
 async fn reopen(
-    api: &Api<DynamicObject>,
+    api: &Endpoint,
     wp: &WatchParams,
     rv: &Option<String>,
     tx: &mpsc::Sender<Result<pb::WatchEvent, Status>>,
@@ -753,7 +779,7 @@ async fn reopen(
             a = api.watch(wp, rv.as_deref().unwrap_or("")) => a,
         };
         match attempt {
-            Ok(s) => return Some(s.boxed()),
+            Ok(s) => return Some(s),
             Err(kube::Error::Api(s)) if s.code == 410 => {
                 let _ = tx.send(error_event(&s)).await;
                 return None;

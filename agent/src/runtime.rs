@@ -689,11 +689,16 @@ impl RuntimeService for Runtime {
         )?;
         let patch = json!({"spec": {"replicas": replicas}});
         let scale = api
-            .patch_scale(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(from_kube)?;
+            .send(api.request().patch_subresource(
+                "scale",
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ))
+            .await?;
+        let set = scale.pointer("/spec/replicas").and_then(Value::as_i64);
         Ok(Response::new(pb::ScaleResponse {
-            replicas: Some(scale.spec.and_then(|s| s.replicas).unwrap_or(replicas)),
+            replicas: Some(set.and_then(|n| i32::try_from(n).ok()).unwrap_or(replicas)),
         }))
     }
 
@@ -716,15 +721,12 @@ impl RuntimeService for Runtime {
                 entry.resource.as_str(),
                 "deployments" | "statefulsets" | "daemonsets"
             );
-        if !workload {
-            let obj = api.get(name).await.map_err(from_kube)?;
-            let v = serde_json::to_value(&obj).unwrap_or(Value::Null);
-            if v.pointer("/spec/template").is_none() {
-                return Err(Status::invalid_argument(format!(
-                    "{} {name:?} has no pod template to restart (spec.template)",
-                    entry.display()
-                )));
-            }
+        // Other kinds are restartable when they carry a pod template.
+        if !workload && api.get(name).await?.pointer("/spec/template").is_none() {
+            return Err(Status::invalid_argument(format!(
+                "{} {name:?} has no pod template to restart (spec.template)",
+                entry.display()
+            )));
         }
         let now = jiff::Timestamp::now()
             .round(jiff::Unit::Second)
@@ -736,9 +738,8 @@ impl RuntimeService for Runtime {
             field_manager: Some("kubectl-rollout".into()),
             ..Default::default()
         };
-        api.patch(name, &pp, &Patch::Merge(&patch))
-            .await
-            .map_err(from_kube)?;
+        api.send(api.request().patch(name, &pp, &Patch::Merge(&patch)))
+            .await?;
         Ok(Response::new(()))
     }
 
@@ -786,12 +787,12 @@ impl RuntimeService for Runtime {
                 .map_err(|e| Status::invalid_argument(format!("body is not JSON: {e}")))?;
         }
         let api = api_for(
-            client.clone(),
+            client,
             &entry,
             opt_segment(&r.namespace, "namespace")?,
             true,
         )?;
-        let req = kube::core::Request::new(api.resource_url());
+        let req = api.request();
         let pp = PostParams::default();
         let mut http_req = if method == "PUT" {
             req.replace_subresource(sub, name, &pp, body)
@@ -803,7 +804,11 @@ impl RuntimeService for Runtime {
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         );
-        let text = client.request_text(http_req).await.map_err(from_kube)?;
+        let text = api
+            .client()
+            .request_text(http_req)
+            .await
+            .map_err(from_kube)?;
         let result = match serde_json::from_str::<Value>(&text) {
             Ok(v @ Value::Object(_)) => {
                 let mut v = v;
