@@ -13,13 +13,14 @@ use std::{
     task::{Context, Poll, ready},
 };
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use futures::{Sink, Stream};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::{
     WebSocketStream,
     tungstenite::{Message, protocol::WebSocketConfig},
 };
+use tokio_util::io::{SinkWriter, StreamReader};
 
 use crate::{Result, TunnelError, h2::Io};
 
@@ -41,26 +42,23 @@ pub fn config() -> WebSocketConfig {
         .read_buffer_size(16 * 1024)
 }
 
-/// A WebSocket as a byte stream: writes become binary messages, binary
-/// messages are read back as bytes. Pings are answered by the WebSocket
-/// layer; a close ends the stream.
-pub struct WsIo<S> {
-    ws: WebSocketStream<S>,
-    buf: Bytes,
+/// A WebSocket as the byte stream HTTP/2 runs on: tokio-util's reader and
+/// writer over [`Messages`].
+pub type WsIo<S> = SinkWriter<StreamReader<Messages<S>, Bytes>>;
+
+fn ws_io<S: AsyncRead + AsyncWrite + Unpin>(ws: WebSocketStream<S>) -> WsIo<S> {
+    SinkWriter::new(StreamReader::new(Messages(ws)))
 }
 
-impl<S> std::fmt::Debug for WsIo<S> {
+/// A WebSocket's binary messages as chunks of the byte stream: each write
+/// is sent as one binary message, each binary message read is the next
+/// chunk. Pings are answered by the WebSocket layer; a close ends the
+/// stream.
+pub struct Messages<S>(WebSocketStream<S>);
+
+impl<S> std::fmt::Debug for Messages<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WsIo")
-    }
-}
-
-impl<S> WsIo<S> {
-    pub fn new(ws: WebSocketStream<S>) -> Self {
-        Self {
-            ws,
-            buf: Bytes::new(),
-        }
+        f.write_str("Messages")
     }
 }
 
@@ -68,49 +66,48 @@ fn ws_err(e: tokio_tungstenite::tungstenite::Error) -> io::Error {
     io::Error::new(io::ErrorKind::ConnectionReset, e)
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsIo<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        out: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+impl<S: AsyncRead + AsyncWrite + Unpin> Stream for Messages<S> {
+    type Item = io::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
-            if !self.buf.is_empty() {
-                let n = self.buf.len().min(out.remaining());
-                out.put_slice(&self.buf[..n]);
-                self.buf.advance(n);
-                return Poll::Ready(Ok(()));
-            }
-            match ready!(Pin::new(&mut self.ws).poll_next(cx)) {
-                None | Some(Ok(Message::Close(_))) => return Poll::Ready(Ok(())),
-                Some(Ok(Message::Binary(b))) => self.buf = b,
+            return Poll::Ready(match ready!(Pin::new(&mut self.0).poll_next(cx)) {
+                None | Some(Ok(Message::Close(_))) => None,
+                Some(Ok(Message::Binary(b))) => Some(Ok(b)),
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => return Poll::Ready(Err(ws_err(e))),
-            }
+                Some(Err(e)) => Some(Err(ws_err(e))),
+            });
         }
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        ready!(Pin::new(&mut self.ws).poll_ready(cx)).map_err(ws_err)?;
-        let n = data.len().min(MAX_MESSAGE / 2);
-        Pin::new(&mut self.ws)
-            .start_send(Message::Binary(Bytes::copy_from_slice(&data[..n])))
-            .map_err(ws_err)?;
-        Poll::Ready(Ok(n))
+impl<S: AsyncRead + AsyncWrite + Unpin> Sink<&[u8]> for Messages<S> {
+    type Error = io::Error;
+
+    fn poll_ready(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_ready(cx).map_err(ws_err)
+    }
+
+    fn start_send(mut self: Pin<&mut Self>, data: &[u8]) -> io::Result<()> {
+        // HTTP/2 writes a frame or less at a time (64 KiB frames); a write
+        // the peer would refuse as a message is refused here instead.
+        if data.len() > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "write larger than a WebSocket message may be",
+            ));
+        }
+        Pin::new(&mut self.0)
+            .start_send(Message::Binary(Bytes::copy_from_slice(data)))
+            .map_err(ws_err)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.ws).poll_flush(cx).map_err(ws_err)
+        Pin::new(&mut self.0).poll_flush(cx).map_err(ws_err)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.ws).poll_close(cx).map_err(ws_err)
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_close(cx).map_err(ws_err)
     }
 }
 
@@ -132,7 +129,7 @@ pub async fn accept(io: Box<dyn Io>) -> Result<WsIo<Box<dyn Io>>> {
     let ws = tokio_tungstenite::accept_hdr_async_with_config(io, check, Some(config()))
         .await
         .map_err(|e| TunnelError::protocol(format!("WebSocket upgrade: {e}")))?;
-    Ok(WsIo::new(ws))
+    Ok(ws_io(ws))
 }
 
 /// Hub side: answers the upgrade with 503 and the pacer's hint (standard
@@ -188,7 +185,7 @@ pub async fn connect(io: Box<dyn Io>, host: &str, port: u16) -> Result<WsIo<Box<
             }
             _ => TunnelError::protocol(format!("WebSocket upgrade: {e}")),
         })?;
-    Ok(WsIo::new(ws))
+    Ok(ws_io(ws))
 }
 
 /// Dials the hub's tunnel port, verifies it with `tls` (which must offer
