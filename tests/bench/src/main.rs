@@ -34,20 +34,30 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> anyhow::R
 }
 
 fn tokio_rt() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    // BENCH_WORKERS=N: N runtime threads per process (hub children
+    // included) instead of one per core, to see what hand-offs between
+    // threads cost a call.
+    if let Some(n) = std::env::var("BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        b.worker_threads(n);
+    }
+    Ok(b.enable_all().build()?)
 }
 
 fn main() -> anyhow::Result<()> {
-    // Quiet unless asked (OTTER_LOG=info shows tunnels going up and down,
-    // and why).
-    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    // Warnings only unless asked (OTTER_LOG=info shows tunnels going up and
+    // down, and why). A subscriber is always installed, as the binaries
+    // install one: without it every span of the call path would go through
+    // tracing's `log` fallback, a cost the product does not pay.
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cmd = args.first().map(String::as_str).unwrap_or("");
     let samples = || -> anyhow::Result<PathBuf> { arg(&args, 1, "samples file") };
