@@ -53,6 +53,10 @@ pub struct HubConfig {
     /// over a better transport): long enough for watches and exec sessions
     /// in flight to end on their own; a dead one ends sooner by keepalive.
     pub reconnect_drain_timeout: Duration,
+    /// How long a Watch whose tunnel dropped waits for the cluster's next
+    /// tunnel (it is then opened again from the last event passed on);
+    /// zero: the Watch ends `Unavailable` with its tunnel.
+    pub watch_resume_grace: Duration,
     /// An agent's report on its tunnel (ListLinks' diagnosis: clock skew,
     /// renewals) older than this is fetched again when a link listing
     /// reads it; the listing shows the one kept meanwhile.
@@ -168,6 +172,7 @@ impl HubConfig {
             api_connections: Default::default(),
             max_concurrent_registrations: 32,
             reconnect_drain_timeout: Duration::from_secs(15 * 60),
+            watch_resume_grace: Duration::from_secs(60),
             diagnosis_max_age: Duration::from_secs(30),
             max_request_message: 16 * 1024 * 1024,
             cors_origins: Vec::new(),

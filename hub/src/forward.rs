@@ -98,7 +98,7 @@ async fn route(
         event.user = caller.cluster_user.clone();
         event.groups = caller.groups.clone();
     }
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let (prefix, rest) = read_first_message(body, state.config.max_request_message).await?;
     if prefix[0] != 0 {
         return Err(Status::invalid_argument(
@@ -129,64 +129,38 @@ async fn route(
         event.cluster = cluster.clone();
     }
 
-    let opened = state
-        .registry
-        .open_call(&caller, &cluster, &*state.store, &state.config.replica)
-        .await;
-    let call = match opened {
-        Ok(call) => call,
-        // Another replica holds the tunnel: the call goes there, once (a
-        // call a peer sent is never sent on), and is audited there.
-        Err(crate::registry::RouteError::Elsewhere(owner))
-            if parts.extensions.get::<crate::peers::FromPeer>().is_none()
-                && let Some(peers) = &state.peers =>
-        {
-            strip_client_headers(&mut parts.headers);
-            let remote = crate::server::ConnInfo::remote_of(&parts.extensions);
-            let body = PrefixedBody {
-                prefix: Some(prefix),
-                rest,
-                metrics: state.metrics.clone(),
-            };
-            let req = http::Request::from_parts(parts, body.map_err(Into::into).boxed_unsync());
-            return match peers.send(&owner, &caller, &remote, req).await {
-                Ok(resp) => Ok(crate::peers::into_body(resp)),
-                Err(e) => Err(Status::unavailable(format!("cluster {cluster}: {e}"))),
-            };
+    // A Watch outlives its tunnel where the caller came in (a call a peer
+    // sent is resumed by the replica that sent it).
+    let resume = (path == crate::resume::WATCH
+        && parts.extensions.get::<crate::peers::FromPeer>().is_none()
+        && !state.config.watch_resume_grace.is_zero())
+    .then(|| (parts.clone(), prefix.clone()));
+    let (resp, tenant) = match send(&state, &caller, &cluster, parts, prefix, rest).await? {
+        Sent::Tunnel { resp, tenant } => {
+            (resp.map(|b| b.map_err(Into::into).boxed_unsync()), tenant)
         }
-        Err(e) => return Err(e.status()),
+        // The replica holding the tunnel audits the call.
+        Sent::Peer(resp) => {
+            return Ok(match resume {
+                Some((parts, first)) => {
+                    crate::resume::watch(&state, caller, cluster, parts, &first, resp)
+                }
+                None => resp,
+            });
+        }
     };
-    if auditing {
-        event.tenant = call.tunnel.tenant.clone();
-    }
-
     let hold = crate::credentials::hold_for(&state.live, &caller);
     let opens_session = SESSION_OPENERS.contains(&path.as_str());
-    strip_client_headers(&mut parts.headers);
-    let metrics = state.metrics.clone();
-    let req = http::Request::from_parts(
-        parts,
-        PrefixedBody {
-            prefix: Some(prefix),
-            rest,
-            metrics: metrics.clone(),
-        },
-    );
-    metrics.calls_in_flight.inc();
-    let guard = CallGuard {
-        _permit: call.permit,
-        metrics: metrics.clone(),
+    let resp = match resume {
+        Some((parts, first)) => {
+            crate::resume::watch(&state, caller, cluster.clone(), parts, &first, resp)
+        }
+        None => resp,
     };
-    let resp = otter_tunnel::http::forward(
-        call.stream,
-        "",
-        Some(call.identity),
-        req,
-        Limits::default(),
-        Some(Box::new(guard)),
-    )
-    .await
-    .map_err(|e| Status::unavailable(format!("cluster {cluster}: {e}")))?;
+    if auditing {
+        event.tenant = tenant;
+    }
+    let metrics = state.metrics.clone();
     // The call's line is written when its body ends (or is dropped): a
     // Watch is audited with its whole duration and final code.
     let code = resp
@@ -220,6 +194,75 @@ async fn route(
         }
         .boxed_unsync()
     }))
+}
+
+/// Where a call went.
+pub(crate) enum Sent {
+    /// Over a tunnel of this replica, with that tunnel's tenant.
+    Tunnel {
+        resp: http::Response<ResponseBody>,
+        tenant: String,
+    },
+    /// To the replica holding the cluster's tunnel.
+    Peer(http::Response<HttpBody>),
+}
+
+/// Sends a call on, its first message already read (`prefix`): over the
+/// cluster's tunnel on this replica, or to the replica that holds it.
+/// Every forwarded call, and every Watch opened again, goes through here.
+pub(crate) async fn send(
+    state: &Arc<HubState>,
+    caller: &auth::Principal,
+    cluster: &str,
+    mut parts: http::request::Parts,
+    prefix: Bytes,
+    rest: HttpBody,
+) -> Result<Sent, Status> {
+    let opened = state
+        .registry
+        .open_call(caller, cluster, &*state.store, &state.config.replica)
+        .await;
+    strip_client_headers(&mut parts.headers);
+    let metrics = state.metrics.clone();
+    let body = PrefixedBody {
+        prefix: Some(prefix),
+        rest,
+        metrics: metrics.clone(),
+    };
+    let call = match opened {
+        Ok(call) => call,
+        // Another replica holds the tunnel: the call goes there, once (a
+        // call a peer sent is never sent on), and is audited there.
+        Err(crate::registry::RouteError::Elsewhere(owner))
+            if parts.extensions.get::<crate::peers::FromPeer>().is_none()
+                && let Some(peers) = &state.peers =>
+        {
+            let remote = crate::server::ConnInfo::remote_of(&parts.extensions);
+            let req = http::Request::from_parts(parts, body.map_err(Into::into).boxed_unsync());
+            return match peers.send(&owner, caller, &remote, req).await {
+                Ok(resp) => Ok(Sent::Peer(crate::peers::into_body(resp))),
+                Err(e) => Err(Status::unavailable(format!("cluster {cluster}: {e}"))),
+            };
+        }
+        Err(e) => return Err(e.status()),
+    };
+    metrics.calls_in_flight.inc();
+    let tenant = call.tunnel.tenant.clone();
+    let guard = CallGuard {
+        _permit: call.permit,
+        metrics,
+    };
+    let resp = otter_tunnel::http::forward(
+        call.stream,
+        "",
+        Some(call.identity),
+        http::Request::from_parts(parts, body),
+        Limits::default(),
+        Some(Box::new(guard)),
+    )
+    .await
+    .map_err(|e| Status::unavailable(format!("cluster {cluster}: {e}")))?;
+    Ok(Sent::Tunnel { resp, tenant })
 }
 
 /// A gRPC status code's name, from its number.
@@ -402,7 +445,7 @@ impl Body for PrefixedBody<HttpBody> {
 /// call with gRPC status Unavailable instead of a bare stream reset, so the
 /// caller learns what happened.
 struct GrpcTunnelBody {
-    inner: ResponseBody,
+    inner: HttpBody,
     cluster: String,
     failed: bool,
     metrics: Arc<Metrics>,
@@ -446,7 +489,13 @@ impl Body for GrpcTunnelBody {
             Some(Err(e)) => {
                 let status =
                     Status::unavailable(format!("tunnel to cluster {} lost: {e}", self.cluster));
-                Poll::Ready(Some(Ok(self.fail(status, "cluster"))))
+                let mut frame = self.fail(status, "cluster");
+                if let Some(t) = frame.trailers_mut()
+                    && let Ok(v) = http::HeaderValue::from_str(&self.cluster)
+                {
+                    t.insert(crate::resume::TUNNEL_LOST, v);
+                }
+                Poll::Ready(Some(Ok(frame)))
             }
             other => {
                 if let Some(Ok(f)) = &other {
@@ -461,7 +510,7 @@ impl Body for GrpcTunnelBody {
                         audit.code = Some(code_name(code));
                     }
                 }
-                Poll::Ready(other.map(|r| r.map_err(Into::into)))
+                Poll::Ready(other)
             }
         }
     }

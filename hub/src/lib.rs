@@ -47,6 +47,7 @@ pub mod peers;
 pub mod protocol;
 pub mod rancher;
 pub mod registry;
+pub mod resume;
 pub mod sealed;
 pub mod server;
 pub mod store;

@@ -69,6 +69,8 @@ pub struct Metrics {
     pub kube_upgraded: Gauge<i64, AtomicI64>,
     /// Audit lines dropped because the writer fell behind.
     pub audit_dropped: Counter<u64, AtomicU64>,
+    /// Watches opened again on a cluster's next tunnel.
+    pub watch_resumes: Counter<u64, AtomicU64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -159,6 +161,12 @@ impl Default for Metrics {
             "Audit lines dropped because the audit writer fell behind",
             audit_dropped.clone(),
         );
+        let watch_resumes = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "watch_resumes",
+            "Watches opened again on a cluster's next tunnel after theirs dropped",
+            watch_resumes.clone(),
+        );
         Self {
             registry,
             requests,
@@ -175,6 +183,7 @@ impl Default for Metrics {
             registration_refusals,
             kube_upgraded,
             audit_dropped,
+            watch_resumes,
         }
     }
 }

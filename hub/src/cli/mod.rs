@@ -591,6 +591,11 @@ pub struct HubArgs {
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
+    /// Seconds a Watch whose cluster's tunnel dropped waits for the next
+    /// one, to go on from the last change it passed; 0 ends it with the
+    /// tunnel (Unavailable).
+    #[arg(long, default_value_t = 60)]
+    pub watch_resume_grace_secs: u64,
     /// Tunnels set up at once; agents beyond it are told to retry later.
     #[arg(long, default_value_t = 128)]
     pub max_concurrent_admissions: usize,
@@ -794,6 +799,7 @@ impl HubArgs {
         c.keepalive =
             otter_tunnel::Keepalive::every(Duration::from_secs(self.keepalive_secs.max(1)));
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
+        c.watch_resume_grace = Duration::from_secs(self.watch_resume_grace_secs);
         c.max_concurrent_admissions = self.max_concurrent_admissions;
         c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);
         c.tunnel_handshakes = otter_tunnel::handshakes::HandshakeLimits {

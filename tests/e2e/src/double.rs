@@ -329,6 +329,24 @@ pub fn field(r: &Resource, key: &str) -> String {
     }
 }
 
+/// The name (metadata.name) of a watch event's object; empty when it has
+/// none (a bookmark, an error).
+pub fn event_name(ev: &otter_proto::resource::v1::WatchEvent) -> String {
+    let meta = ev
+        .resource
+        .as_ref()
+        .and_then(|r| r.object.as_ref())
+        .and_then(|o| o.fields.get("metadata"))
+        .and_then(|m| m.kind.as_ref());
+    match meta {
+        Some(Kind::StructValue(m)) => match m.fields.get("name").and_then(|n| n.kind.as_ref()) {
+            Some(Kind::StringValue(n)) => n.clone(),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    }
+}
+
 /// Polls `check` until it holds; fails the test after [`WAIT`].
 pub async fn wait_until(mut check: impl AsyncFnMut() -> bool, what: &str) {
     let deadline = tokio::time::Instant::now() + WAIT;

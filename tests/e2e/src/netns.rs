@@ -212,8 +212,9 @@ pub fn prepare_hub(data: &std::path::Path, token_file: &std::path::Path, cluster
         .to_owned()
 }
 
-/// One read of an agent's `/metrics` at `health` from inside namespace
-/// `netns` (the probe's output file in `dir` is removed after).
+/// One read of `/metrics` (an agent's, or the hub's) at `health` from
+/// inside namespace `netns` (the probe's output file in `dir` is removed
+/// after).
 pub fn agent_metrics(netns: &str, health: &str, dir: &std::path::Path) -> Option<String> {
     use crate::procs::{Proc, Role};
     let mut probe = Proc::start(

@@ -411,12 +411,17 @@ async fn falls_back_to_h2_when_udp_is_blocked() {
     hub.hub.shutdown().await;
 }
 
-/// The agent dies mid-stream: the caller's stream ends with Unavailable
-/// naming the cluster, not a hang or a bare reset.
+/// The agent dies mid-stream and does not come back within the hub's
+/// grace for Watches: the caller's stream ends with Unavailable naming the
+/// cluster, not a hang or a bare reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_gone_mid_stream_ends_the_call_with_unavailable() {
     for transport in [TransportKind::Quic, TransportKind::H2] {
-        let hub = TestHub::start().await;
+        let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+        let hub = TestHub::start_with(dir, None, |c| {
+            c.watch_resume_grace = Duration::from_secs(1);
+        })
+        .await;
         let token = hub.hub.mint_join_token("edge-1").unwrap();
         let agent = start_agent(&hub, "edge-1", "a1", &token, transport);
         let channel = hub.channel().await;

@@ -25,6 +25,7 @@ mod hostile_enrollment;
 mod hostile_identity;
 mod hostile_tunnel;
 mod hub_api;
+mod hub_resume;
 mod link_core;
 mod link_faults;
 mod net_cut;

@@ -3,8 +3,10 @@
 //! down for longer than keepalives take to call the tunnel dead. A Watch
 //! (`otter get -w`, a process beside the hub) is open throughout; objects
 //! are created while the link is down. When the link is back the tunnel
-//! returns and the Watch resumes from the last resourceVersion it printed:
-//! every object shows exactly once, none lost, none repeated.
+//! returns and the hub opens the Watch again from the last resourceVersion
+//! it passed on, while the caller's stream stays open: every object shows
+//! exactly once, none lost, none repeated, and `otter get -w` never had to
+//! resume on its own.
 //!
 //! Needs the privilege to create network namespaces (root) and `ip` from
 //! iproute2; without them the test says so in one line and passes, unless
@@ -24,6 +26,8 @@ const KEEPALIVE_SECS: u64 = 1;
 const CUT: Duration = Duration::from_secs(6);
 const WAIT: Duration = Duration::from_secs(30);
 const AGENT_HEALTH: &str = "127.0.0.1:9090";
+/// The hub's Prometheus port, inside the hub's namespace.
+const HUB_METRICS: &str = "127.0.0.1:9091";
 
 /// Names printed by `otter get -w` (first column), in order.
 fn printed_names(stdout: &str) -> Vec<String> {
@@ -97,6 +101,8 @@ fn watch_resumes_across_a_cut(transport: &str) {
             &format!("{transport}://{HUB_IP}:8444"),
             "--keepalive-secs",
             &KEEPALIVE_SECS.to_string(),
+            "--metrics-listen",
+            HUB_METRICS,
         ]),
         d,
         Some(&scene.pair.hub),
@@ -207,8 +213,13 @@ fn watch_resumes_across_a_cut(transport: &str) {
     assert_eq!(printed, expected, "lost, repeated or reordered events");
     let err = watcher.stderr();
     assert!(
-        err.contains("resuming from resourceVersion"),
-        "the watch was not interrupted and resumed:\n{err}"
+        !err.contains("resuming from resourceVersion"),
+        "the hub let the watch end; the client had to resume it:\n{err}"
+    );
+    let hub_metrics = agent_metrics(&scene.pair.hub, HUB_METRICS, d).expect("hub metrics");
+    assert!(
+        sample(&hub_metrics, "otter_hub_watch_resumes_total").is_some_and(|n| n >= 1.0),
+        "the hub resumed no watch:\n{hub_metrics}"
     );
     assert_eq!(sample(&m, "otter_agent_connects_total"), Some(2.0), "{m}");
     assert_eq!(

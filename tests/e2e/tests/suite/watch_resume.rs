@@ -51,6 +51,9 @@ async fn resumes_across_a_dead_tunnel(transport: TransportKind) {
         |c| {
             c.tunnel_urls =
                 vec![url::Url::parse(&format!("{transport}://localhost:{port}")).unwrap()];
+            // The hub's own resume off: the client's is what is tested
+            // here (the hub's is `hub_resume.rs`).
+            c.watch_resume_grace = Duration::ZERO;
         },
         |hub| relay.set_target(hub.hub.tunnel_addr),
         |_| {},

@@ -1,0 +1,135 @@
+//! The hub's own Watch resume: a relay in front of the hub's tunnel port
+//! stops carrying bytes for longer than the keepalive timeout while objects
+//! are created, then carries them again. The caller's stream (a plain
+//! Watch, no client-side resume) stays open throughout and gets every
+//! object once, in order; the hub counts the resume.
+
+use std::time::Duration;
+
+use otter_e2e::{
+    Relay,
+    double::event_name,
+    kube::{KubeEnv, sim_config, within},
+    with_token,
+};
+use otter_proto::resource::v1::{ListRequest, WatchRequest, watch_event::Type};
+use otter_tunnel::TransportKind;
+
+fn configmap(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default"},
+        "data": {"k": "v"},
+    })
+}
+
+async fn held_across_a_dead_tunnel(transport: TransportKind) {
+    let relay = Relay::start().await;
+    let port = relay.addr.port();
+    let env = KubeEnv::start_with_hub(
+        transport,
+        sim_config(),
+        |c| {
+            c.tunnel_urls =
+                vec![url::Url::parse(&format!("{transport}://localhost:{port}")).unwrap()];
+        },
+        |hub| relay.set_target(hub.hub.tunnel_addr),
+        |_| {},
+    )
+    .await;
+    let token = env.admin_token().to_owned();
+    env.sim.create_object(configmap("cm-before")).unwrap();
+    let list = env
+        .resources()
+        .list(with_token(
+            ListRequest {
+                cluster: Some(env.cluster.clone()),
+                version: Some("v1".into()),
+                resource: Some("configmaps".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut watch = env
+        .resources()
+        .watch(with_token(
+            WatchRequest {
+                cluster: Some(env.cluster.clone()),
+                version: Some("v1".into()),
+                resource: Some("configmaps".into()),
+                namespace: Some("default".into()),
+                resource_version: list.resource_version,
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    let mut until_seen = async |want: &str, seen: &mut Vec<String>| {
+        within(want, async {
+            while !seen.iter().any(|n| n == want) {
+                let ev = watch
+                    .message()
+                    .await
+                    .unwrap_or_else(|e| panic!("the watch failed: {e:?}; saw {seen:?}"))
+                    .unwrap_or_else(|| panic!("the watch ended; saw {seen:?}"));
+                if ev.r#type == Some(Type::Added as i32) {
+                    seen.push(event_name(&ev));
+                }
+            }
+        })
+        .await;
+    };
+    for i in 0..2 {
+        let n = format!("cm-live-{i}");
+        env.sim.create_object(configmap(&n)).unwrap();
+        until_seen(&n, &mut seen).await;
+    }
+
+    relay.freeze(true);
+    for i in 0..4 {
+        env.sim
+            .create_object(configmap(&format!("cm-cut-{i}")))
+            .unwrap();
+    }
+    env.agent
+        .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
+        .await
+        .expect("the agent calls the frozen tunnel dead");
+    relay.freeze(false);
+    until_seen("cm-cut-3", &mut seen).await;
+    env.sim.create_object(configmap("cm-after")).unwrap();
+    until_seen("cm-after", &mut seen).await;
+
+    let expected: Vec<String> = ["cm-live-0", "cm-live-1"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain((0..4).map(|i| format!("cm-cut-{i}")))
+        .chain(["cm-after".to_owned()])
+        .collect();
+    let resumes = env.hub.hub.state.metrics.watch_resumes.get();
+    eprintln!(
+        "{transport}: {} events on one stream, {resumes} resume(s) by the hub",
+        seen.len()
+    );
+    assert_eq!(seen, expected, "lost or repeated events");
+    assert!(resumes >= 1, "the tunnel died but the hub resumed nothing");
+    drop(watch);
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_quic() {
+    held_across_a_dead_tunnel(TransportKind::Quic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_h2() {
+    held_across_a_dead_tunnel(TransportKind::H2).await;
+}
