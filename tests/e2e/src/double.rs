@@ -92,11 +92,17 @@ impl ResourceService for Double {
         let guard = Arc::new(LiveGuard(self.live_watches.clone()));
         let bulk = req.resource.as_deref() == Some("bulk");
         let cluster = self.cluster.clone();
-        let stream = futures::stream::unfold(0u64, move |i| {
+        // Event i has resourceVersion i; a Watch from version v goes on
+        // with v + 1, as an apiserver's would.
+        let first = req
+            .resource_version
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(0, |v| v + 1);
+        let stream = futures::stream::unfold(first, move |i| {
             let (guard, cluster) = (guard.clone(), cluster.clone());
             async move {
                 let _keep = guard;
-                if !bulk && i >= 3 {
+                if !bulk && i >= first + 3 {
                     // Stay open like a real watch, until the caller leaves.
                     std::future::pending::<()>().await;
                 }
@@ -295,7 +301,14 @@ pub fn start_agent_at(
     }
 }
 
-/// A Get for `name` in `cluster`.
+/// A Watch of the double's events (three, then it stays open).
+pub fn watch(cluster: &str) -> WatchRequest {
+    WatchRequest {
+        cluster: Some(cluster.into()),
+        ..Default::default()
+    }
+}
+
 /// A Watch of the double's `bulk` resource: 256 KiB events without end,
 /// to saturate a tunnel.
 pub fn bulk_watch(cluster: &str) -> WatchRequest {
@@ -306,6 +319,7 @@ pub fn bulk_watch(cluster: &str) -> WatchRequest {
     }
 }
 
+/// A Get for `name` in `cluster`.
 pub fn get(cluster: &str, name: &str) -> GetRequest {
     GetRequest {
         cluster: Some(cluster.into()),

@@ -8,23 +8,16 @@ use otter_e2e::{
     Relay, TestHub,
     double::{
         WAIT, bulk_watch, field, get, start_agent, start_agent_at, start_agent_with,
-        wait_connected, wait_until,
+        wait_connected, wait_until, watch,
     },
     with_token,
 };
 use otter_proto::{
     link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
-    resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
+    resource::v1::resource_service_client::ResourceServiceClient,
 };
 use otter_tunnel::TransportKind;
 use tonic::Code;
-
-fn watch(cluster: &str) -> WatchRequest {
-    WatchRequest {
-        cluster: Some(cluster.into()),
-        ..Default::default()
-    }
-}
 
 /// Calls beyond a tunnel's bound are refused at once, not queued forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -831,6 +831,27 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
         .await
         .unwrap();
     assert!(before.connected.is_some());
+    // A Watch through r0, passed on to r1, which holds the tunnel.
+    let mut watch = ResourceServiceClient::new(via_r0.clone())
+        .watch(with_token(otter_e2e::double::watch("edge-k"), &token))
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut payloads = Vec::new();
+    let mut next_events = async |n: usize, payloads: &mut Vec<String>| {
+        for _ in 0..n {
+            let ev = tokio::time::timeout(WAIT, watch.next())
+                .await
+                .unwrap_or_else(|_| panic!("the watch went quiet after {payloads:?}"))
+                .unwrap_or_else(|| panic!("the watch ended after {payloads:?}"))
+                .unwrap_or_else(|e| panic!("the watch failed after {payloads:?}: {e:?}"));
+            payloads.push(otter_e2e::double::field(
+                ev.resource.as_ref().expect("object"),
+                "payload",
+            ));
+        }
+    };
+    next_events(3, &mut payloads).await;
 
     procs[1].kill9();
     let killed = std::time::Instant::now();
@@ -855,6 +876,14 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
     for _ in 0..20 {
         get().await.expect("calls after the take-over");
     }
+    // The Watch went on through r0's own tunnel from its last event:
+    // nothing lost, nothing repeated.
+    next_events(3, &mut payloads).await;
+    let expected: Vec<String> = (0..6).map(|i| format!("event-{i}")).collect();
+    assert_eq!(
+        payloads, expected,
+        "lost or repeated events across the take-over"
+    );
 }
 
 /// Without a load balancer in front: an agent given both replicas' API
