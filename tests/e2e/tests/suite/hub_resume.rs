@@ -133,3 +133,83 @@ async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_quic() {
 async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_h2() {
     held_across_a_dead_tunnel(TransportKind::H2).await;
 }
+
+/// A Watch waiting for its cluster's tunnel holds no rights of its own:
+/// a token revoked meanwhile ends it `Unauthenticated`, and a link deleted
+/// meanwhile ends it `NotFound` when the hub tries again, both long before
+/// the grace would run out; neither is opened again on the new tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_watch_keeps_to_its_callers_rights() {
+    for case in ["revoked", "deleted"] {
+        let relay = Relay::start().await;
+        let port = relay.addr.port();
+        let env = KubeEnv::start_with_hub(
+            TransportKind::H2,
+            sim_config().allow("user:otter:mel", &["*"], &["*"], &["*"]),
+            |c| {
+                c.tunnel_urls = vec![url::Url::parse(&format!("h2://localhost:{port}")).unwrap()];
+                c.recheck_tokens_every = Duration::from_millis(200);
+            },
+            |hub| relay.set_target(hub.hub.tunnel_addr),
+            |_| {},
+        )
+        .await;
+        let (api, pem) = (env.hub.hub.api_addr, env.hub.hub.ca_pem().to_owned());
+        let admin = env.admin_token().to_owned();
+        let (mel, mel_id) = otter_e2e::mint_via_admin(
+            api,
+            &pem,
+            &admin,
+            serde_json::json!({"name": "mel", "tenant": "default", "role": "member"}),
+        )
+        .await;
+        let mut watch = env
+            .resources()
+            .watch(with_token(
+                WatchRequest {
+                    cluster: Some(env.cluster.clone()),
+                    version: Some("v1".into()),
+                    resource: Some("configmaps".into()),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                },
+                &mel,
+            ))
+            .await
+            .expect("mel may watch")
+            .into_inner();
+        relay.freeze(true);
+        env.agent
+            .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
+            .await
+            .expect("the agent calls the frozen tunnel dead");
+        let (want, waited) = match case {
+            "revoked" => {
+                otter_e2e::revoke_via_admin(api, &pem, &admin, &mel_id).await;
+                (tonic::Code::Unauthenticated, std::time::Instant::now())
+            }
+            _ => {
+                let path = format!("/admin/v1/links/{}", env.cluster);
+                let (status, text) =
+                    otter_e2e::admin_call(api, &pem, &admin, http::Method::DELETE, &path, None)
+                        .await;
+                assert_eq!(status, 200, "{text}");
+                (tonic::Code::NotFound, std::time::Instant::now())
+            }
+        };
+        relay.freeze(false);
+        let ended = otter_e2e::end_of_stream("the waiting watch", &mut watch).await;
+        eprintln!(
+            "{case} while the tunnel was down: the watch ended {:?} after {:?}",
+            ended.code(),
+            waited.elapsed()
+        );
+        assert_eq!(ended.code(), want, "{case}: {ended:?}");
+        assert_eq!(
+            env.hub.hub.state.metrics.watch_resumes.get(),
+            0,
+            "{case}: the watch was opened again"
+        );
+        env.shutdown().await;
+    }
+}
