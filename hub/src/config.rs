@@ -53,9 +53,9 @@ pub struct HubConfig {
     /// over a better transport): long enough for watches and exec sessions
     /// in flight to end on their own; a dead one ends sooner by keepalive.
     pub reconnect_drain_timeout: Duration,
-    /// How long a Watch whose tunnel dropped waits for the cluster's next
-    /// tunnel (it is then opened again from the last event passed on);
-    /// zero: the Watch ends `Unavailable` with its tunnel.
+    /// How long a Watch or followed log whose tunnel dropped waits for the
+    /// cluster's next tunnel (it is then opened again from the last event
+    /// or line passed on); zero: it ends `Unavailable` with its tunnel.
     pub watch_resume_grace: Duration,
     /// An agent's report on its tunnel (ListLinks' diagnosis: clock skew,
     /// renewals) older than this is fetched again when a link listing

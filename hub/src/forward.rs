@@ -129,12 +129,16 @@ async fn route(
         event.cluster = cluster.clone();
     }
 
-    // A Watch outlives its tunnel where the caller came in (a call a peer
-    // sent is resumed by the replica that sent it).
-    let resume = (path == crate::resume::WATCH
-        && parts.extensions.get::<crate::peers::FromPeer>().is_none()
+    // A Watch or a followed log outlives its tunnel where the caller came
+    // in (a call a peer sent is resumed by the replica that sent it).
+    let (resume, prefix) = match (parts.extensions.get::<crate::peers::FromPeer>().is_none()
         && !state.config.watch_resume_grace.is_zero())
-    .then(|| (parts.clone(), prefix.clone()));
+    .then(|| crate::resume::Resumable::of(&path, &prefix))
+    .flatten()
+    {
+        Some((resumable, sent)) => (Some((resumable, parts.clone())), sent),
+        None => (None, prefix),
+    };
     let (resp, tenant) = match send(&state, &caller, &cluster, parts, prefix, rest).await? {
         Sent::Tunnel { resp, tenant } => {
             (resp.map(|b| b.map_err(Into::into).boxed_unsync()), tenant)
@@ -142,9 +146,7 @@ async fn route(
         // The replica holding the tunnel audits the call.
         Sent::Peer(resp) => {
             return Ok(match resume {
-                Some((parts, first)) => {
-                    crate::resume::watch(&state, caller, cluster, parts, &first, resp)
-                }
+                Some((resumable, parts)) => resumable.answer(&state, caller, cluster, parts, resp),
                 None => resp,
             });
         }
@@ -152,9 +154,7 @@ async fn route(
     let hold = crate::credentials::hold_for(&state.live, &caller);
     let opens_session = SESSION_OPENERS.contains(&path.as_str());
     let resp = match resume {
-        Some((parts, first)) => {
-            crate::resume::watch(&state, caller, cluster.clone(), parts, &first, resp)
-        }
+        Some((resumable, parts)) => resumable.answer(&state, caller, cluster.clone(), parts, resp),
         None => resp,
     };
     if auditing {

@@ -69,8 +69,8 @@ pub struct Metrics {
     pub kube_upgraded: Gauge<i64, AtomicI64>,
     /// Audit lines dropped because the writer fell behind.
     pub audit_dropped: Counter<u64, AtomicU64>,
-    /// Watches opened again on a cluster's next tunnel.
-    pub watch_resumes: Counter<u64, AtomicU64>,
+    /// Watches and followed logs opened again on a cluster's next tunnel.
+    pub streams_resumed: Counter<u64, AtomicU64>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -161,11 +161,11 @@ impl Default for Metrics {
             "Audit lines dropped because the audit writer fell behind",
             audit_dropped.clone(),
         );
-        let watch_resumes = Counter::<u64, AtomicU64>::default();
+        let streams_resumed = Counter::<u64, AtomicU64>::default();
         registry.register(
-            "watch_resumes",
-            "Watches opened again on a cluster's next tunnel after theirs dropped",
-            watch_resumes.clone(),
+            "streams_resumed",
+            "Watches and followed logs opened again on a cluster's next tunnel after theirs dropped",
+            streams_resumed.clone(),
         );
         Self {
             registry,
@@ -183,7 +183,7 @@ impl Default for Metrics {
             registration_refusals,
             kube_upgraded,
             audit_dropped,
-            watch_resumes,
+            streams_resumed,
         }
     }
 }

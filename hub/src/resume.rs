@@ -21,8 +21,12 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use otter_proto::resource::v1::WatchRequest;
+use otter_proto::{
+    resource::v1::WatchRequest,
+    runtime::v1::{PodLogRequest, PodLogResponse},
+};
 use prost::Message;
+use prost_types::Timestamp;
 use tonic::{Code, Status};
 
 use crate::{
@@ -54,49 +58,254 @@ struct EventVersion {
     resource_version: Option<String>,
 }
 
-/// What opening the Watch again takes.
+/// What a resumed call keeps of what it passed on, and the request that
+/// goes on from there.
+trait Progress: Send + Unpin + 'static {
+    /// One whole response message from the cluster (without its gRPC
+    /// prefix); what to pass on in its place.
+    fn take(&mut self, message: &[u8]) -> Result<Passed, Status>;
+    /// The request message that goes on from what was passed on.
+    fn next_request(&mut self) -> Vec<u8>;
+}
+
+/// What a resumed call passes on for one message from the cluster.
+enum Passed {
+    /// The message as it came.
+    AsIs,
+    /// Another message.
+    Instead(Vec<u8>),
+    /// Nothing (all of it was passed on before).
+    Nothing,
+}
+
+/// The method whose followed logs are resumed.
+pub const POD_LOG: &str = "/otterscale.runtime.v1.RuntimeService/PodLog";
+
+/// Longest log line held while the rest of it arrives; a longer one is
+/// passed on as it is.
+const MAX_LINE: usize = 1024 * 1024;
+
+/// A followed log goes on from the time of the last line passed on. The
+/// cluster is asked for timestamps; after a resume the lines before that
+/// time are skipped, and as many lines of that very time as were passed on
+/// (the apiserver's `sinceTime` includes the moment it names).
+#[derive(Debug)]
+pub struct LogProgress {
+    /// The request as sent to the cluster (timestamps on).
+    request: PodLogRequest,
+    /// Whether the caller asked for timestamps.
+    stamped: bool,
+    /// The start of a line not yet whole.
+    partial: Vec<u8>,
+    /// The time of the last line passed on, and how many of that time.
+    last: Option<(Timestamp, usize)>,
+    /// After a resume: what to skip.
+    skip: Option<(Timestamp, usize)>,
+}
+
+fn order(a: &Timestamp, b: &Timestamp) -> std::cmp::Ordering {
+    (a.seconds, a.nanos).cmp(&(b.seconds, b.nanos))
+}
+
+/// The time a log line starts with, and where its text starts.
+fn line_time(line: &[u8]) -> Option<(Timestamp, usize)> {
+    let space = line.iter().position(|b| *b == b' ')?;
+    let at = std::str::from_utf8(&line[..space]).ok()?.parse().ok()?;
+    Some((at, space + 1))
+}
+
+impl Progress for LogProgress {
+    fn take(&mut self, message: &[u8]) -> Result<Passed, Status> {
+        let data = PodLogResponse::decode(message)
+            .map_err(|e| Status::internal(format!("log message from the cluster: {e}")))?
+            .data
+            .unwrap_or_default();
+        self.partial.extend_from_slice(&data);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some(end) = self.partial[start..].iter().position(|b| *b == b'\n') {
+            let line = &self.partial[start..start + end + 1];
+            start += end + 1;
+            let Some((at, text)) = line_time(line) else {
+                out.extend_from_slice(line);
+                continue;
+            };
+            if let Some((since, n)) = &mut self.skip {
+                match order(&at, since) {
+                    std::cmp::Ordering::Less => continue,
+                    std::cmp::Ordering::Equal if *n > 0 => {
+                        *n -= 1;
+                        continue;
+                    }
+                    _ => self.skip = None,
+                }
+            }
+            match &mut self.last {
+                Some((t, n)) if order(t, &at).is_eq() => *n += 1,
+                _ => self.last = Some((at, 1)),
+            }
+            out.extend_from_slice(if self.stamped { line } else { &line[text..] });
+        }
+        self.partial.drain(..start);
+        if self.partial.len() > MAX_LINE {
+            out.append(&mut self.partial);
+        }
+        Ok(if out.is_empty() {
+            Passed::Nothing
+        } else {
+            Passed::Instead(PodLogResponse { data: Some(out) }.encode_to_vec())
+        })
+    }
+
+    fn next_request(&mut self) -> Vec<u8> {
+        self.partial.clear();
+        let mut request = self.request.clone();
+        if let Some((at, n)) = self.last {
+            // Whole seconds: that is what reaches the kubelet (kube-rs
+            // rounds `sinceTime` to the nearest second, which may be
+            // later than `at`); the skip takes out the rest.
+            request.since_time = Some(Timestamp {
+                seconds: at.seconds,
+                nanos: 0,
+            });
+            request.since_seconds = None;
+            request.tail_lines = None;
+            self.skip = Some((at, n));
+        }
+        request.encode_to_vec()
+    }
+}
+
+/// A Watch goes on from the resourceVersion of the last event passed on.
+#[derive(Debug)]
+pub struct WatchProgress {
+    request: WatchRequest,
+    version: Option<String>,
+}
+
+impl Progress for WatchProgress {
+    fn take(&mut self, message: &[u8]) -> Result<Passed, Status> {
+        if let Ok(EventVersion {
+            resource_version: Some(v),
+        }) = EventVersion::decode(message)
+        {
+            self.version = Some(v);
+        }
+        Ok(Passed::AsIs)
+    }
+
+    fn next_request(&mut self) -> Vec<u8> {
+        let mut request = self.request.clone();
+        if self.version.is_some() {
+            request.resource_version = self.version.clone();
+        }
+        request.encode_to_vec()
+    }
+}
+
+/// What opening the call again takes.
 struct Reopen {
     state: Arc<HubState>,
     caller: Principal,
     cluster: String,
     parts: http::request::Parts,
-    request: WatchRequest,
 }
 
-/// The answer to a Watch whose first attempt answered `resp`, resumed on
-/// the cluster's next tunnel whenever this one drops. `first` is the
-/// request's first gRPC message as the caller sent it.
-pub fn watch(
+/// The first gRPC message of `first` (a request's first bytes).
+fn first_message(first: &Bytes) -> Option<&[u8]> {
+    let len = u32::from_be_bytes(first.get(1..5)?.try_into().ok()?) as usize;
+    first.get(5..5 + len)
+}
+
+/// A call the hub resumes when its tunnel drops, and what it keeps to do
+/// so.
+#[derive(Debug)]
+pub enum Resumable {
+    Watch(WatchProgress),
+    Log(LogProgress),
+}
+
+impl Resumable {
+    /// Whether a call of `path` whose request starts with `first` is one:
+    /// a Watch, or a PodLog that follows. With it, the first bytes to send
+    /// in place of `first` (a followed log is asked for with timestamps,
+    /// which the hub takes off again when the caller did not want them).
+    pub fn of(path: &str, first: &Bytes) -> Option<(Resumable, Bytes)> {
+        let message = first_message(first)?;
+        let rest = first.slice(5 + message.len()..);
+        match path {
+            WATCH => {
+                let request = WatchRequest::decode(message).ok()?;
+                let progress = WatchProgress {
+                    request,
+                    version: None,
+                };
+                Some((Resumable::Watch(progress), first.clone()))
+            }
+            POD_LOG => {
+                let mut request = PodLogRequest::decode(message).ok()?;
+                if request.follow != Some(true) || request.previous == Some(true) {
+                    return None;
+                }
+                let stamped = request.timestamps == Some(true);
+                request.timestamps = Some(true);
+                let mut sent = BytesMut::from(&framed(&request.encode_to_vec())[..]);
+                sent.extend_from_slice(&rest);
+                let progress = LogProgress {
+                    request,
+                    stamped,
+                    partial: Vec::new(),
+                    last: None,
+                    skip: None,
+                };
+                Some((Resumable::Log(progress), sent.freeze()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The answer to the call whose first attempt answered `resp`, resumed
+    /// on the cluster's next tunnel whenever this one drops.
+    pub fn answer(
+        self,
+        state: &Arc<HubState>,
+        caller: Principal,
+        cluster: String,
+        parts: http::request::Parts,
+        resp: http::Response<HttpBody>,
+    ) -> http::Response<HttpBody> {
+        match self {
+            Resumable::Watch(p) => resuming(state, caller, cluster, parts, p, resp),
+            Resumable::Log(p) => resuming(state, caller, cluster, parts, p, resp),
+        }
+    }
+}
+
+fn resuming<P: Progress>(
     state: &Arc<HubState>,
     caller: Principal,
     cluster: String,
     parts: http::request::Parts,
-    first: &Bytes,
+    progress: P,
     resp: http::Response<HttpBody>,
 ) -> http::Response<HttpBody> {
-    // A refusal before any event (trailers only) is the call's answer.
+    // A refusal before anything was passed on (trailers only) is the
+    // call's answer.
     if resp.headers().contains_key("grpc-status") {
         return resp;
     }
-    let len = first
-        .get(1..5)
-        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize);
-    let Some(Ok(request)) = first.get(5..5 + len).map(WatchRequest::decode) else {
-        return resp;
-    };
     let reopen = Arc::new(Reopen {
         state: state.clone(),
         caller,
         cluster,
         parts,
-        request,
     });
     resp.map(|inner| {
-        ResumingWatch {
+        Resuming {
             inner,
             reopen,
             pending: BytesMut::new(),
-            version: None,
+            progress,
             reopening: None,
             done: false,
         }
@@ -105,17 +314,17 @@ pub fn watch(
 }
 
 impl Reopen {
-    /// Opens the Watch again from `version` (or as first asked), trying
-    /// until the grace window closes.
-    async fn open(self: Arc<Self>, version: Option<String>) -> Result<HttpBody, Status> {
+    /// Opens the call again with `request`, trying until the grace window
+    /// closes.
+    async fn open(self: Arc<Self>, request: Vec<u8>) -> Result<HttpBody, Status> {
         let grace = self.state.config.watch_resume_grace;
         let deadline = tokio::time::Instant::now() + grace;
         let mut pause = FIRST_RETRY;
         loop {
-            let failed = match self.once(version.clone()).await {
+            let failed = match self.once(&request).await {
                 Ok(body) => {
-                    self.state.metrics.watch_resumes.inc();
-                    tracing::info!(cluster = %self.cluster, resource_version = ?version, "watch resumed on the cluster's new tunnel");
+                    self.state.metrics.streams_resumed.inc();
+                    tracing::info!(cluster = %self.cluster, method = %self.parts.uri.path(), "call resumed on the cluster's new tunnel");
                     return Ok(body);
                 }
                 Err(s) if matches!(s.code(), Code::Unavailable | Code::ResourceExhausted) => s,
@@ -135,16 +344,7 @@ impl Reopen {
     }
 
     /// One try: the answer's body, or why there is none.
-    async fn once(&self, version: Option<String>) -> Result<HttpBody, Status> {
-        let mut request = self.request.clone();
-        if version.is_some() {
-            request.resource_version = version;
-        }
-        let encoded = request.encode_to_vec();
-        let mut message = BytesMut::with_capacity(5 + encoded.len());
-        message.extend_from_slice(&[0]);
-        message.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
-        message.extend_from_slice(&encoded);
+    async fn once(&self, request: &[u8]) -> Result<HttpBody, Status> {
         let empty = http_body_util::Empty::new()
             .map_err(|never| match never {})
             .boxed_unsync();
@@ -153,7 +353,7 @@ impl Reopen {
             &self.caller,
             &self.cluster,
             self.parts.clone(),
-            message.freeze(),
+            framed(request),
             empty,
         )
         .await?;
@@ -168,62 +368,74 @@ impl Reopen {
     }
 }
 
+/// `message` with its gRPC prefix (uncompressed).
+fn framed(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + message.len());
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.freeze()
+}
+
 type Opening = Pin<Box<dyn Future<Output = Result<HttpBody, Status>> + Send>>;
 
-struct ResumingWatch {
+struct Resuming<P> {
     inner: HttpBody,
     reopen: Arc<Reopen>,
     /// Bytes of messages not yet whole.
     pending: BytesMut,
-    /// The resourceVersion of the last event passed on.
-    version: Option<String>,
+    progress: P,
     reopening: Option<Opening>,
     /// The call's status was passed on.
     done: bool,
 }
 
-impl ResumingWatch {
-    /// Takes the whole messages at the front of `pending`, noting the last
-    /// event's resourceVersion.
+impl<P: Progress> Resuming<P> {
+    /// Takes the whole messages at the front of `pending` through the
+    /// progress; what is to be passed on, framed.
     fn whole_messages(&mut self) -> Result<Option<Bytes>, Status> {
-        let mut at = 0;
-        while let Some(head) = self.pending.get(at..at + 5) {
+        let mut out = BytesMut::new();
+        while let Some(head) = self.pending.get(..5) {
             let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
             if len > MAX_EVENT {
                 return Err(Status::resource_exhausted(format!(
-                    "watch event of {len} bytes is over the limit of {MAX_EVENT}"
+                    "streamed message of {len} bytes is over the limit of {MAX_EVENT}"
                 )));
             }
-            let Some(message) = self.pending.get(at + 5..at + 5 + len) else {
+            if self.pending.len() < 5 + len {
                 break;
-            };
-            if head[0] == 0
-                && let Ok(EventVersion {
-                    resource_version: Some(v),
-                }) = EventVersion::decode(message)
-            {
-                self.version = Some(v);
             }
-            at += 5 + len;
+            let message = self.pending.split_to(5 + len);
+            if message[0] != 0 {
+                // Compressed: passed on as it came, not read.
+                out.extend_from_slice(&message);
+                continue;
+            }
+            match self.progress.take(&message[5..])? {
+                Passed::AsIs => out.extend_from_slice(&message),
+                Passed::Instead(other) => out.extend_from_slice(&framed(&other)),
+                Passed::Nothing => {}
+            }
         }
-        Ok((at > 0).then(|| self.pending.split_to(at).freeze()))
+        Ok((!out.is_empty()).then(|| out.freeze()))
     }
 
-    /// The tunnel is gone: what was half-received is dropped, and the Watch
-    /// is opened again from the last event passed on.
+    /// The tunnel is gone: what was half-received is dropped, and the call
+    /// is opened again from what was passed on.
     fn lost(&mut self, why: &dyn std::fmt::Display) {
-        tracing::info!(cluster = %self.reopen.cluster, resource_version = ?self.version, reason = %why, "watch lost its tunnel; resuming");
+        tracing::info!(cluster = %self.reopen.cluster, reason = %why, "a resumable call lost its tunnel; resuming");
         self.pending.clear();
         // The dead attempt's body holds its call slot and place in the
         // in-flight gauge: let them go while the cluster is away.
         self.inner = http_body_util::Empty::new()
             .map_err(|never| match never {})
             .boxed_unsync();
-        self.reopening = Some(Box::pin(self.reopen.clone().open(self.version.clone())));
+        let request = self.progress.next_request();
+        self.reopening = Some(Box::pin(self.reopen.clone().open(request)));
     }
 }
 
-impl Body for ResumingWatch {
+impl<P: Progress> Body for Resuming<P> {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -281,5 +493,57 @@ impl Body for ResumingWatch {
 
     fn is_end_stream(&self) -> bool {
         self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(p: &mut LogProgress, text: &str) -> String {
+        let message = PodLogResponse {
+            data: Some(text.as_bytes().to_vec()),
+        }
+        .encode_to_vec();
+        match p.take(&message).unwrap() {
+            Passed::Instead(m) => {
+                String::from_utf8(PodLogResponse::decode(&m[..]).unwrap().data.unwrap()).unwrap()
+            }
+            Passed::Nothing => String::new(),
+            Passed::AsIs => panic!("log lines are always rewritten"),
+        }
+    }
+
+    #[test]
+    fn a_resumed_log_passes_each_line_once_and_keeps_lines_whole() {
+        let mut p = LogProgress {
+            request: PodLogRequest::default(),
+            stamped: false,
+            partial: Vec::new(),
+            last: None,
+            skip: None,
+        };
+        // A line cut between two messages comes out whole, without its time.
+        assert_eq!(
+            chunk(
+                &mut p,
+                "2026-01-01T00:00:01.5Z a\n2026-01-01T00:00:01.5Z b\n2026-01-01T00:00:0"
+            ),
+            "a\nb\n"
+        );
+        assert_eq!(chunk(&mut p, "2.25Z c\n2026-01-01T00:00:02.25Z c2"), "c\n");
+        // The tunnel drops mid-line: the request goes on from the second
+        // of the last line passed on, and the half line is forgotten.
+        let next = PodLogRequest::decode(&p.next_request()[..]).unwrap();
+        let since = next.since_time.unwrap();
+        assert_eq!((since.nanos, since.seconds % 60), (0, 2));
+        // The cluster sends from that second on: what was passed is skipped.
+        assert_eq!(
+            chunk(
+                &mut p,
+                "2026-01-01T00:00:01.5Z b\n2026-01-01T00:00:02.25Z c\n2026-01-01T00:00:02.25Z c2\n2026-01-01T00:00:03Z d\n"
+            ),
+            "c2\nd\n"
+        );
     }
 }

@@ -591,9 +591,9 @@ pub struct HubArgs {
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
-    /// Seconds a Watch whose cluster's tunnel dropped waits for the next
-    /// one, to go on from the last change it passed; 0 ends it with the
-    /// tunnel (Unavailable).
+    /// Seconds a Watch or followed log whose cluster's tunnel dropped waits
+    /// for the next one, to go on from the last change or line it passed; 0
+    /// ends it with the tunnel (Unavailable).
     #[arg(long, default_value_t = 60)]
     pub watch_resume_grace_secs: u64,
     /// Tunnels set up at once; agents beyond it are told to retry later.

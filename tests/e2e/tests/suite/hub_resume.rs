@@ -113,7 +113,7 @@ async fn held_across_a_dead_tunnel(transport: TransportKind) {
         .chain((0..4).map(|i| format!("cm-cut-{i}")))
         .chain(["cm-after".to_owned()])
         .collect();
-    let resumes = env.hub.hub.state.metrics.watch_resumes.get();
+    let resumes = env.hub.hub.state.metrics.streams_resumed.get();
     eprintln!(
         "{transport}: {} events on one stream, {resumes} resume(s) by the hub",
         seen.len()
@@ -206,10 +206,108 @@ async fn a_waiting_watch_keeps_to_its_callers_rights() {
         );
         assert_eq!(ended.code(), want, "{case}: {ended:?}");
         assert_eq!(
-            env.hub.hub.state.metrics.watch_resumes.get(),
+            env.hub.hub.state.metrics.streams_resumed.get(),
             0,
             "{case}: the watch was opened again"
         );
+        env.shutdown().await;
+    }
+}
+
+/// `PodLog` with `follow` through the hub across the same dead tunnel: the
+/// hub opens it again from the time of the last line it passed on (it asks
+/// the cluster for timestamps and takes them off again when the caller did
+/// not ask for them), skipping what it passed before: every line once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_log_goes_on_across_a_dead_tunnel() {
+    use otter_proto::runtime::v1::PodLogRequest;
+    for stamped in [false, true] {
+        let relay = Relay::start().await;
+        let port = relay.addr.port();
+        let env = KubeEnv::start_with_hub(
+            TransportKind::H2,
+            sim_config().pod("default", "web", &["app"]),
+            |c| {
+                c.tunnel_urls = vec![url::Url::parse(&format!("h2://localhost:{port}")).unwrap()];
+            },
+            |hub| relay.set_target(hub.hub.tunnel_addr),
+            |_| {},
+        )
+        .await;
+        let token = env.admin_token().to_owned();
+        for i in 0..3 {
+            env.sim
+                .append_log("default", "web", "app", &format!("before-{i}"));
+        }
+        let mut log = env
+            .runtime()
+            .pod_log(with_token(
+                PodLogRequest {
+                    cluster: Some(env.cluster.clone()),
+                    namespace: Some("default".into()),
+                    name: Some("web".into()),
+                    follow: Some(true),
+                    timestamps: Some(stamped),
+                    ..Default::default()
+                },
+                &token,
+            ))
+            .await
+            .expect("log")
+            .into_inner();
+        let mut text = String::new();
+        let mut until_line = async |want: &str, text: &mut String| {
+            let deadline = tokio::time::Instant::now() + otter_e2e::double::WAIT;
+            while !text.lines().any(|l| l.ends_with(want)) {
+                let chunk = tokio::time::timeout_at(deadline, log.message())
+                    .await
+                    .unwrap_or_else(|_| panic!("no {want} in time; got {text:?}"))
+                    .unwrap_or_else(|e| panic!("the log failed: {e:?}; got {text:?}"))
+                    .unwrap_or_else(|| panic!("the log ended; got {text:?}"));
+                text.push_str(&String::from_utf8_lossy(&chunk.data.unwrap_or_default()));
+            }
+        };
+        until_line("before-2", &mut text).await;
+        relay.freeze(true);
+        for i in 0..4 {
+            env.sim
+                .append_log("default", "web", "app", &format!("cut-{i}"));
+        }
+        env.agent
+            .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
+            .await
+            .expect("the agent calls the frozen tunnel dead");
+        relay.freeze(false);
+        until_line("cut-3", &mut text).await;
+        env.sim.append_log("default", "web", "app", "after");
+        until_line("after", &mut text).await;
+
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|l| match stamped {
+                true => {
+                    let (at, rest) = l.split_once(' ').expect("a timestamp");
+                    assert!(at.ends_with('Z') && at.contains('T'), "{l:?}");
+                    rest
+                }
+                false => l,
+            })
+            .filter(|l| !l.starts_with("container "))
+            .collect();
+        let expected: Vec<String> = (0..3)
+            .map(|i| format!("before-{i}"))
+            .chain((0..4).map(|i| format!("cut-{i}")))
+            .chain(["after".to_owned()])
+            .collect();
+        eprintln!(
+            "timestamps {stamped}: {} lines on one stream, {} resume(s)",
+            lines.len(),
+            env.hub.hub.state.metrics.streams_resumed.get()
+        );
+        assert_eq!(lines, expected, "lost or repeated lines");
+        assert!(!stamped || text.lines().all(|l| l.contains(' ')));
+        assert!(env.hub.hub.state.metrics.streams_resumed.get() >= 1);
+        drop(log);
         env.shutdown().await;
     }
 }

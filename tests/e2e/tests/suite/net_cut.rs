@@ -218,7 +218,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
     );
     let hub_metrics = agent_metrics(&scene.pair.hub, HUB_METRICS, d).expect("hub metrics");
     assert!(
-        sample(&hub_metrics, "otter_hub_watch_resumes_total").is_some_and(|n| n >= 1.0),
+        sample(&hub_metrics, "otter_hub_streams_resumed_total").is_some_and(|n| n >= 1.0),
         "the hub resumed no watch:\n{hub_metrics}"
     );
     assert_eq!(sample(&m, "otter_agent_connects_total"), Some(2.0), "{m}");
