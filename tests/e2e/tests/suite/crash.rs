@@ -41,6 +41,8 @@ type PendingCall = Pin<Box<dyn Future<Output = Result<(), tonic::Status>> + Send
 /// The calls a crash interrupts, all on one cluster.
 struct InFlight {
     watch: tonic::Streaming<otter_proto::resource::v1::WatchEvent>,
+    /// The pod's log, followed.
+    log: tonic::Streaming<pb::PodLogResponse>,
     exec: tonic::Streaming<pb::ExecuteTtyResponse>,
     port_forward: tonic::Streaming<pb::PortForwardResponse>,
     /// A WriteTTY stalled on a process that does not read its stdin.
@@ -84,6 +86,24 @@ async fn start_calls(channel: &Channel, token: &str, cluster: &str, unary: bool)
     let mut rt = RuntimeServiceClient::new(channel.clone())
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
+    let mut log = rt
+        .pod_log(with_token(
+            pb::PodLogRequest {
+                cluster: Some(cluster.into()),
+                namespace: Some("default".into()),
+                name: Some("web".into()),
+                follow: Some(true),
+                ..Default::default()
+            },
+            token,
+        ))
+        .await
+        .expect("log")
+        .into_inner();
+    let first = tokio::time::timeout(WAIT, log.next())
+        .await
+        .expect("a log line");
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
     let mut exec = rt
         .execute_tty(with_token(exec_req(cluster, &["cat"]), token))
         .await
@@ -149,6 +169,7 @@ async fn start_calls(channel: &Channel, token: &str, cluster: &str, unary: bool)
     };
     InFlight {
         watch,
+        log,
         exec,
         port_forward,
         unary,
@@ -251,6 +272,7 @@ async fn hub_killed_mid_call_then_restarted_on_the_same_data() {
     for (i, c) in calls.iter_mut().enumerate() {
         for (what, (e, took)) in [
             ("watch", ends_with_error("watch", &mut c.watch).await),
+            ("log", ends_with_error("log", &mut c.log).await),
             ("exec", ends_with_error("exec", &mut c.exec).await),
             (
                 "port-forward",
@@ -362,12 +384,13 @@ async fn agent_killed_mid_exec_and_port_forward() {
     let busy = fleet.hub_metrics().await;
     assert_eq!(
         metric(&busy, "otter_hub_calls_in_flight"),
-        baseline + 3.0 * fleet.agents.len() as f64,
+        baseline + 4.0 * fleet.agents.len() as f64,
         "{busy}"
     );
 
     // Exec and port-forward are bound to the tunnel and end with it; the
-    // Watches wait for the clusters to come back (the hub's grace).
+    // Watches and followed logs wait for the clusters to come back (the
+    // hub's grace).
     for (i, c) in calls.iter_mut().enumerate() {
         let transport = fleet.agents[i].transport;
         fleet.agents[i].proc.as_mut().expect("agent").kill9();
@@ -447,6 +470,26 @@ async fn agent_killed_mid_exec_and_port_forward() {
             names,
             ["after-restart"],
             "{transport}: lost or repeated events"
+        );
+    }
+    // And each followed log goes on from its last line: the next line
+    // comes once, nothing before it again.
+    sim.append_log("default", "web", "app", "after-restart");
+    for (i, c) in calls.iter_mut().enumerate() {
+        let transport = fleet.agents[i].transport;
+        let mut text = String::new();
+        while !text.ends_with('\n') || !text.contains("after-restart") {
+            let chunk = tokio::time::timeout(WAIT, c.log.next())
+                .await
+                .unwrap_or_else(|_| panic!("{transport}: the log went quiet; got {text:?}"))
+                .unwrap_or_else(|| panic!("{transport}: the log ended; got {text:?}"))
+                .unwrap_or_else(|e| panic!("{transport}: the log failed: {e:?}"));
+            text.push_str(&String::from_utf8_lossy(&chunk.data.unwrap_or_default()));
+        }
+        eprintln!("agent over {transport} killed and restarted, log: then {text:?}");
+        assert_eq!(
+            text, "after-restart\n",
+            "{transport}: lost or repeated lines"
         );
     }
     drop(fleet);
