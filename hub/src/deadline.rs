@@ -69,10 +69,8 @@ impl Body for DeadlineBody {
         if self.sleep.as_mut().poll(cx).is_ready() {
             // Dropping the inner body cancels the call on the agent.
             self.inner = None;
-            let mut trailers = http::HeaderMap::new();
-            let _ = tonic::Status::deadline_exceeded("the call's deadline passed")
-                .add_header(&mut trailers);
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            let status = tonic::Status::deadline_exceeded("the call's deadline passed");
+            return Poll::Ready(Some(Ok(crate::forward::status_trailers(&status))));
         }
         Poll::Pending
     }

@@ -52,6 +52,13 @@ pub fn is_forwarded(path: &str) -> bool {
     FORWARDED_SERVICES.iter().any(|p| path.starts_with(p))
 }
 
+/// A call's end with `status`, as the trailers of a streamed response.
+pub fn status_trailers(status: &Status) -> Frame<Bytes> {
+    let mut trailers = http::HeaderMap::new();
+    let _ = status.add_header(&mut trailers);
+    Frame::trailers(trailers)
+}
+
 /// A gRPC error as a trailers-only response.
 pub fn status_response(status: Status) -> http::Response<HttpBody> {
     status.into_http()
@@ -462,9 +469,7 @@ impl GrpcTunnelBody {
             audit.code = Some(format!("{:?}", status.code()));
             audit.event.reason = reason.to_owned();
         }
-        let mut trailers = http::HeaderMap::new();
-        let _ = status.add_header(&mut trailers);
-        Frame::trailers(trailers)
+        status_trailers(&status)
     }
 }
 

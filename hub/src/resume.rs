@@ -453,10 +453,8 @@ impl<P: Progress> Body for Resuming<P> {
                 match opened {
                     Ok(body) => self.inner = body,
                     Err(status) => {
-                        let mut trailers = http::HeaderMap::new();
-                        let _ = status.add_header(&mut trailers);
                         self.done = true;
-                        return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                        return Poll::Ready(Some(Ok(crate::forward::status_trailers(&status))));
                     }
                 }
             }

@@ -13,7 +13,7 @@
 //! the descriptors every Connect JSON call already uses.
 
 use bytes::Bytes;
-use http::{HeaderMap, header};
+use http::header;
 use http_body_util::{BodyExt, StreamBody};
 use prost_reflect::MessageDescriptor;
 use tonic::Status;
@@ -145,11 +145,7 @@ pub fn json_responses(body: HttpBody, output: MessageDescriptor, gzip: bool) -> 
                 if done {
                     return None;
                 }
-                let ended = |status: Status| {
-                    let mut trailers = HeaderMap::new();
-                    let _ = status.add_header(&mut trailers);
-                    Ok(http_body::Frame::trailers(trailers))
-                };
+                let ended = |status: Status| Ok(crate::forward::status_trailers(&status));
                 loop {
                     match parser.next_envelope() {
                         Err(e) => {

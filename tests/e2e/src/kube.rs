@@ -7,7 +7,7 @@ use std::time::Duration;
 use kube_sim::{ADMIN_TOKEN, KubeSim, SimConfig};
 use otter_agent::{Agent, AgentConfig, ServicesConfig, config::Secret};
 use otter_proto::{
-    resource::v1::resource_service_client::ResourceServiceClient,
+    resource::v1::{ListRequest, WatchRequest, resource_service_client::ResourceServiceClient},
     runtime::v1::runtime_service_client::RuntimeServiceClient,
 };
 use otter_tunnel::TransportKind;
@@ -86,7 +86,63 @@ pub fn sim_config() -> SimConfig {
         .bookmark_interval(Duration::from_millis(200))
 }
 
+/// A ConfigMap named `name` in namespace `default`.
+pub fn configmap(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default"},
+        "data": {"k": "v"},
+    })
+}
+
 impl KubeEnv {
+    /// Everything as [`KubeEnv::start_with_hub`] starts it, with the
+    /// agent's tunnel through a relay the test can freeze (a dead path).
+    pub async fn behind_relay(
+        transport: TransportKind,
+        sim: SimConfig,
+        hub_tweak: impl FnOnce(&mut otter_hub::HubConfig),
+    ) -> (crate::Relay, KubeEnv) {
+        let relay = crate::Relay::start().await;
+        let port = relay.addr.port();
+        let env = Self::start_with_hub(
+            transport,
+            sim,
+            |c| {
+                c.tunnel_urls =
+                    vec![url::Url::parse(&format!("{transport}://localhost:{port}")).expect("URL")];
+                hub_tweak(c);
+            },
+            |hub| relay.set_target(hub.hub.tunnel_addr),
+            |_| {},
+        )
+        .await;
+        (relay, env)
+    }
+
+    /// A List of the ConfigMaps in `default`.
+    pub fn list_configmaps(&self) -> ListRequest {
+        ListRequest {
+            cluster: Some(self.cluster.clone()),
+            version: Some("v1".into()),
+            resource: Some("configmaps".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        }
+    }
+
+    /// A Watch of the ConfigMaps in `default`, from `rv`.
+    pub fn watch_configmaps(&self, rv: Option<String>) -> WatchRequest {
+        WatchRequest {
+            cluster: Some(self.cluster.clone()),
+            version: Some("v1".into()),
+            resource: Some("configmaps".into()),
+            namespace: Some("default".into()),
+            resource_version: rv,
+            ..Default::default()
+        }
+    }
+
     /// Starts everything with default service settings.
     pub async fn start(sim: SimConfig) -> KubeEnv {
         Self::start_with(sim, |_| {}).await

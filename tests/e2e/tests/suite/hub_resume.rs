@@ -7,64 +7,27 @@
 use std::time::Duration;
 
 use otter_e2e::{
-    Relay,
     double::event_name,
-    kube::{KubeEnv, sim_config, within},
+    kube::{KubeEnv, configmap, sim_config, within},
     with_token,
 };
-use otter_proto::resource::v1::{ListRequest, WatchRequest, watch_event::Type};
+use otter_proto::resource::v1::watch_event::Type;
 use otter_tunnel::TransportKind;
 
-fn configmap(name: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": "default"},
-        "data": {"k": "v"},
-    })
-}
-
 async fn held_across_a_dead_tunnel(transport: TransportKind) {
-    let relay = Relay::start().await;
-    let port = relay.addr.port();
-    let env = KubeEnv::start_with_hub(
-        transport,
-        sim_config(),
-        |c| {
-            c.tunnel_urls =
-                vec![url::Url::parse(&format!("{transport}://localhost:{port}")).unwrap()];
-        },
-        |hub| relay.set_target(hub.hub.tunnel_addr),
-        |_| {},
-    )
-    .await;
+    let (relay, env) = KubeEnv::behind_relay(transport, sim_config(), |_| {}).await;
     let token = env.admin_token().to_owned();
     env.sim.create_object(configmap("cm-before")).unwrap();
     let list = env
         .resources()
-        .list(with_token(
-            ListRequest {
-                cluster: Some(env.cluster.clone()),
-                version: Some("v1".into()),
-                resource: Some("configmaps".into()),
-                namespace: Some("default".into()),
-                ..Default::default()
-            },
-            &token,
-        ))
+        .list(with_token(env.list_configmaps(), &token))
         .await
         .unwrap()
         .into_inner();
     let mut watch = env
         .resources()
         .watch(with_token(
-            WatchRequest {
-                cluster: Some(env.cluster.clone()),
-                version: Some("v1".into()),
-                resource: Some("configmaps".into()),
-                namespace: Some("default".into()),
-                resource_version: list.resource_version,
-                ..Default::default()
-            },
+            env.watch_configmaps(list.resource_version),
             &token,
         ))
         .await
@@ -141,17 +104,10 @@ async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_h2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_watch_keeps_to_its_callers_rights() {
     for case in ["revoked", "deleted"] {
-        let relay = Relay::start().await;
-        let port = relay.addr.port();
-        let env = KubeEnv::start_with_hub(
+        let (relay, env) = KubeEnv::behind_relay(
             TransportKind::H2,
             sim_config().allow("user:otter:mel", &["*"], &["*"], &["*"]),
-            |c| {
-                c.tunnel_urls = vec![url::Url::parse(&format!("h2://localhost:{port}")).unwrap()];
-                c.recheck_tokens_every = Duration::from_millis(200);
-            },
-            |hub| relay.set_target(hub.hub.tunnel_addr),
-            |_| {},
+            |c| c.recheck_tokens_every = Duration::from_millis(200),
         )
         .await;
         let (api, pem) = (env.hub.hub.api_addr, env.hub.hub.ca_pem().to_owned());
@@ -165,16 +121,7 @@ async fn a_waiting_watch_keeps_to_its_callers_rights() {
         .await;
         let mut watch = env
             .resources()
-            .watch(with_token(
-                WatchRequest {
-                    cluster: Some(env.cluster.clone()),
-                    version: Some("v1".into()),
-                    resource: Some("configmaps".into()),
-                    namespace: Some("default".into()),
-                    ..Default::default()
-                },
-                &mel,
-            ))
+            .watch(with_token(env.watch_configmaps(None), &mel))
             .await
             .expect("mel may watch")
             .into_inner();
@@ -222,15 +169,9 @@ async fn a_waiting_watch_keeps_to_its_callers_rights() {
 async fn a_followed_log_goes_on_across_a_dead_tunnel() {
     use otter_proto::runtime::v1::PodLogRequest;
     for stamped in [false, true] {
-        let relay = Relay::start().await;
-        let port = relay.addr.port();
-        let env = KubeEnv::start_with_hub(
+        let (relay, env) = KubeEnv::behind_relay(
             TransportKind::H2,
             sim_config().pod("default", "web", &["app"]),
-            |c| {
-                c.tunnel_urls = vec![url::Url::parse(&format!("h2://localhost:{port}")).unwrap()];
-            },
-            |hub| relay.set_target(hub.hub.tunnel_addr),
             |_| {},
         )
         .await;

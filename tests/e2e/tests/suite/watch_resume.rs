@@ -8,56 +8,20 @@
 use std::time::Duration;
 
 use otter_e2e::{
-    Relay,
-    kube::{KubeEnv, sim_config, within},
+    double::event_name,
+    kube::{KubeEnv, configmap, sim_config, within},
     with_token,
 };
 use otter_hub::cli::resume::{Resume, ResumingWatch, Watched};
-use otter_proto::resource::v1::{ListRequest, WatchRequest, watch_event};
+use otter_proto::resource::v1::watch_event;
 use otter_tunnel::TransportKind;
-use prost_types::value::Kind;
-
-fn configmap(name: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": "default"},
-        "data": {"k": "v"},
-    })
-}
-
-fn name_of(ev: &otter_proto::resource::v1::WatchEvent) -> Option<String> {
-    let meta = ev
-        .resource
-        .as_ref()?
-        .object
-        .as_ref()?
-        .fields
-        .get("metadata")?;
-    let Some(Kind::StructValue(m)) = &meta.kind else {
-        return None;
-    };
-    match &m.fields.get("name")?.kind {
-        Some(Kind::StringValue(n)) => Some(n.clone()),
-        _ => None,
-    }
-}
 
 async fn resumes_across_a_dead_tunnel(transport: TransportKind) {
-    let relay = Relay::start().await;
-    let port = relay.addr.port();
-    let env = KubeEnv::start_with_hub(
-        transport,
-        sim_config(),
-        |c| {
-            c.tunnel_urls =
-                vec![url::Url::parse(&format!("{transport}://localhost:{port}")).unwrap()];
-            // The hub's own resume off: the client's is what is tested
-            // here (the hub's is `hub_resume.rs`).
-            c.watch_resume_grace = Duration::ZERO;
-        },
-        |hub| relay.set_target(hub.hub.tunnel_addr),
-        |_| {},
-    )
+    // The hub's own resume off: the client's is what is tested here (the
+    // hub's is `hub_resume.rs`).
+    let (relay, env) = KubeEnv::behind_relay(transport, sim_config(), |c| {
+        c.watch_resume_grace = Duration::ZERO;
+    })
     .await;
     let token = env.admin_token().to_owned();
     for i in 0..2 {
@@ -65,26 +29,9 @@ async fn resumes_across_a_dead_tunnel(transport: TransportKind) {
             .create_object(configmap(&format!("cm-before-{i}")))
             .unwrap();
     }
-    let request = |rv: Option<String>| WatchRequest {
-        cluster: Some(env.cluster.clone()),
-        version: Some("v1".into()),
-        resource: Some("configmaps".into()),
-        namespace: Some("default".into()),
-        resource_version: rv,
-        ..Default::default()
-    };
     let list = env
         .resources()
-        .list(with_token(
-            ListRequest {
-                cluster: Some(env.cluster.clone()),
-                version: Some("v1".into()),
-                resource: Some("configmaps".into()),
-                namespace: Some("default".into()),
-                ..Default::default()
-            },
-            &token,
-        ))
+        .list(with_token(env.list_configmaps(), &token))
         .await
         .unwrap()
         .into_inner();
@@ -97,7 +44,7 @@ async fn resumes_across_a_dead_tunnel(transport: TransportKind) {
     let t = token.clone();
     let mut watch = ResumingWatch::new(
         env.resources(),
-        request(list.resource_version.clone()),
+        env.watch_configmaps(list.resource_version.clone()),
         move |m| with_token(m, &t),
         policy,
     );
@@ -108,7 +55,7 @@ async fn resumes_across_a_dead_tunnel(transport: TransportKind) {
             match next {
                 Ok(Watched::Event(ev)) => {
                     if ev.r#type == Some(watch_event::Type::Added as i32) {
-                        let _ = tx.send(name_of(&ev));
+                        let _ = tx.send(Some(event_name(&ev)));
                     }
                 }
                 Ok(Watched::Resuming { .. }) => {
