@@ -120,6 +120,18 @@ impl KubeEnv {
         (relay, env)
     }
 
+    /// Freezes `relay` (a dead path), runs `meanwhile` against the test
+    /// server, and waits until the agent calls its tunnel dead; the relay
+    /// stays frozen (the test lets it go).
+    pub async fn cut(&self, relay: &crate::Relay, meanwhile: impl FnOnce(&KubeSim)) {
+        relay.freeze(true);
+        meanwhile(&self.sim);
+        self.agent
+            .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
+            .await
+            .expect("the agent calls the frozen tunnel dead");
+    }
+
     /// A List of the ConfigMaps in `default`.
     pub fn list_configmaps(&self) -> ListRequest {
         ListRequest {

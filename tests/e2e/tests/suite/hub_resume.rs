@@ -55,16 +55,13 @@ async fn held_across_a_dead_tunnel(transport: TransportKind) {
         until_seen(&n, &mut seen).await;
     }
 
-    relay.freeze(true);
-    for i in 0..4 {
-        env.sim
-            .create_object(configmap(&format!("cm-cut-{i}")))
-            .unwrap();
-    }
-    env.agent
-        .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
-        .await
-        .expect("the agent calls the frozen tunnel dead");
+    env.cut(&relay, |sim| {
+        for i in 0..4 {
+            sim.create_object(configmap(&format!("cm-cut-{i}")))
+                .unwrap();
+        }
+    })
+    .await;
     relay.freeze(false);
     until_seen("cm-cut-3", &mut seen).await;
     env.sim.create_object(configmap("cm-after")).unwrap();
@@ -125,11 +122,7 @@ async fn a_waiting_watch_keeps_to_its_callers_rights() {
             .await
             .expect("mel may watch")
             .into_inner();
-        relay.freeze(true);
-        env.agent
-            .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
-            .await
-            .expect("the agent calls the frozen tunnel dead");
+        env.cut(&relay, |_| {}).await;
         let (want, waited) = match case {
             "revoked" => {
                 otter_e2e::revoke_via_admin(api, &pem, &admin, &mel_id).await;
@@ -209,15 +202,12 @@ async fn a_followed_log_goes_on_across_a_dead_tunnel() {
             }
         };
         until_line("before-2", &mut text).await;
-        relay.freeze(true);
-        for i in 0..4 {
-            env.sim
-                .append_log("default", "web", "app", &format!("cut-{i}"));
-        }
-        env.agent
-            .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
-            .await
-            .expect("the agent calls the frozen tunnel dead");
+        env.cut(&relay, |sim| {
+            for i in 0..4 {
+                sim.append_log("default", "web", "app", &format!("cut-{i}"));
+            }
+        })
+        .await;
         relay.freeze(false);
         until_line("cut-3", &mut text).await;
         env.sim.append_log("default", "web", "app", "after");

@@ -84,16 +84,13 @@ async fn resumes_across_a_dead_tunnel(transport: TransportKind) {
         until_seen(&n, &mut seen, &mut resumes).await;
     }
 
-    relay.freeze(true);
-    for i in 0..4 {
-        env.sim
-            .create_object(configmap(&format!("cm-cut-{i}")))
-            .unwrap();
-    }
-    env.agent
-        .wait_for(Duration::from_secs(20), |s| s.connected.is_none())
-        .await
-        .expect("the agent calls the frozen tunnel dead");
+    env.cut(&relay, |sim| {
+        for i in 0..4 {
+            sim.create_object(configmap(&format!("cm-cut-{i}")))
+                .unwrap();
+        }
+    })
+    .await;
     relay.freeze(false);
     until_seen("cm-cut-3", &mut seen, &mut resumes).await;
     env.sim.create_object(configmap("cm-after-0")).unwrap();
