@@ -208,8 +208,14 @@ async fn stalled_readers_hold_bounded_memory_and_other_calls_work() {
     }
     producer.join().expect("the pod's logging");
     let (stalled_at, log_stalled_at) = last.0;
+    // Where the follow stream stops depends on more than our windows: the
+    // test server's own queue (64 batches of up to 64 lines) and the
+    // kernel's buffers on two TCP hops (test server → agent, hub →
+    // caller), which grow with the rate seen before the reader stopped.
+    // Alone it stops after 9–14 MiB; on a loaded machine once after 32
+    // MiB. Flow control failing would write all of it.
     assert!(
-        log_stalled_at < TOTAL / 2,
+        log_stalled_at < TOTAL * 3 / 4,
         "the log stream wrote {log_stalled_at} of {TOTAL} bytes to a reader that reads nothing"
     );
     let during = rss(&fleet);
