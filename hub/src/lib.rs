@@ -34,6 +34,7 @@ pub mod cors;
 pub mod credentials;
 pub mod deadline;
 pub mod etcd;
+pub mod fleet;
 pub mod forward;
 pub mod kube_proxy;
 pub mod limits;

@@ -1,6 +1,6 @@
 //! `otterscale.link.v1.LinkService`: agents register, operators list links.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use otter_pki::{AgentIdentity, PkiError, identity::PeerCertificate};
 use otter_proto::link::v1::{
@@ -68,6 +68,10 @@ pub struct LinkRecord {
     /// replaces the current one. Cleared by that Register.
     #[serde(default)]
     pub reenroll_after: Option<i64>,
+    /// Labels that select the cluster for fan-out calls: from its join
+    /// token at enrollment, then changed by FleetService.LabelLink.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 fn default_tenant() -> String {
@@ -314,6 +318,10 @@ impl LinkSvc {
         // Spent only now that the request is known to be good, and only
         // once: of two Registers racing with one token, one wins.
         let enrolling = join_token.is_some();
+        let join_token_labels = join_token
+            .as_ref()
+            .map(|t| t.record.labels.clone())
+            .filter(|l| !l.is_empty());
         let tenant = match (&join_token, &current) {
             (Some(checked), _) => checked.record.tenant.clone(),
             (None, Some(link)) => link.tenant.clone(),
@@ -349,8 +357,16 @@ impl LinkSvc {
                 .as_ref()
                 .and_then(|p| p.reenroll_after)
                 .filter(|_| !enrolling),
+            // The enrolling token's labels; otherwise the link keeps its own
+            // (write_link reads them where they are).
+            labels: match &join_token_labels {
+                Some(labels) => labels.clone(),
+                None => BTreeMap::new(),
+            },
         };
-        write_link(&*self.state.store, &cluster, record, enrolling).map_err(|e| e.into_status())?;
+        let keep_labels = join_token_labels.is_none();
+        write_link(&*self.state.store, &cluster, record, enrolling, keep_labels)
+            .map_err(|e| e.into_status())?;
         // Latest agent wins: a tunnel of the agent this one replaces is
         // drained and closed.
         if let Some(old) = self.state.registry.take_if_other_agent(&cluster, &agent_id) {
@@ -454,6 +470,7 @@ impl LinkService for LinkSvc {
                         diagnosis(t)
                     }),
                     tenant: Some(r.tenant),
+                    labels: r.labels.into_iter().collect(),
                 }
             })
             .collect();
@@ -556,6 +573,9 @@ impl LinkService for LinkSvc {
         otter_pki::validate_cluster_name(&cluster)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         manifest::validate_users(&req.extra_users).map_err(crate::HubError::into_status)?;
+        let labels: BTreeMap<String, String> = req.labels.into_iter().collect();
+        crate::fleet::selector::validate(&labels)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let rancher = req.rancher_project_id.unwrap_or_default();
         if rancher.len() > MAX_RANCHER_ID_LEN || !printable(&rancher) {
             return Err(Status::invalid_argument(
@@ -586,7 +606,7 @@ impl LinkService for LinkSvc {
             Ok(()) => {}
             Err(e) => return Err(e.status()),
         }
-        let claims = manifest::claims(
+        let mut claims = manifest::claims(
             &cluster,
             &tenant,
             &admins,
@@ -594,6 +614,7 @@ impl LinkService for LinkSvc {
             self.state.config.manifest_ttl,
             &self.state.authority.current().active.fingerprint(),
         );
+        claims.labels = labels;
         let token = manifest::sign(&self.state.manifest_key, &claims);
         let url = format!(
             "{}/link/manifest/{token}",
@@ -663,20 +684,28 @@ pub fn update_link(
 
 /// Writes a link Register made, over whatever is there by then (a
 /// compare-and-swap, retried): a re-enrollment mark set since the link
-/// was read stays, unless this is the enrollment that ends it.
+/// was read stays, unless this is the enrollment that ends it, and so do
+/// the labels there unless `keep_labels` is false (an enrollment with
+/// labels of its own).
 fn write_link(
     store: &dyn crate::store::Store,
     cluster: &str,
     mut record: LinkRecord,
     enrolling: bool,
+    keep_labels: bool,
 ) -> crate::Result<()> {
     loop {
         let raw = store.get_raw(tree::LINKS, cluster)?;
         if let Some(raw) = &raw
-            && !enrolling
+            && (!enrolling || keep_labels)
         {
             let there: LinkRecord = crate::store::decode(tree::LINKS, cluster, raw)?;
-            record.reenroll_after = there.reenroll_after;
+            if !enrolling {
+                record.reenroll_after = there.reenroll_after;
+            }
+            if keep_labels {
+                record.labels = there.labels;
+            }
         }
         let new = crate::store::encode(tree::LINKS, cluster, &record)?;
         if store.compare_and_swap_raw(tree::LINKS, cluster, raw.as_deref(), Some(&new))? {
@@ -694,6 +723,7 @@ fn render_manifest(state: &HubState, claims: &manifest::UrlClaims) -> crate::Res
         &claims.tenant,
         state.config.join_token_ttl,
         claims.issued,
+        &claims.labels,
     )?;
     let mut user_prefixes = vec![crate::auth::HUB_USER_PREFIX.to_owned()];
     if let Some(oidc) = &state.config.oidc {
@@ -877,7 +907,7 @@ mod tests {
         let opened = open_for_reenrollment(&store, "edge-1").unwrap();
         assert!(opened.is_some());
         // ...and writes after it; so does a tunnel's close (last seen).
-        write_link(&store, "edge-1", stale, false).unwrap();
+        write_link(&store, "edge-1", stale, false, true).unwrap();
         assert!(
             update_link(&store, "edge-1", |l| {
                 l.last_seen = 2;
@@ -892,7 +922,7 @@ mod tests {
         assert_eq!(now.reenroll_after, opened, "the mark survived both writes");
         assert_eq!(now.last_seen, 2);
         // The enrollment it was for ends it.
-        write_link(&store, "edge-1", link(), true).unwrap();
+        write_link(&store, "edge-1", link(), true, true).unwrap();
         let now = store
             .get::<LinkRecord>(tree::LINKS, "edge-1")
             .unwrap()
@@ -900,5 +930,45 @@ mod tests {
         assert_eq!(now.reenroll_after, None);
         assert!(!update_link(&store, "absent", |_| true).unwrap());
         let _ = store.flush();
+    }
+
+    #[test]
+    fn labels_survive_renewals_and_enrollments_without_labels_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        store.put(tree::LINKS, "edge-1", &link()).unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        // A renewal read the link before an admin labelled it.
+        let stale = store
+            .get::<LinkRecord>(tree::LINKS, "edge-1")
+            .unwrap()
+            .unwrap();
+        update_link(&store, "edge-1", |l| {
+            l.labels = labels(&[("env", "prod")]);
+            true
+        })
+        .unwrap();
+        write_link(&store, "edge-1", stale, false, true).unwrap();
+        let read = || {
+            store
+                .get::<LinkRecord>(tree::LINKS, "edge-1")
+                .unwrap()
+                .unwrap()
+                .labels
+        };
+        assert_eq!(read(), labels(&[("env", "prod")]));
+        // A re-enrollment whose token carries no labels keeps them...
+        write_link(&store, "edge-1", link(), true, true).unwrap();
+        assert_eq!(read(), labels(&[("env", "prod")]));
+        // ...one whose token does replaces them.
+        let mut enrolled = link();
+        enrolled.labels = labels(&[("env", "dev")]);
+        write_link(&store, "edge-1", enrolled, true, false).unwrap();
+        assert_eq!(read(), labels(&[("env", "dev")]));
     }
 }

@@ -92,6 +92,13 @@ pub struct UrlClaims {
     /// count as authorized then. URLs of older hubs read 0.
     #[serde(rename = "i", default)]
     pub issued: i64,
+    /// Labels the link gets at enrollment.
+    #[serde(
+        rename = "l",
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty"
+    )]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// How many times one manifest URL serves its YAML: `kubectl apply -f`
@@ -222,6 +229,7 @@ pub fn claims(
         expires: unix_now() + ttl.as_secs() as i64,
         ca_fingerprint: ca_fingerprint.to_owned(),
         issued: unix_now(),
+        labels: Default::default(),
     }
 }
 

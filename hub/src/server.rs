@@ -9,7 +9,10 @@ use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use otter_pki::tls;
-use otter_proto::link::v1::link_service_server::LinkServiceServer;
+use otter_proto::{
+    fleet::v1::fleet_service_server::FleetServiceServer,
+    link::v1::link_service_server::LinkServiceServer,
+};
 use otter_tunnel::{h2, quic};
 use tokio::{net::TcpListener, sync::mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -669,6 +672,9 @@ fn api_routes(
     Ok(tonic::service::Routes::new(LinkServiceServer::new(LinkSvc {
         state: state.clone(),
     }))
+    .add_service(FleetServiceServer::new(crate::fleet::FleetSvc {
+        state: state.clone(),
+    }))
     .add_service(health)
     .add_service(v1)
     .add_service(v1alpha))
@@ -698,8 +704,9 @@ async fn prune_periodically(state: Arc<HubState>, shutdown: CancellationToken) {
 }
 
 /// The OtterScale services, as health and reflection name them.
-const SERVICES: [&str; 3] = [
+const SERVICES: [&str; 4] = [
     "otterscale.link.v1.LinkService",
+    "otterlink.fleet.v1.FleetService",
     "otterscale.resource.v1.ResourceService",
     "otterscale.runtime.v1.RuntimeService",
 ];

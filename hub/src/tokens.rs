@@ -85,6 +85,9 @@ pub struct JoinTokenRecord {
     /// The agent that enrolled with it.
     #[serde(default)]
     pub used_by: Option<String>,
+    /// Labels the link gets at enrollment.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 fn default_tenant() -> String {
@@ -120,17 +123,19 @@ pub fn mint_join_token(
     tenant: &str,
     ttl: Duration,
 ) -> Result<String> {
-    mint_join_token_authorized(store, cluster, tenant, ttl, unix_now())
+    mint_join_token_authorized(store, cluster, tenant, ttl, unix_now(), &Default::default())
 }
 
 /// Like [`mint_join_token`], for a token an admin authorized at
-/// `authorized` (unix seconds): a manifest URL minted then.
+/// `authorized` (unix seconds), a manifest URL minted then, that gives the
+/// link `labels`.
 pub fn mint_join_token_authorized(
     store: &dyn Store,
     cluster: &str,
     tenant: &str,
     ttl: Duration,
     authorized: i64,
+    labels: &std::collections::BTreeMap<String, String>,
 ) -> Result<String> {
     otter_pki::validate_cluster_name(cluster)?;
     let (token, id, secret_sha256) = new_token(JOIN_PREFIX);
@@ -146,6 +151,7 @@ pub fn mint_join_token_authorized(
         last_used: None,
         authorized,
         used_by: None,
+        labels: labels.clone(),
     };
     store.put(tree::JOIN_TOKENS, &id, &rec)?;
     Ok(token)

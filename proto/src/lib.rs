@@ -40,6 +40,27 @@ pub mod runtime {
     }
 }
 
+/// `otterlink.*`: OtterScale Link's own packages, beside the upstream
+/// contract. prost names another package's types by a path that mirrors
+/// the package (`otterscale::resource::v1`), hence [`otterscale`].
+pub mod otterlink {
+    /// `otterlink.fleet.v1`: fan-out calls over many clusters.
+    pub mod fleet {
+        pub mod v1 {
+            include!("gen/otterlink.fleet.v1.rs");
+        }
+    }
+}
+
+pub use otterlink::fleet;
+
+/// The upstream packages by their package paths, for the generated code
+/// of [`otterlink`].
+#[doc(hidden)]
+pub mod otterscale {
+    pub use crate::resource;
+}
+
 /// Encoded `google.protobuf.FileDescriptorSet` of our protos and their imports.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!("gen/descriptor.bin");
 
@@ -50,6 +71,7 @@ pub const PROTO_FILES: &[&str] = &[
     "link/v1/link.proto",
     "resource/v1/resource.proto",
     "runtime/v1/runtime.proto",
+    "otterlink/fleet/v1/fleet.proto",
 ];
 
 /// Number of the `otterscale.api.feature` extension on `MethodOptions`.

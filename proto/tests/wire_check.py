@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 import sys
+import types
 
 from google.protobuf import json_format
 
@@ -24,6 +25,7 @@ FILES = {
     "otterscale.link.v1": "link/v1/link_pb2.py",
     "otterscale.resource.v1": "resource/v1/resource_pb2.py",
     "otterscale.runtime.v1": "runtime/v1/runtime_pb2.py",
+    "otterlink.fleet.v1": "otterlink/fleet/v1/fleet_pb2.py",
 }
 
 
@@ -31,6 +33,16 @@ FILES = {
 def load(out_dir, package):
     if package == "google.protobuf":
         return importlib.import_module("google.protobuf.empty_pb2")
+    if package.startswith("otterlink."):
+        # Our own packages import upstream's files by path
+        # ("from resource.v1 import resource_pb2"); the path-loaded modules
+        # stand in for those packages, as Python's own `resource` is taken.
+        for upstream, path in FILES.items():
+            if upstream.startswith("otterscale."):
+                parent = os.path.dirname(path).replace("/", ".")
+                stem = os.path.basename(path)[: -len(".py")]
+                holder = sys.modules.setdefault(parent, types.ModuleType(parent))
+                setattr(holder, stem, load(out_dir, upstream))
     name = "otter_" + package.replace(".", "_")
     spec = importlib.util.spec_from_file_location(name, os.path.join(out_dir, FILES[package]))
     module = importlib.util.module_from_spec(spec)

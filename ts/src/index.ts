@@ -8,3 +8,4 @@ export * as api from "./gen/feature_pb.js";
 export * as linkv1 from "./gen/link/v1/link_pb.js";
 export * as resourcev1 from "./gen/resource/v1/resource_pb.js";
 export * as runtimev1 from "./gen/runtime/v1/runtime_pb.js";
+export * as fleetv1 from "./gen/otterlink/fleet/v1/fleet_pb.js";

@@ -372,18 +372,79 @@ pub async fn re_enroll(hub: &Hub, cluster: &str) -> anyhow::Result<()> {
 }
 
 /// `otter agent-manifest`.
+/// Reads `key=value` (set) and `key-` (remove) arguments, as `kubectl
+/// label` takes them.
+pub fn label_args(
+    args: &[String],
+) -> anyhow::Result<(std::collections::BTreeMap<String, String>, Vec<String>)> {
+    let mut set = std::collections::BTreeMap::new();
+    let mut remove = Vec::new();
+    for arg in args {
+        match arg.split_once('=') {
+            Some((k, v)) => {
+                set.insert(k.to_owned(), v.to_owned());
+            }
+            None => match arg.strip_suffix('-') {
+                Some(k) => remove.push(k.to_owned()),
+                None => anyhow::bail!("{arg:?}: use key=value to set a label, key- to remove one"),
+            },
+        }
+    }
+    Ok((set, remove))
+}
+
+/// `otter links label`: sets and removes labels of one link.
+pub async fn link_label(hub: &Hub, cluster: &str, args: &[String]) -> anyhow::Result<()> {
+    let (labels, remove) = label_args(args)?;
+    if labels.is_empty() && remove.is_empty() {
+        anyhow::bail!("name labels to set (key=value) or remove (key-)");
+    }
+    let resp =
+        otter_proto::fleet::v1::fleet_service_client::FleetServiceClient::new(hub.channel.clone())
+            .label_link(hub.req(otter_proto::fleet::v1::LabelLinkRequest {
+                cluster: Some(cluster.to_owned()),
+                labels: labels.into_iter().collect(),
+                remove,
+            }))
+            .await
+            .map_err(status_error)?
+            .into_inner();
+    println!("link/{cluster} labeled: {}", labels_text(&resp.labels));
+    Ok(())
+}
+
+/// Labels as `k=v,k2=v2` in key order; `<none>` for none, as kubectl
+/// prints them.
+pub fn labels_text(labels: &std::collections::HashMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "<none>".to_owned();
+    }
+    let sorted: std::collections::BTreeMap<_, _> = labels.iter().collect();
+    sorted
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 pub async fn agent_manifest(
     hub: &Hub,
     cluster: &str,
     tenant: Option<&str>,
     extra_users: Vec<String>,
     rancher: Option<String>,
+    labels: &[String],
     yaml: bool,
 ) -> anyhow::Result<()> {
+    let (labels, removed) = label_args(labels)?;
+    if let Some(key) = removed.first() {
+        anyhow::bail!("--label {key}-: a new link has no labels to remove");
+    }
     let mut req = hub.req(GetAgentManifestRequest {
         cluster: Some(cluster.to_owned()),
         extra_users,
         rancher_project_id: rancher,
+        labels: labels.into_iter().collect(),
     });
     if let Some(tenant) = tenant {
         req.metadata_mut().insert(
@@ -435,6 +496,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
                     "certificateExpires": l.certificate_expires.as_ref().map(|t| t.seconds),
                     "rancherProjectId": l.rancher_project_id,
                     "tenant": l.tenant,
+                    "labels": l.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
                     "diagnosis": l.diagnosis.as_ref().map(|d| serde_json::json!({
                         "proxy": d.proxy, "rttMicros": d.rtt_micros,
                         "attempts": d.attempts.iter().map(|a| serde_json::json!({
@@ -510,6 +572,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
                 Some(_) => format!("failing ({} failed)", d.renewal_failures.unwrap_or(0)),
                 None => "ok".into(),
             }));
+            row.push(labels_text(&l.labels));
         }
         rows.push(row);
     }
@@ -531,6 +594,7 @@ pub async fn links(hub: &Hub, output: Option<&str>) -> anyhow::Result<()> {
             "FALLBACK",
             "SKEW",
             "RENEWAL",
+            "LABELS",
         ]);
     }
     print!("{}", output::table(&headers, &rows));

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod commands;
 pub mod describe;
+pub mod fleet;
 pub mod output;
 pub mod resources;
 pub mod resume;
@@ -128,6 +129,10 @@ pub enum Command {
         /// the agent's namespace for Rancher).
         #[arg(long)]
         rancher_project_id: Option<String>,
+        /// A label for the link, key=value (repeatable); selects the
+        /// cluster in fan-out calls such as `otter get --clusters env=prod`.
+        #[arg(long = "label")]
+        labels: Vec<String>,
         /// `yaml` prints the manifest instead of its URL.
         #[arg(short, long)]
         output: Option<String>,
@@ -168,6 +173,11 @@ pub enum Command {
         /// Keep printing changes.
         #[arg(short, long)]
         watch: bool,
+        /// Every cluster whose link labels match this selector
+        /// (`env=prod,region in (eu,us)`; "" for all), in one table with a
+        /// CLUSTER column.
+        #[arg(long, conflicts_with_all = ["watch", "cluster"])]
+        clusters: Option<String>,
         #[command(flatten)]
         hub: client::HubFlags,
     },
@@ -368,6 +378,19 @@ pub enum LinksCommand {
     ReEnroll {
         /// The member cluster.
         cluster: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
+    /// Set (key=value) or remove (key-) labels of a link (its tenant's
+    /// admins), as kubectl label does.
+    ///
+    /// Example: otter links label edge-1 env=prod region=eu legacy-
+    Label {
+        /// The member cluster.
+        cluster: String,
+        /// key=value to set, key- to remove.
+        #[arg(required = true)]
+        labels: Vec<String>,
         #[command(flatten)]
         hub: client::HubFlags,
     },
@@ -962,6 +985,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             tenant,
             extra_users,
             rancher_project_id,
+            labels,
             output,
             hub,
         } => {
@@ -976,6 +1000,7 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
                 tenant.as_deref(),
                 extra_users,
                 rancher_project_id,
+                &labels,
                 yaml,
             )
             .await?
@@ -989,6 +1014,15 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             ..
         } => commands::re_enroll(&hub.connect().await?, &cluster).await?,
         Command::Links {
+            action:
+                Some(LinksCommand::Label {
+                    cluster,
+                    labels,
+                    hub,
+                }),
+            ..
+        } => commands::link_label(&hub.connect().await?, &cluster, &labels).await?,
+        Command::Links {
             action: None,
             output,
             hub,
@@ -1001,10 +1035,15 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             selector,
             output,
             watch,
+            clusters,
             hub,
         } => {
+            let cluster = match &clusters {
+                Some(_) => String::new(),
+                None => scope.cluster()?,
+            };
             let args = commands::GetArgs {
-                cluster: scope.cluster()?,
+                cluster,
                 resource,
                 name,
                 namespace: scope.namespace,
@@ -1013,7 +1052,10 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
                 output,
                 watch,
             };
-            commands::get(&hub.connect().await?, args).await?
+            match clusters {
+                Some(selector) => fleet::get(&hub.connect().await?, args, &selector).await?,
+                None => commands::get(&hub.connect().await?, args).await?,
+            }
         }
         Command::Apply {
             filename,

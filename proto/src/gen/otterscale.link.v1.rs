@@ -41,6 +41,13 @@ pub struct Link {
     /// The tenant the cluster belongs to (one of the caller's).
     #[prost(string, optional, tag = "109")]
     pub tenant: ::core::option::Option<::prost::alloc::string::String>,
+    /// Labels of the link, for selecting clusters (otterlink.fleet.v1): set at
+    /// enrollment, changed with FleetService.LabelLink.
+    #[prost(map = "string, string", tag = "110")]
+    pub labels: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
 }
 /// What the agent reports about its way to the hub.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -146,7 +153,7 @@ pub struct RegisterResponse {
     #[prost(message, optional, tag = "101")]
     pub certificate_expires: ::core::option::Option<::prost_types::Timestamp>,
 }
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct GetAgentManifestRequest {
     #[prost(string, optional, tag = "1")]
     pub cluster: ::core::option::Option<::prost::alloc::string::String>,
@@ -155,6 +162,13 @@ pub struct GetAgentManifestRequest {
     pub extra_users: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(string, optional, tag = "3")]
     pub rancher_project_id: ::core::option::Option<::prost::alloc::string::String>,
+    /// Labels the link gets when the agent first registers with this
+    /// manifest's join token.
+    #[prost(map = "string, string", tag = "100")]
+    pub labels: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct GetAgentManifestResponse {

@@ -66,7 +66,7 @@ fn run(cmd: &mut Command, what: &str) -> String {
 const SMOKE: &str = r#"
 import { create, fromBinary, toBinary, toJson } from "@bufbuild/protobuf";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
-import { linkv1, resourcev1, runtimev1 } from "./dist/index.js";
+import { fleetv1, linkv1, resourcev1, runtimev1 } from "./dist/index.js";
 
 const schema = linkv1.ListLinksResponseSchema;
 const msg = create(schema, {
@@ -79,7 +79,7 @@ const msg = create(schema, {
 });
 const bytes = toBinary(schema, msg);
 const services = {};
-for (const svc of [linkv1.LinkService, resourcev1.ResourceService, runtimev1.RuntimeService]) {
+for (const svc of [linkv1.LinkService, resourcev1.ResourceService, runtimev1.RuntimeService, fleetv1.FleetService]) {
   services[svc.typeName] = svc.methods.map((m) => [m.name, m.methodKind]);
 }
 console.log(JSON.stringify({

@@ -12,7 +12,7 @@
 
 use std::{path::Path, process::Command};
 
-use otter_proto::{link, resource, runtime};
+use otter_proto::{fleet, link, resource, runtime};
 use prost::Message;
 use prost_types::{ListValue, Struct, Timestamp, Value, value::Kind};
 use serde_json::{Value as Json, json};
@@ -77,6 +77,12 @@ fn object() -> Struct {
     }
 }
 
+/// [`object`] in the proto3 JSON mapping.
+fn object_json() -> Json {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "replicas": 3.0,
+           "ready": true, "gone": null, "ports": [80.0, "https"]})
+}
+
 fn cases() -> Vec<Case> {
     let ts = Timestamp {
         seconds: 1_764_000_000,
@@ -134,8 +140,7 @@ fn cases() -> Vec<Case> {
             resource::v1::Resource {
                 object: Some(object()),
             },
-            json!({"object": {"apiVersion": "v1", "kind": "ConfigMap", "replicas": 3.0,
-                              "ready": true, "gone": null, "ports": [80.0, "https"]}}),
+            json!({"object": object_json()}),
         ),
         case(
             "list",
@@ -224,6 +229,51 @@ fn cases() -> Vec<Case> {
                 readme: Some(Vec::new()),
             },
             json!({"values": "cmVwbGljYXM6IDEK", "readme": ""}),
+        ),
+        case(
+            "label-link",
+            "otterlink.fleet.v1.LabelLinkRequest",
+            fleet::v1::LabelLinkRequest {
+                cluster: s("edge-1"),
+                labels: [("env".to_owned(), "prod".to_owned())].into(),
+                remove: vec!["legacy".into()],
+            },
+            json!({"cluster": "edge-1", "labels": {"env": "prod"}, "remove": ["legacy"]}),
+        ),
+        case(
+            "fan-out-answer",
+            "otterlink.fleet.v1.ListResourcesResponse",
+            fleet::v1::ListResourcesResponse {
+                cluster: s("edge-1"),
+                result: Some(fleet::v1::list_resources_response::Result::List(
+                    resource::v1::ListResponse {
+                        resource_version: s("42"),
+                        items: vec![resource::v1::Resource {
+                            object: Some(object()),
+                        }],
+                        ..Default::default()
+                    },
+                )),
+                elapsed_millis: Some(7),
+            },
+            json!({"cluster": "edge-1", "list": {"resource_version": "42",
+                   "items": [{"object": object_json()}]}, "elapsed_millis": 7}),
+        ),
+        case(
+            "fan-out-error",
+            "otterlink.fleet.v1.GetResourcesResponse",
+            fleet::v1::GetResourcesResponse {
+                cluster: s("edge-2"),
+                result: Some(fleet::v1::get_resources_response::Result::Error(
+                    fleet::v1::ClusterError {
+                        code: s("unavailable"),
+                        message: s("cluster edge-2 is offline"),
+                    },
+                )),
+                elapsed_millis: Some(0),
+            },
+            json!({"cluster": "edge-2", "error": {"code": "unavailable",
+                   "message": "cluster edge-2 is offline"}, "elapsed_millis": 0}),
         ),
         case("empty", "google.protobuf.Empty", (), json!({})),
     ]

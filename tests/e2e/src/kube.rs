@@ -33,10 +33,25 @@ pub async fn kube_agent(
     transport: TransportKind,
     tweak: impl FnOnce(&mut ServicesConfig),
 ) -> Agent {
-    // The agent's own identity may impersonate (the test server's admin),
-    // and reaches the API through a kubeconfig file, as with --kubeconfig.
+    // The agent's own identity may impersonate (the test server's admin).
+    let kubeconfig = sim.kubeconfig_yaml(ADMIN_TOKEN);
+    kube_agent_with(hub, &kubeconfig, cluster, token, transport, tweak).await
+}
+
+/// Like [`kube_agent`], reaching its Kubernetes API with `kubeconfig`
+/// (the test server through a relay, say).
+pub async fn kube_agent_with(
+    hub: &TestHub,
+    kubeconfig: &str,
+    cluster: &str,
+    token: &str,
+    transport: TransportKind,
+    tweak: impl FnOnce(&mut ServicesConfig),
+) -> Agent {
+    // Through a kubeconfig file, as with --kubeconfig.
+    let yaml = kubeconfig;
     let kubeconfig = hub.dir.path().join(format!("{cluster}-kubeconfig.yaml"));
-    std::fs::write(&kubeconfig, sim.kubeconfig_yaml(ADMIN_TOKEN)).expect("write kubeconfig");
+    std::fs::write(&kubeconfig, yaml).expect("write kubeconfig");
     let kube_config = otter_agent::kube::load_config(Some(&kubeconfig))
         .await
         .expect("kubeconfig loads");

@@ -86,6 +86,7 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
                 cluster: Some("edge-1".into()),
                 extra_users: vec!["carol@example.com".into()],
                 rancher_project_id: None,
+                labels: [("env".to_owned(), "prod".to_owned())].into(),
             },
             &hub.admin_token,
         ))
@@ -267,6 +268,9 @@ async fn manifest_url_applied_with_kubectl_joins_the_cluster() {
         .await
         .expect("agent from the manifest connects");
     wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
+    // The link carries the labels the manifest was asked with.
+    let link = otter_e2e::double::link_of(&hub.channel().await, &hub.admin_token, "edge-1").await;
+    assert_eq!(link.labels.get("env").map(String::as_str), Some("prod"));
     agent.shutdown().await;
     sim.shutdown().await;
 

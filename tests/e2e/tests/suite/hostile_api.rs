@@ -389,6 +389,7 @@ async fn oversized_requests_are_refused_before_buffering() {
             .map(|i| format!("user-{i}"))
             .collect(),
         rancher_project_id: None,
+        labels: Default::default(),
     };
     let e = links
         .get_agent_manifest(with_token(many, &hub.admin_token))
@@ -399,12 +400,36 @@ async fn oversized_requests_are_refused_before_buffering() {
         cluster: Some("edge-2".into()),
         extra_users: vec!["u".repeat(100_000)],
         rancher_project_id: None,
+        labels: Default::default(),
     };
     let e = links
         .get_agent_manifest(with_token(long, &hub.admin_token))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // Labels: too many, too long in all, or not Kubernetes label syntax
+    // (they travel in the manifest URL).
+    for labels in [
+        (0..=otter_hub::fleet::MAX_LABELS)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect(),
+        (0..30).map(|i| (format!("k{i}"), "v".repeat(63))).collect(),
+        [("bad key".to_owned(), String::new())].into(),
+        [("k".to_owned(), "x".repeat(64))].into(),
+    ] {
+        let e = links
+            .get_agent_manifest(with_token(
+                GetAgentManifestRequest {
+                    cluster: Some("edge-2".into()),
+                    labels,
+                    ..Default::default()
+                },
+                &hub.admin_token,
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
     let too_long = "A".repeat(otter_hub::manifest::MAX_TOKEN_LEN + 1);
     let (status, _, body) = otter_e2e::http_call(
         hub.hub.api_addr,

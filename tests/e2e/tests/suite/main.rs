@@ -20,6 +20,7 @@ mod doctor;
 mod egress_netns;
 mod egress_proxy;
 mod etcd_quorum;
+mod fleet_fanout;
 mod hostile_api;
 mod hostile_enrollment;
 mod hostile_identity;

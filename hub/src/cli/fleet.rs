@@ -1,0 +1,192 @@
+//! `otter get … --clusters SELECTOR`: one table over every cluster a link
+//! selector picks, from one FleetService call.
+
+use futures::StreamExt;
+use otter_proto::{
+    fleet::v1::{
+        FanOut, GetResourcesRequest, ListResourcesRequest,
+        fleet_service_client::FleetServiceClient, get_resources_response, list_resources_response,
+    },
+    link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
+    resource::v1::ApiResource,
+};
+use serde_json::{Value as Json, json};
+
+use super::{
+    client::Hub,
+    commands::GetArgs,
+    output::{self, struct_to_json},
+    resources, status_error,
+};
+use crate::fleet::Selector;
+
+/// What one cluster answered.
+struct Answer {
+    cluster: String,
+    outcome: Result<Vec<Json>, (String, String)>,
+    elapsed_millis: u32,
+}
+
+/// Resolves the resource type with the Discovery of a connected cluster the
+/// selector picks (the first that answers).
+async fn resource_type(hub: &Hub, selector: &str, name: &str) -> anyhow::Result<ApiResource> {
+    let parsed = Selector::parse(selector)?;
+    let links = LinkServiceClient::new(hub.channel.clone())
+        .list_links(hub.req(ListLinksRequest {}))
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .links;
+    let connected = links.into_iter().filter(|l| {
+        l.state == Some(LinkState::Connected as i32)
+            && parsed.matches(&l.labels.clone().into_iter().collect())
+    });
+    let mut last_error = None;
+    for link in connected.take(3) {
+        match resources::discover(hub, link.cluster()).await {
+            Ok(all) => return Ok(resources::resolve(&all, name)?.clone()),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error
+        .unwrap_or_else(|| anyhow::anyhow!("no connected cluster matches --clusters {selector:?}")))
+}
+
+/// `otter get RESOURCE [NAME] --clusters SELECTOR`.
+pub async fn get(hub: &Hub, a: GetArgs, selector: &str) -> anyhow::Result<()> {
+    let rt = resource_type(hub, selector, &a.resource).await?;
+    let namespaced = rt.namespaced.unwrap_or(false);
+    let namespace = if !namespaced || a.all_namespaces {
+        String::new()
+    } else {
+        a.namespace.clone().unwrap_or_else(|| "default".into())
+    };
+    let fan_out = Some(FanOut {
+        link_selector: Some(selector.to_owned()),
+        timeout_millis: None,
+    });
+    let mut client = FleetServiceClient::new(hub.channel.clone());
+    let mut answers = Vec::new();
+    match &a.name {
+        Some(name) => {
+            let mut stream = client
+                .get_resources(hub.req(GetResourcesRequest {
+                    fan_out,
+                    group: rt.group.clone(),
+                    version: rt.version.clone(),
+                    resource: rt.resource.clone(),
+                    namespace: Some(namespace.clone()),
+                    name: Some(name.clone()),
+                }))
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            while let Some(m) = stream.next().await {
+                let m = m.map_err(status_error)?;
+                use get_resources_response::Result as R;
+                let elapsed_millis = m.elapsed_millis();
+                answers.push(Answer {
+                    cluster: m.cluster().to_owned(),
+                    outcome: match m.result {
+                        Some(R::Resource(r)) => Ok(vec![
+                            r.object.as_ref().map(struct_to_json).unwrap_or_default(),
+                        ]),
+                        Some(R::Error(e)) => Err((e.code().to_owned(), e.message().to_owned())),
+                        None => Err(("unknown".into(), "no answer".into())),
+                    },
+                    elapsed_millis,
+                });
+            }
+        }
+        None => {
+            let mut stream = client
+                .list_resources(hub.req(ListResourcesRequest {
+                    fan_out,
+                    group: rt.group.clone(),
+                    version: rt.version.clone(),
+                    resource: rt.resource.clone(),
+                    namespace: Some(namespace.clone()),
+                    label_selector: a.selector.clone(),
+                    ..Default::default()
+                }))
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            while let Some(m) = stream.next().await {
+                let m = m.map_err(status_error)?;
+                use list_resources_response::Result as R;
+                let elapsed_millis = m.elapsed_millis();
+                answers.push(Answer {
+                    cluster: m.cluster().to_owned(),
+                    outcome: match m.result {
+                        Some(R::List(l)) => Ok(l
+                            .items
+                            .iter()
+                            .map(|i| i.object.as_ref().map(struct_to_json).unwrap_or_default())
+                            .collect()),
+                        Some(R::Error(e)) => Err((e.code().to_owned(), e.message().to_owned())),
+                        None => Err(("unknown".into(), "no answer".into())),
+                    },
+                    elapsed_millis,
+                });
+            }
+        }
+    }
+    // Answers come as clusters give them; the table is in cluster order.
+    answers.sort_by(|x, y| x.cluster.cmp(&y.cluster));
+    let failed = answers.iter().filter(|a| a.outcome.is_err()).count();
+    match a.output.as_deref() {
+        Some("json") => {
+            let clusters: Vec<Json> = answers
+                .iter()
+                .map(|ans| match &ans.outcome {
+                    Ok(items) => json!({
+                        "cluster": ans.cluster, "items": items,
+                        "elapsedMillis": ans.elapsed_millis,
+                    }),
+                    Err((code, message)) => json!({
+                        "cluster": ans.cluster,
+                        "error": { "code": code, "message": message },
+                        "elapsedMillis": ans.elapsed_millis,
+                    }),
+                })
+                .collect();
+            println!("{}", output::json(&json!({ "clusters": clusters }))?);
+        }
+        Some("yaml") => anyhow::bail!("-o yaml: with --clusters, use -o json or a table"),
+        other => {
+            let wide = other == Some("wide");
+            let kind = rt.kind.clone().unwrap_or_default();
+            let show_ns = a.all_namespaces && namespaced;
+            let mut headers = vec!["CLUSTER"];
+            let mut rows = Vec::new();
+            for ans in &answers {
+                for o in ans.outcome.as_deref().unwrap_or_default() {
+                    let (h, mut r) = output::row(&kind, o, show_ns, wide);
+                    headers.truncate(1);
+                    headers.extend(h);
+                    r.insert(0, ans.cluster.clone());
+                    rows.push(r);
+                }
+            }
+            if rows.is_empty() && failed == 0 {
+                eprintln!("No resources found in {} clusters", answers.len());
+            } else if !rows.is_empty() {
+                print!("{}", output::table(&headers, &rows));
+            }
+        }
+    }
+    for ans in &answers {
+        if let Err((code, message)) = &ans.outcome {
+            eprintln!(
+                "error: cluster {}: {code}: {}",
+                output::printable(&ans.cluster),
+                output::printable(message)
+            );
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} clusters gave no answer", answers.len());
+    }
+    Ok(())
+}
