@@ -4,6 +4,7 @@
 
 mod binary;
 mod cli_cluster;
+mod cli_fleet;
 mod kubectl_proxy;
 mod reach;
 
