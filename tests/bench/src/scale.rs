@@ -382,6 +382,8 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         l.max / 1000.0,
     );
 
+    fan_out(&mut figs, &ch, &token, &hub.pid(), n).await?;
+
     // Reconnect storm: the hub stops (gracefully, then by SIGKILL as in a
     // crash) and starts again on the same ports and data.
     let (api, tunnel) = (hub.api.port(), hub.tunnel.port());
@@ -438,6 +440,86 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     }
     drop(hub);
     Ok(figs)
+}
+
+/// A FleetService List over all `n` connected clusters (each agent's
+/// double answers a small fixed list), five times: when the first and the
+/// last cluster's answer arrive, and the hub's RSS meanwhile (sampled every
+/// 5 ms).
+async fn fan_out(
+    figs: &mut Figures,
+    ch: &tonic::transport::Channel,
+    token: &str,
+    hub_pid: &str,
+    n: usize,
+) -> anyhow::Result<()> {
+    use otter_proto::fleet::v1::{
+        FanOut, ListResourcesRequest, fleet_service_client::FleetServiceClient,
+        list_resources_response,
+    };
+    eprintln!("bench: fan-out List over {n} clusters");
+    for _ in 0..5 {
+        let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sampler = {
+            let (sampling, peak, pid) = (sampling.clone(), peak.clone(), hub_pid.to_owned());
+            tokio::spawn(async move {
+                while sampling.load(Ordering::Relaxed) {
+                    peak.fetch_max(rss_kib(&pid).unwrap_or(0), Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        };
+        let t = Instant::now();
+        let mut stream = FleetServiceClient::new(ch.clone())
+            .max_decoding_message_size(16 << 20)
+            .list_resources(with_token(
+                ListResourcesRequest {
+                    fan_out: Some(FanOut::default()),
+                    version: Some("v1".into()),
+                    resource: Some("pods".into()),
+                    ..Default::default()
+                },
+                token,
+            ))
+            .await?
+            .into_inner();
+        let (mut first, mut ok, mut answers) = (None, 0usize, 0usize);
+        while let Some(m) = stream.message().await? {
+            first.get_or_insert_with(|| t.elapsed());
+            answers += 1;
+            if matches!(m.result, Some(list_resources_response::Result::List(_))) {
+                ok += 1;
+            }
+        }
+        let all = t.elapsed();
+        sampling.store(false, Ordering::Relaxed);
+        sampler.await?;
+        anyhow::ensure!(answers == n, "fan-out: {answers} answers from {n} clusters");
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        figs.add(
+            &format!("fanout.first.n{n}"),
+            "ms",
+            None,
+            ms(first.unwrap_or(all)),
+        );
+        figs.add(&format!("fanout.all.n{n}"), "ms", None, ms(all));
+        figs.add(&format!("fanout.listed.n{n}"), "clusters", None, ok as f64);
+        figs.add(
+            &format!("fanout.hub-rss.n{n}"),
+            "MiB",
+            None,
+            peak.load(Ordering::Relaxed) as f64 / 1024.0,
+        );
+    }
+    figs.note(
+        &format!("fanout.all.n{n}"),
+        &format!(
+            "one ListResources over every cluster, {} at a time",
+            otter_hub::fleet::CONCURRENCY
+        ),
+    );
+    Ok(())
 }
 
 /// `agent-child`: one agent serving the test double; prints CONNECTED once up.
