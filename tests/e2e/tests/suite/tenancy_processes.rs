@@ -19,6 +19,10 @@ use otter_e2e::{
     mint_via_admin, with_token,
 };
 use otter_proto::{
+    fleet::v1::{
+        FanOut, LabelLinkRequest, ListResourcesRequest, fleet_service_client::FleetServiceClient,
+        list_resources_response,
+    },
     resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
     runtime::v1::{self as pb, runtime_service_client::RuntimeServiceClient},
 };
@@ -188,6 +192,70 @@ async fn tenants_and_revocation_through_the_real_binaries() {
         200,
         "gil's own cluster"
     );
+    // Fan-out: a selector that matches every link reaches gil's own
+    // cluster only, and acme's link cannot be labelled, or told from an
+    // absent one, by gil; ann labels her own.
+    let mut fleet_api = FleetServiceClient::new(channel.clone());
+    let label = |token: &str, cluster: &str| {
+        with_token(
+            LabelLinkRequest {
+                cluster: Some(cluster.to_owned()),
+                labels: [("env".to_owned(), "prod".to_owned())].into(),
+                remove: vec![],
+            },
+            token,
+        )
+    };
+    let foreign = status_of(fleet_api.label_link(label(&gil, "edge-0")).await);
+    let absent = status_of(fleet_api.label_link(label(&gil, "no-such")).await);
+    assert_eq!(foreign.0, Code::NotFound, "{foreign:?}");
+    assert_eq!(
+        foreign.1.replace("edge-0", "<c>"),
+        absent.1.replace("no-such", "<c>"),
+        "LabelLink"
+    );
+    fleet_api
+        .label_link(label(&ann, "edge-0"))
+        .await
+        .expect("ann labels edge-0");
+    fleet_api
+        .label_link(label(&gil, "edge-1"))
+        .await
+        .expect("gil labels edge-1");
+    for (token, selector, want) in [
+        (&gil, "", vec!["edge-1"]),
+        (&gil, "env=prod", vec!["edge-1"]),
+        (&gil, "!env", vec![]),
+        (&ann, "env=prod", vec!["edge-0"]),
+        (root, "", vec![]),
+    ] {
+        let mut stream = fleet_api
+            .list_resources(with_token(
+                ListResourcesRequest {
+                    fan_out: Some(FanOut {
+                        link_selector: Some(selector.into()),
+                        timeout_millis: None,
+                    }),
+                    version: Some("v1".into()),
+                    resource: Some("pods".into()),
+                    ..Default::default()
+                },
+                token,
+            ))
+            .await
+            .expect("fan-out")
+            .into_inner();
+        let mut reached = Vec::new();
+        while let Some(m) = stream.next().await {
+            let m = m.expect("answer");
+            assert!(
+                matches!(m.result, Some(list_resources_response::Result::List(_))),
+                "{m:?}"
+            );
+            reached.push(m.cluster.unwrap());
+        }
+        assert_eq!(reached, want, "{selector:?}");
+    }
 
     // mel opens a Watch and an exec; rex a Watch of its own.
     let mut mel_watch = open_watch(&channel, &mel, "edge-0").await;
