@@ -241,6 +241,17 @@ pub async fn run_with(config: &AgentConfig, creds: Option<enroll::Credentials>) 
     } else {
         quic(config, creds.as_ref(), &quic_tunnel).await
     });
+    // How large a datagram gets through, once QUIC is known to answer.
+    let quic_answers = checks.last().is_some_and(|c| c.verdict == Verdict::Ok);
+    checks.push(if quic_answers {
+        path_mtu(&quic_tunnel).await
+    } else {
+        Check::new(
+            "path-mtu",
+            Verdict::Skip,
+            "not measured: QUIC is not tried or got no answer (see quic)",
+        )
+    });
 
     // Something to join or reconnect with.
     checks.push(match &creds {
@@ -483,6 +494,106 @@ fn httpdate_secs(v: &str) -> Option<i64> {
         .map(|t| t.assume_utc().unix_timestamp())
 }
 
+/// Datagram sizes the path MTU check sends, smallest first: QUIC's minimum
+/// (every client Initial is padded to it), common sizes of tunnelled and
+/// PPPoE paths, and the largest payload our QUIC sends (`MAX_UDP_PAYLOAD`
+/// of the tunnel crate: an IPv4 path of 1,500 bytes).
+const MTU_PROBES: [usize; 6] = [1200, 1280, 1350, 1400, 1452, 1472];
+
+/// Tries per probe size before it counts as not passing.
+const MTU_TRIES: usize = 3;
+
+/// How long one probe waits for its answer.
+const MTU_WAIT: Duration = Duration::from_millis(300);
+
+/// The largest UDP datagram that reaches the tunnel port and is answered.
+/// Each probe is a QUIC long-header packet of an unknown version, which a
+/// QUIC server must answer with a Version Negotiation packet when the
+/// datagram holds at least 1,200 bytes (RFC 9000 §6): no handshake, no
+/// state on the hub, nothing that looks like a tunnel.
+async fn path_mtu((host, port): &(String, u16)) -> Check {
+    let check = |verdict, detail: String| Check::new("path-mtu", verdict, detail);
+    let addr = match tokio::net::lookup_host((host.as_str(), *port)).await {
+        Ok(mut a) => match a.next() {
+            Some(a) => a,
+            None => return check(Verdict::Skip, format!("{host} has no address")),
+        },
+        Err(_) => return check(Verdict::Skip, format!("{host} does not resolve")),
+    };
+    let local: std::net::SocketAddr = match addr {
+        std::net::SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+        std::net::SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = match tokio::net::UdpSocket::bind(local).await {
+        Ok(s) if s.connect(addr).await.is_ok() => s,
+        _ => return check(Verdict::Skip, "no UDP socket to probe with".to_owned()),
+    };
+    let mut largest = None;
+    for size in MTU_PROBES {
+        if !answered_at(&socket, size).await {
+            break;
+        }
+        largest = Some(size);
+    }
+    let max = MTU_PROBES[MTU_PROBES.len() - 1];
+    match largest {
+        None => check(
+            Verdict::Fail,
+            format!(
+                "QUIC answered, but {MTU_TRIES} probes of {} bytes to {host}:{port} did not: the path loses large UDP datagrams (a small MTU whose fragments are dropped, or a limit on UDP), and QUIC needs {} bytes (raise the path MTU, or use TLS + HTTP/2: --transports h2)",
+                MTU_PROBES[0], MTU_PROBES[0]
+            ),
+        ),
+        Some(n) if n == max => check(
+            Verdict::Ok,
+            format!("datagrams of {n} bytes reach {host}:{port}: every packet QUIC sends fits"),
+        ),
+        Some(n) => check(
+            Verdict::Ok,
+            format!(
+                "datagrams of up to {n} bytes reach {host}:{port}, larger ones do not: QUIC works (it starts at 1200 bytes and finds the rest itself), with smaller packets than a {max}-byte path allows"
+            ),
+        ),
+    }
+}
+
+/// Sends a Version-Negotiation-eliciting datagram of `size` bytes (up to
+/// [`MTU_TRIES`] times) and says whether the hub answered it.
+async fn answered_at(socket: &tokio::net::UdpSocket, size: usize) -> bool {
+    let ids: [u8; 16] = rand::random();
+    let (dcid, scid) = ids.split_at(8);
+    let mut packet = Vec::with_capacity(size);
+    // Long header, fixed bit; a reserved version (0x?a?a?a?a) no server
+    // speaks; both connection ids; zeros up to the size.
+    packet.push(0xc0);
+    packet.extend_from_slice(&[0x1a, 0x2a, 0x3a, 0x4a]);
+    packet.push(8);
+    packet.extend_from_slice(dcid);
+    packet.push(8);
+    packet.extend_from_slice(scid);
+    packet.resize(size, 0);
+    let mut buf = [0u8; 2048];
+    for _ in 0..MTU_TRIES {
+        if socket.send(&packet).await.is_err() {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + MTU_WAIT;
+        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+            // Version Negotiation: version 0, sent to our source id.
+            let answer = &buf[..n];
+            if n >= 15
+                && answer[0] & 0x80 != 0
+                && answer[1..5] == [0, 0, 0, 0]
+                && answer[5] == 8
+                && &answer[6..14] == scid
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// A QUIC handshake with the tunnel port: an answer of any kind (even a
 /// refusal of the certificate) shows UDP gets through.
 async fn quic(
@@ -521,7 +632,7 @@ async fn quic(
             "quic",
             Verdict::Warn,
             format!(
-                "no answer over UDP from {host}:{port} within {} s: UDP to the tunnel port is blocked; the agent falls back to TLS + HTTP/2 (let UDP {port} out for QUIC)",
+                "no answer over UDP from {host}:{port} within {} s: UDP to the tunnel port is blocked, or datagrams of 1200 bytes (QUIC's minimum) do not pass; the agent falls back to TLS + HTTP/2 (let UDP {port} out for QUIC)",
                 CHECK_TIMEOUT.as_secs()
             ),
         )

@@ -176,6 +176,9 @@ pub struct Relay {
     frozen: Arc<std::sync::atomic::AtomicBool>,
     tcp_frozen: Arc<std::sync::atomic::AtomicBool>,
     udp_blocked: Arc<std::sync::atomic::AtomicBool>,
+    /// Datagrams larger than this are dropped, both ways (a path whose MTU
+    /// is small and whose fragments are lost).
+    udp_max: Arc<std::sync::atomic::AtomicUsize>,
     target: Arc<std::sync::Mutex<Option<std::net::SocketAddr>>>,
 }
 
@@ -197,6 +200,7 @@ impl Relay {
             frozen: Arc::new(AtomicBool::new(false)),
             tcp_frozen: Arc::new(AtomicBool::new(false)),
             udp_blocked: Arc::new(AtomicBool::new(false)),
+            udp_max: Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
             target: Arc::new(std::sync::Mutex::new(None)),
         };
         let r = relay.clone();
@@ -234,6 +238,13 @@ impl Relay {
     pub fn block_udp(&self, blocked: bool) {
         self.udp_blocked
             .store(blocked, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Drops UDP datagrams of more than `bytes` payload, both ways, as a
+    /// path with a small MTU that loses fragments would.
+    pub fn limit_datagrams(&self, bytes: usize) {
+        self.udp_max
+            .store(bytes, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Stops (true) or resumes (false) all traffic.
@@ -285,6 +296,7 @@ async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
         };
         if relay.frozen.load(std::sync::atomic::Ordering::SeqCst)
             || relay.udp_blocked.load(std::sync::atomic::Ordering::SeqCst)
+            || n > relay.udp_max.load(std::sync::atomic::Ordering::SeqCst)
         {
             continue;
         }
@@ -300,10 +312,13 @@ async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
                 let u = Arc::new(u);
                 upstreams.insert(client, u.clone());
                 let (down, up2, frozen) = (socket.clone(), u.clone(), relay.frozen.clone());
+                let max = relay.udp_max.clone();
                 tokio::spawn(async move {
                     let mut b = vec![0u8; 65536];
                     while let Ok((n, _)) = up2.recv_from(&mut b).await {
-                        if !frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                        if !frozen.load(std::sync::atomic::Ordering::SeqCst)
+                            && n <= max.load(std::sync::atomic::Ordering::SeqCst)
+                        {
                             let _ = down.send_to(&b[..n], client).await;
                         }
                     }

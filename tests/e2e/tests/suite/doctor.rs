@@ -82,11 +82,34 @@ async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
         "tunnel-tcp",
         "tunnel-tls",
         "quic",
+        "path-mtu",
         "identity",
     ] {
         assert!(names.contains(&name), "{name} missing: {names:?}");
     }
     others_ok(&healthy, &[]);
+    let (_, detail) = verdict_of(&healthy, "path-mtu");
+    assert!(detail.contains("datagrams of 1472 bytes"), "{detail}");
+
+    // A path that loses datagrams above 1400 bytes: QUIC still works, with
+    // smaller packets, and the doctor says how large they may be; below
+    // QUIC's 1200 bytes, QUIC gets no answer at all.
+    relay.limit_datagrams(1400);
+    let checks = doctor::run(&config(&|_| {})).await;
+    println!("datagrams up to 1400 bytes:\n{}", doctor::render(&checks));
+    let (v, detail) = verdict_of(&checks, "path-mtu");
+    assert_eq!(v, Verdict::Ok, "{detail}");
+    assert!(detail.contains("up to 1400 bytes"), "{detail}");
+    others_ok(&checks, &[]);
+    relay.limit_datagrams(1100);
+    let checks = doctor::run(&config(&|_| {})).await;
+    println!("datagrams up to 1100 bytes:\n{}", doctor::render(&checks));
+    let (v, detail) = verdict_of(&checks, "quic");
+    assert_eq!(v, Verdict::Warn, "{detail}");
+    assert!(detail.contains("1200 bytes"), "{detail}");
+    assert_eq!(verdict_of(&checks, "path-mtu").0, Verdict::Skip);
+    others_ok(&checks, &["quic", "path-mtu"]);
+    relay.limit_datagrams(usize::MAX);
 
     // UDP dropped on the way to the tunnel port.
     relay.block_udp(true);
@@ -98,7 +121,7 @@ async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
         detail.contains("UDP") && detail.contains("HTTP/2"),
         "{detail}"
     );
-    others_ok(&checks, &["quic"]);
+    others_ok(&checks, &["quic", "path-mtu"]);
     relay.block_udp(false);
 
     // This agent's clock ten minutes ahead.
@@ -122,7 +145,7 @@ async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
             && detail.contains("without inspection"),
         "{detail}"
     );
-    others_ok(&checks, &["tunnel-tls", "quic"]);
+    others_ok(&checks, &["tunnel-tls", "quic", "path-mtu"]);
     relay.set_target(hub.hub.tunnel_addr);
 
     // A hub name that does not resolve; nothing to join with.
@@ -178,7 +201,10 @@ async fn an_agent_that_cannot_connect_runs_the_doctor_itself() {
     let (v, detail) = verdict_of(&status.doctor, "tunnel-tcp");
     assert_eq!(v, Verdict::Fail, "{detail}");
     assert!(detail.contains(&closed.to_string()), "{detail}");
-    others_ok(&status.doctor, &["tunnel-tcp", "tunnel-tls", "quic"]);
+    others_ok(
+        &status.doctor,
+        &["tunnel-tcp", "tunnel-tls", "quic", "path-mtu"],
+    );
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
