@@ -87,6 +87,8 @@ pub struct AgentStatus {
     /// after [`DOCTOR_AFTER_ROUNDS`] dial rounds failed in a row (once per
     /// such streak); empty until then.
     pub doctor: Vec<crate::doctor::Check>,
+    /// When that doctor run ended (unix seconds, the agent's clock).
+    pub doctor_at: Option<i64>,
 }
 
 /// Failed dial rounds in a row after which the agent runs its doctor and
@@ -476,7 +478,11 @@ impl Supervisor {
             {
                 tracing::warn!(check = c.name, verdict = c.verdict.word(), detail = %c.detail, "connectivity doctor");
             }
-            status.send_modify(|s| s.doctor = checks);
+            let at = config.clock.now();
+            status.send_modify(|s| {
+                s.doctor = checks;
+                s.doctor_at = Some(at);
+            });
         });
     }
 
@@ -875,6 +881,21 @@ fn diagnosis(
         report["last_renewal_error"] = s.last_renewal_error.clone().into();
         report["renewal_failures"] = s.renewal_failures.into();
         report["last_tunnel_end"] = s.last_tunnel_end.as_ref().map(|e| e.to_string()).into();
+        // What the agent's own doctor found while it could not connect, for
+        // `otter links describe` once it can.
+        if !s.doctor.is_empty() {
+            report["doctor"] = s
+                .doctor
+                .iter()
+                .map(|c| {
+                    serde_json::json!({
+                        "check": c.name, "verdict": c.verdict.word(), "detail": c.detail,
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into();
+            report["doctor_at"] = s.doctor_at.into();
+        }
         bytes::Bytes::from(report.to_string())
     })
 }

@@ -412,67 +412,7 @@ impl LinkService for LinkSvc {
         let links = records
             .into_iter()
             .filter_map(|r| caller.role_in(&r.tenant).map(|role| (role, r)))
-            .map(|(role, r)| {
-                let admin = role == crate::tenancy::Role::Admin;
-                let live = self
-                    .state
-                    .registry
-                    .get(&r.cluster)
-                    .filter(|t| t.agent_id == r.agent_id);
-                // Or on another replica sharing the store.
-                let elsewhere = match live {
-                    Some(_) => None,
-                    None => crate::peers::owner(
-                        &*self.state.store,
-                        &r.cluster,
-                        &self.state.config.replica,
-                    )
-                    .ok()
-                    .flatten()
-                    .filter(|o| o.agent_id == r.agent_id),
-                };
-                let silent = live
-                    .as_ref()
-                    .filter(|t| crate::tunnels::unresponsive(&self.state, t))
-                    .map(|t| t.liveness.silent_for());
-                Link {
-                    cluster: Some(r.cluster),
-                    agent_version: Some(r.agent_version),
-                    rancher_project_id: Some(r.rancher_project_id),
-                    agent_id: admin.then_some(r.agent_id),
-                    state: Some(match &live {
-                        Some(_) if silent.is_some() => LinkState::Unresponsive,
-                        Some(_) => LinkState::Connected,
-                        None if elsewhere.is_some() => LinkState::Connected,
-                        None => LinkState::Offline,
-                    } as i32),
-                    transport: Some(
-                        live.as_ref()
-                            .map(|t| t.transport.as_str().to_owned())
-                            .or_else(|| elsewhere.as_ref().map(|o| o.transport.clone()))
-                            .unwrap_or_default(),
-                    ),
-                    // Last heard from, for a tunnel whose agent went silent.
-                    last_seen: Some(timestamp(match silent {
-                        Some(for_) => unix_now() - for_.as_secs() as i64,
-                        None if live.is_some() || elsewhere.is_some() => unix_now(),
-                        None => r.last_seen,
-                    })),
-                    first_seen: Some(timestamp(r.first_seen)),
-                    certificate_expires: Some(timestamp(r.cert_not_after)),
-                    certificate_serial: admin.then_some(r.cert_serial),
-                    remote_address: live
-                        .as_ref()
-                        .filter(|_| admin)
-                        .map(|t| t.remote.to_string()),
-                    diagnosis: live.as_ref().filter(|_| admin).map(|t| {
-                        crate::tunnels::refresh_diagnosis(&self.state, t);
-                        diagnosis(t)
-                    }),
-                    tenant: Some(r.tenant),
-                    labels: r.labels.into_iter().collect(),
-                }
-            })
+            .map(|(role, r)| link_view(&self.state, r, role))
             .collect();
         Ok(Response::new(ListLinksResponse { links }))
     }
@@ -824,6 +764,65 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
             .and_then(|n| u32::try_from(n).ok()),
         last_tunnel_end: text("last_tunnel_end"),
         reported_at: reported_at.map(timestamp),
+    }
+}
+
+/// A link as ListLinks shows it to a caller with `role` in its tenant: the
+/// agent, its address, certificate serial and diagnosis to admins only.
+pub fn link_view(state: &HubState, r: LinkRecord, role: crate::tenancy::Role) -> Link {
+    let admin = role == crate::tenancy::Role::Admin;
+    let live = state
+        .registry
+        .get(&r.cluster)
+        .filter(|t| t.agent_id == r.agent_id);
+    // Or on another replica sharing the store.
+    let elsewhere = match live {
+        Some(_) => None,
+        None => crate::peers::owner(&*state.store, &r.cluster, &state.config.replica)
+            .ok()
+            .flatten()
+            .filter(|o| o.agent_id == r.agent_id),
+    };
+    let silent = live
+        .as_ref()
+        .filter(|t| crate::tunnels::unresponsive(state, t))
+        .map(|t| t.liveness.silent_for());
+    Link {
+        cluster: Some(r.cluster),
+        agent_version: Some(r.agent_version),
+        rancher_project_id: Some(r.rancher_project_id),
+        agent_id: admin.then_some(r.agent_id),
+        state: Some(match &live {
+            Some(_) if silent.is_some() => LinkState::Unresponsive,
+            Some(_) => LinkState::Connected,
+            None if elsewhere.is_some() => LinkState::Connected,
+            None => LinkState::Offline,
+        } as i32),
+        transport: Some(
+            live.as_ref()
+                .map(|t| t.transport.as_str().to_owned())
+                .or_else(|| elsewhere.as_ref().map(|o| o.transport.clone()))
+                .unwrap_or_default(),
+        ),
+        // Last heard from, for a tunnel whose agent went silent.
+        last_seen: Some(timestamp(match silent {
+            Some(for_) => unix_now() - for_.as_secs() as i64,
+            None if live.is_some() || elsewhere.is_some() => unix_now(),
+            None => r.last_seen,
+        })),
+        first_seen: Some(timestamp(r.first_seen)),
+        certificate_expires: Some(timestamp(r.cert_not_after)),
+        certificate_serial: admin.then_some(r.cert_serial),
+        remote_address: live
+            .as_ref()
+            .filter(|_| admin)
+            .map(|t| t.remote.to_string()),
+        diagnosis: live.as_ref().filter(|_| admin).map(|t| {
+            crate::tunnels::refresh_diagnosis(state, t);
+            diagnosis(t)
+        }),
+        tenant: Some(r.tenant),
+        labels: r.labels.into_iter().collect(),
     }
 }
 

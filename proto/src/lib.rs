@@ -58,7 +58,7 @@ pub use otterlink::fleet;
 /// of [`otterlink`].
 #[doc(hidden)]
 pub mod otterscale {
-    pub use crate::resource;
+    pub use crate::{link, resource};
 }
 
 /// Encoded `google.protobuf.FileDescriptorSet` of our protos and their imports.

@@ -190,3 +190,151 @@ pub async fn get(hub: &Hub, a: GetArgs, selector: &str) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A Unix time as RFC 3339 with how long ago (or ahead) it is.
+fn when(t: Option<&prost_types::Timestamp>, now: i64) -> String {
+    let Some(t) = t else {
+        return "-".to_owned();
+    };
+    let text = time::OffsetDateTime::from_unix_timestamp(t.seconds)
+        .ok()
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| t.seconds.to_string());
+    let (gap, word) = match now - t.seconds {
+        d if d >= 0 => (d, "ago"),
+        d => (-d, "from now"),
+    };
+    format!("{text} ({} {word})", crate::short_duration(gap))
+}
+
+/// `otter links describe CLUSTER`: the link, its diagnosis and what the
+/// agent's connectivity doctor found while it could not connect.
+pub async fn describe_link(hub: &Hub, cluster: &str) -> anyhow::Result<()> {
+    use otter_proto::fleet::v1::DescribeLinkRequest;
+    let resp = FleetServiceClient::new(hub.channel.clone())
+        .describe_link(hub.req(DescribeLinkRequest {
+            cluster: Some(cluster.to_owned()),
+        }))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    let l = resp.link.unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let state = match l.state.and_then(|s| LinkState::try_from(s).ok()) {
+        Some(LinkState::Connected) => "Connected",
+        Some(LinkState::Unresponsive) => "Unresponsive",
+        _ => "Offline",
+    };
+    let or_dash = |s: Option<&str>| match s {
+        Some(s) if !s.is_empty() => output::printable(s).into_owned(),
+        _ => "-".to_owned(),
+    };
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| out.push_str(&format!("{:<17}{v}\n", format!("{k}:")));
+    line("Name", or_dash(l.cluster.as_deref()));
+    line("Tenant", or_dash(l.tenant.as_deref()));
+    line("State", state.to_owned());
+    line("Transport", or_dash(l.transport.as_deref()));
+    line("Agent", or_dash(l.agent_id.as_deref()));
+    line("Agent Version", or_dash(l.agent_version.as_deref()));
+    line("Remote", or_dash(l.remote_address.as_deref()));
+    let labels: std::collections::BTreeMap<_, _> = l.labels.iter().collect();
+    let labels: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| output::printable(&format!("{k}={v}")).into_owned())
+        .collect();
+    line(
+        "Labels",
+        match labels.is_empty() {
+            true => "<none>".to_owned(),
+            false => labels.join(&format!("\n{:17}", "")),
+        },
+    );
+    line("First Seen", when(l.first_seen.as_ref(), now));
+    line("Last Seen", when(l.last_seen.as_ref(), now));
+    line("Cert Serial", or_dash(l.certificate_serial.as_deref()));
+    line("Cert Expires", when(l.certificate_expires.as_ref(), now));
+    if let Some(d) = &l.diagnosis {
+        out.push_str("Diagnosis:\n");
+        let mut sub = |k: &str, v: String| {
+            out.push_str(&format!("  {:<17}{v}\n", format!("{k}:")));
+        };
+        sub(
+            "Proxy",
+            match d.proxy.as_deref() {
+                Some(p) if !p.is_empty() => output::printable(p).into_owned(),
+                _ => "direct".to_owned(),
+            },
+        );
+        sub(
+            "RTT",
+            d.rtt_micros
+                .map_or("-".into(), |us| format!("{:.1}ms", us as f64 / 1000.0)),
+        );
+        sub(
+            "Clock Skew",
+            d.clock_skew_millis
+                .map_or("-".into(), |ms| format!("{ms}ms")),
+        );
+        let attempts: Vec<String> = d
+            .attempts
+            .iter()
+            .map(|a| match a.ok {
+                Some(true) => format!("{} ok", a.transport()),
+                _ => format!("{} failed: {}", a.transport(), output::printable(a.error())),
+            })
+            .collect();
+        sub(
+            "Transports",
+            match attempts.is_empty() {
+                true => "-".to_owned(),
+                false => attempts.join(&format!("\n{:19}", "")),
+            },
+        );
+        sub("Last Tunnel End", or_dash(d.last_tunnel_end.as_deref()));
+        sub(
+            "Renewal",
+            match &d.last_renewal_error {
+                Some(e) => format!(
+                    "failing ({} failed): {}",
+                    d.renewal_failures.unwrap_or(0),
+                    output::printable(e)
+                ),
+                None => "ok".to_owned(),
+            },
+        );
+    }
+    if resp.doctor_checks.is_empty() {
+        out.push_str("Doctor:          <none> (the agent's dials have not kept failing)\n");
+    } else {
+        out.push_str(&format!(
+            "Doctor:          ran {}\n",
+            when(resp.doctor_ran_at.as_ref(), now)
+        ));
+        let width = resp
+            .doctor_checks
+            .iter()
+            .map(|c| c.name().len())
+            .max()
+            .unwrap_or(0);
+        for c in &resp.doctor_checks {
+            let verdict = match c.verdict() {
+                "fail" => "FAIL",
+                v => v,
+            };
+            out.push_str(&format!(
+                "  {:<4}  {:<width$}  {}\n",
+                output::printable(verdict),
+                output::printable(c.name()),
+                output::printable(c.detail())
+            ));
+        }
+    }
+    print!("{out}");
+    Ok(())
+}

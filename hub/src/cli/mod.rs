@@ -381,6 +381,17 @@ pub enum LinksCommand {
         #[command(flatten)]
         hub: client::HubFlags,
     },
+    /// Everything the hub knows of one link: tunnel, certificate, the
+    /// agent's diagnosis, and what its connectivity doctor found when its
+    /// dials last kept failing.
+    ///
+    /// Example: otter links describe edge-1
+    Describe {
+        /// The member cluster.
+        cluster: String,
+        #[command(flatten)]
+        hub: client::HubFlags,
+    },
     /// Set (key=value) or remove (key-) labels of a link (its tenant's
     /// admins), as kubectl label does.
     ///
@@ -1013,6 +1024,10 @@ async fn client_command(command: Command) -> anyhow::Result<i32> {
             action: Some(LinksCommand::ReEnroll { cluster, hub }),
             ..
         } => commands::re_enroll(&hub.connect().await?, &cluster).await?,
+        Command::Links {
+            action: Some(LinksCommand::Describe { cluster, hub }),
+            ..
+        } => fleet::describe_link(&hub.connect().await?, &cluster).await?,
         Command::Links {
             action:
                 Some(LinksCommand::Label {

@@ -22,9 +22,10 @@ use futures::{Stream, StreamExt};
 use http_body_util::BodyExt;
 use otter_proto::{
     fleet::v1::{
-        ClusterError, FanOut, GetResourcesRequest, GetResourcesResponse, LabelLinkRequest,
-        LabelLinkResponse, ListResourcesRequest, ListResourcesResponse, fleet_service_server,
-        get_resources_response, list_resources_response,
+        ClusterError, DescribeLinkRequest, DescribeLinkResponse, DoctorCheck, FanOut,
+        GetResourcesRequest, GetResourcesResponse, LabelLinkRequest, LabelLinkResponse,
+        ListResourcesRequest, ListResourcesResponse, fleet_service_server, get_resources_response,
+        list_resources_response,
     },
     resource::v1 as resource,
 };
@@ -58,6 +59,10 @@ const GET: &str = "/otterscale.resource.v1.ResourceService/Get";
 const LIST_RESOURCES: &str = "/otterlink.fleet.v1.FleetService/ListResources";
 const GET_RESOURCES: &str = "/otterlink.fleet.v1.FleetService/GetResources";
 const LABEL_LINK: &str = "/otterlink.fleet.v1.FleetService/LabelLink";
+/// Doctor lines shown of one agent's report, and the longest detail: the
+/// report comes from the agent.
+const MAX_DOCTOR_CHECKS: usize = 32;
+const MAX_DOCTOR_DETAIL: usize = 1024;
 
 /// A fan-out call's stream of answers.
 pub type Answers<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -333,8 +338,72 @@ fn check_label_change(set: &BTreeMap<String, String>, remove: &[String]) -> Resu
     Ok(())
 }
 
+/// The doctor lines of an agent's diagnosis report, bounded.
+fn doctor_checks(report: &serde_json::Value) -> Vec<DoctorCheck> {
+    let text = |v: &serde_json::Value, max: usize| {
+        v.as_str()
+            .map(|s| s.chars().filter(|c| !c.is_control()).take(max).collect())
+    };
+    report["doctor"]
+        .as_array()
+        .map(|checks| {
+            checks
+                .iter()
+                .take(MAX_DOCTOR_CHECKS)
+                .map(|c| DoctorCheck {
+                    name: text(&c["check"], 64),
+                    verdict: text(&c["verdict"], 16).map(|v: String| v.to_lowercase()),
+                    detail: text(&c["detail"], MAX_DOCTOR_DETAIL),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[tonic::async_trait]
 impl fleet_service_server::FleetService for FleetSvc {
+    async fn describe_link(
+        &self,
+        request: Request<DescribeLinkRequest>,
+    ) -> Result<Response<DescribeLinkResponse>, Status> {
+        let caller = auth::verified(request.extensions())?;
+        let cluster = request.into_inner().cluster.unwrap_or_default();
+        otter_pki::validate_cluster_name(&cluster)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let record = self
+            .state
+            .store
+            .get::<LinkRecord>(tree::LINKS, &cluster)
+            .map_err(|e| e.into_status())?;
+        // Another tenant's link answers as one that does not exist.
+        let Some((role, record)) =
+            record.and_then(|r| caller.role_in(&r.tenant).map(|role| (role, r)))
+        else {
+            return Err(Status::not_found(format!(
+                "cluster {cluster} is not registered"
+            )));
+        };
+        let live = self
+            .state
+            .registry
+            .get(&cluster)
+            .filter(|t| t.agent_id == record.agent_id);
+        let report = live
+            .as_ref()
+            .filter(|_| role == crate::tenancy::Role::Admin)
+            .and_then(|t| t.diagnosis.report())
+            .map(|(_, report)| report)
+            .unwrap_or_default();
+        let link = crate::link_service::link_view(&self.state, record, role);
+        Ok(Response::new(DescribeLinkResponse {
+            link: Some(link),
+            doctor_checks: doctor_checks(&report),
+            doctor_ran_at: report["doctor_at"]
+                .as_i64()
+                .map(|seconds| prost_types::Timestamp { seconds, nanos: 0 }),
+        }))
+    }
+
     async fn label_link(
         &self,
         request: Request<LabelLinkRequest>,

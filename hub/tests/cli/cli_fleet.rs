@@ -80,6 +80,28 @@ async fn get_over_the_clusters_a_selector_picks() {
         let (code, _, err) = run(&["links", "label", "edge-1", "x.=1"]);
         assert!(code != 0 && err.contains("not valid"), "{err}");
 
+        // One link, described: its labels one per line, no doctor run.
+        let (code, out, err) = run(&["links", "describe", "edge-1"]);
+        assert_eq!(code, 0, "{err}");
+        let field = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(&format!("{name}:")))
+                .map(|l| l[name.len() + 1..].trim().to_owned())
+                .unwrap_or_else(|| panic!("no {name} in\n{out}"))
+        };
+        assert_eq!(field("Name"), "edge-1");
+        assert_eq!(field("State"), "Connected");
+        assert_eq!(field("Transport"), "h2");
+        assert_eq!(field("Labels"), "env=prod");
+        assert!(out.contains("\n                 region=eu\n"), "{out}");
+        assert!(field("Doctor").starts_with("<none>"), "{out}");
+        assert!(
+            out.contains("Diagnosis:\n  Proxy:           direct"),
+            "{out}"
+        );
+        let (code, _, err) = run(&["links", "describe", "edge-9"]);
+        assert!(code != 0 && err.contains("not registered"), "{err}");
+
         let (code, out, err) = run(&["links", "-o", "wide"]);
         assert_eq!(code, 0, "{err}");
         assert!(out.lines().next().unwrap().contains("LABELS"), "{out}");

@@ -22,6 +22,37 @@ pub struct LabelLinkResponse {
         ::prost::alloc::string::String,
     >,
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DescribeLinkRequest {
+    #[prost(string, optional, tag = "1")]
+    pub cluster: ::core::option::Option<::prost::alloc::string::String>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DescribeLinkResponse {
+    #[prost(message, optional, tag = "1")]
+    pub link: ::core::option::Option<super::super::super::otterscale::link::v1::Link>,
+    /// The checks of the agent's last doctor run, in its order; empty when
+    /// its dials never kept failing since it started, or it is not connected
+    /// to this hub replica.
+    #[prost(message, repeated, tag = "2")]
+    pub doctor_checks: ::prost::alloc::vec::Vec<DoctorCheck>,
+    /// When that run ended, by the agent's clock.
+    #[prost(message, optional, tag = "3")]
+    pub doctor_ran_at: ::core::option::Option<::prost_types::Timestamp>,
+}
+/// One line of `otter-agent doctor`.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct DoctorCheck {
+    /// "dns", "proxy", "api-tcp", "tunnel-tls", "quic", "path-mtu", ...
+    #[prost(string, optional, tag = "1")]
+    pub name: ::core::option::Option<::prost::alloc::string::String>,
+    /// "ok", "warn", "fail" or "skip".
+    #[prost(string, optional, tag = "2")]
+    pub verdict: ::core::option::Option<::prost::alloc::string::String>,
+    /// What was found, and for a failure what to do.
+    #[prost(string, optional, tag = "3")]
+    pub detail: ::core::option::Option<::prost::alloc::string::String>,
+}
 /// Which clusters a fan-out call reaches, and how long each may take.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct FanOut {
@@ -237,6 +268,36 @@ pub mod fleet_service_client {
                 .insert(GrpcMethod::new("otterlink.fleet.v1.FleetService", "LabelLink"));
             self.inner.unary(req, path, codec).await
         }
+        /// One link as ListLinks shows it, with what the agent's connectivity
+        /// doctor found when its dials last kept failing (the agent keeps it and
+        /// reports it once it connects). The doctor's findings go to the tenant's
+        /// admins only, as the link's diagnosis does.
+        pub async fn describe_link(
+            &mut self,
+            request: impl tonic::IntoRequest<super::DescribeLinkRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DescribeLinkResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/otterlink.fleet.v1.FleetService/DescribeLink",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("otterlink.fleet.v1.FleetService", "DescribeLink"),
+                );
+            self.inner.unary(req, path, codec).await
+        }
         /// A resource List on every connected cluster the link selector matches
         /// and the caller may reach: one message per cluster, in the order they
         /// answer, each with that cluster's objects or its error. One slow cluster
@@ -317,6 +378,17 @@ pub mod fleet_service_server {
             request: tonic::Request<super::LabelLinkRequest>,
         ) -> std::result::Result<
             tonic::Response<super::LabelLinkResponse>,
+            tonic::Status,
+        >;
+        /// One link as ListLinks shows it, with what the agent's connectivity
+        /// doctor found when its dials last kept failing (the agent keeps it and
+        /// reports it once it connects). The doctor's findings go to the tenant's
+        /// admins only, as the link's diagnosis does.
+        async fn describe_link(
+            &self,
+            request: tonic::Request<super::DescribeLinkRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::DescribeLinkResponse>,
             tonic::Status,
         >;
         /// Server streaming response type for the ListResources method.
@@ -458,6 +530,51 @@ pub mod fleet_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = LabelLinkSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/otterlink.fleet.v1.FleetService/DescribeLink" => {
+                    #[allow(non_camel_case_types)]
+                    struct DescribeLinkSvc<T: FleetService>(pub Arc<T>);
+                    impl<
+                        T: FleetService,
+                    > tonic::server::UnaryService<super::DescribeLinkRequest>
+                    for DescribeLinkSvc<T> {
+                        type Response = super::DescribeLinkResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::DescribeLinkRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as FleetService>::describe_link(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = DescribeLinkSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

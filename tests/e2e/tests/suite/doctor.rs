@@ -11,7 +11,11 @@ use otter_agent::{
     doctor::{self, Check, Verdict},
     identity::IdentityStore,
 };
-use otter_e2e::{Relay, TestHub, double::start_agent_with};
+use otter_e2e::{Relay, TestHub, double::start_agent_with, with_token};
+use otter_proto::{
+    fleet::v1::{DescribeLinkRequest, fleet_service_client::FleetServiceClient},
+    link::v1::LinkState,
+};
 use otter_tunnel::TransportKind;
 
 fn verdict_of(checks: &[Check], name: &str) -> (Verdict, String) {
@@ -205,6 +209,68 @@ async fn an_agent_that_cannot_connect_runs_the_doctor_itself() {
         &status.doctor,
         &["tunnel-tcp", "tunnel-tls", "quic", "path-mtu"],
     );
+
+    // The port opens (a forwarder to the hub's tunnel port): the agent
+    // connects, and the hub shows what its doctor found to the tenant's
+    // admins, not to a member.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", closed))
+        .await
+        .unwrap();
+    let tunnel = hub.hub.tunnel_addr;
+    let forwarder = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(tunnel).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    agent
+        .agent
+        .wait_for(std::time::Duration::from_secs(60), |s| {
+            s.connected.is_some()
+        })
+        .await
+        .expect("the agent connects once the port is open");
+    let channel = hub.channel().await;
+    let describe = |token: String| {
+        let channel = channel.clone();
+        async move {
+            FleetServiceClient::new(channel)
+                .describe_link(with_token(
+                    DescribeLinkRequest {
+                        cluster: Some("edge-1".into()),
+                    },
+                    &token,
+                ))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    // The hub asks for the agent's report once the tunnel is up.
+    let mut described = describe(hub.admin_token.clone()).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while described.doctor_checks.is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        described = describe(hub.admin_token.clone()).await;
+    }
+    let tcp = described
+        .doctor_checks
+        .iter()
+        .find(|c| c.name() == "tunnel-tcp")
+        .unwrap_or_else(|| panic!("{described:?}"));
+    assert_eq!(tcp.verdict(), "fail");
+    assert!(tcp.detail().contains(&closed.to_string()), "{tcp:?}");
+    assert_eq!(described.doctor_checks.len(), status.doctor.len());
+    assert!(described.doctor_ran_at.is_some());
+    let link = described.link.unwrap();
+    assert_eq!(link.state, Some(LinkState::Connected as i32));
+    let member = hub.hub.mint_api_token("mia", &[]).unwrap();
+    let seen = describe(member).await;
+    assert!(seen.doctor_checks.is_empty() && seen.link.unwrap().diagnosis.is_none());
+    forwarder.abort();
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }

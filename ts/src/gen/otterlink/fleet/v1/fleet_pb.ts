@@ -11,6 +11,10 @@
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_feature } from "../../../feature_pb.js";
+import type { Timestamp, TimestampJson } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { Link, LinkJson } from "../../../link/v1/link_pb.js";
+import { file_link_v1_link } from "../../../link/v1/link_pb.js";
 import type { ListResponse, ListResponseJson, Resource, ResourceJson } from "../../../resource/v1/resource_pb.js";
 import { file_resource_v1_resource } from "../../../resource/v1/resource_pb.js";
 import type { Message } from "@bufbuild/protobuf";
@@ -19,7 +23,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file otterlink/fleet/v1/fleet.proto.
  */
 export const file_otterlink_fleet_v1_fleet: GenFile = /*@__PURE__*/
-  fileDesc("Ch5vdHRlcmxpbmsvZmxlZXQvdjEvZmxlZXQucHJvdG8SEm90dGVybGluay5mbGVldC52MSK1AQoQTGFiZWxMaW5rUmVxdWVzdBIUCgdjbHVzdGVyGAEgASgJSACIAQESQAoGbGFiZWxzGAIgAygLMjAub3R0ZXJsaW5rLmZsZWV0LnYxLkxhYmVsTGlua1JlcXVlc3QuTGFiZWxzRW50cnkSDgoGcmVtb3ZlGAMgAygJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCgoIX2NsdXN0ZXIihQEKEUxhYmVsTGlua1Jlc3BvbnNlEkEKBmxhYmVscxgBIAMoCzIxLm90dGVybGluay5mbGVldC52MS5MYWJlbExpbmtSZXNwb25zZS5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBImYKBkZhbk91dBIaCg1saW5rX3NlbGVjdG9yGAEgASgJSACIAQESGwoOdGltZW91dF9taWxsaXMYAiABKA1IAYgBAUIQCg5fbGlua19zZWxlY3RvckIRCg9fdGltZW91dF9taWxsaXMi3AIKFExpc3RSZXNvdXJjZXNSZXF1ZXN0EjAKB2Zhbl9vdXQYASABKAsyGi5vdHRlcmxpbmsuZmxlZXQudjEuRmFuT3V0SACIAQESEgoFZ3JvdXAYAiABKAlIAYgBARIUCgd2ZXJzaW9uGAMgASgJSAKIAQESFQoIcmVzb3VyY2UYBCABKAlIA4gBARIWCgluYW1lc3BhY2UYBSABKAlIBIgBARIbCg5sYWJlbF9zZWxlY3RvchgGIAEoCUgFiAEBEhsKDmZpZWxkX3NlbGVjdG9yGAcgASgJSAaIAQESEgoFbGltaXQYCCABKANIB4gBAUIKCghfZmFuX291dEIICgZfZ3JvdXBCCgoIX3ZlcnNpb25CCwoJX3Jlc291cmNlQgwKCl9uYW1lc3BhY2VCEQoPX2xhYmVsX3NlbGVjdG9yQhEKD19maWVsZF9zZWxlY3RvckIICgZfbGltaXQi3AEKFUxpc3RSZXNvdXJjZXNSZXNwb25zZRIUCgdjbHVzdGVyGAEgASgJSAGIAQESNAoEbGlzdBgCIAEoCzIkLm90dGVyc2NhbGUucmVzb3VyY2UudjEuTGlzdFJlc3BvbnNlSAASMQoFZXJyb3IYAyABKAsyIC5vdHRlcmxpbmsuZmxlZXQudjEuQ2x1c3RlckVycm9ySAASGwoOZWxhcHNlZF9taWxsaXMYBCABKA1IAogBAUIICgZyZXN1bHRCCgoIX2NsdXN0ZXJCEQoPX2VsYXBzZWRfbWlsbGlzIvkBChNHZXRSZXNvdXJjZXNSZXF1ZXN0EjAKB2Zhbl9vdXQYASABKAsyGi5vdHRlcmxpbmsuZmxlZXQudjEuRmFuT3V0SACIAQESEgoFZ3JvdXAYAiABKAlIAYgBARIUCgd2ZXJzaW9uGAMgASgJSAKIAQESFQoIcmVzb3VyY2UYBCABKAlIA4gBARIWCgluYW1lc3BhY2UYBSABKAlIBIgBARIRCgRuYW1lGAYgASgJSAWIAQFCCgoIX2Zhbl9vdXRCCAoGX2dyb3VwQgoKCF92ZXJzaW9uQgsKCV9yZXNvdXJjZUIMCgpfbmFtZXNwYWNlQgcKBV9uYW1lItsBChRHZXRSZXNvdXJjZXNSZXNwb25zZRIUCgdjbHVzdGVyGAEgASgJSAGIAQESNAoIcmVzb3VyY2UYAiABKAsyIC5vdHRlcnNjYWxlLnJlc291cmNlLnYxLlJlc291cmNlSAASMQoFZXJyb3IYAyABKAsyIC5vdHRlcmxpbmsuZmxlZXQudjEuQ2x1c3RlckVycm9ySAASGwoOZWxhcHNlZF9taWxsaXMYBCABKA1IAogBAUIICgZyZXN1bHRCCgoIX2NsdXN0ZXJCEQoPX2VsYXBzZWRfbWlsbGlzIkwKDENsdXN0ZXJFcnJvchIRCgRjb2RlGAEgASgJSACIAQESFAoHbWVzc2FnZRgCIAEoCUgBiAEBQgcKBV9jb2RlQgoKCF9tZXNzYWdlMoADCgxGbGVldFNlcnZpY2UScQoJTGFiZWxMaW5rEiQub3R0ZXJsaW5rLmZsZWV0LnYxLkxhYmVsTGlua1JlcXVlc3QaJS5vdHRlcmxpbmsuZmxlZXQudjEuTGFiZWxMaW5rUmVzcG9uc2UiF5ACAorf1R0PCg1mbGVldC1lbmFibGVkEn8KDUxpc3RSZXNvdXJjZXMSKC5vdHRlcmxpbmsuZmxlZXQudjEuTGlzdFJlc291cmNlc1JlcXVlc3QaKS5vdHRlcmxpbmsuZmxlZXQudjEuTGlzdFJlc291cmNlc1Jlc3BvbnNlIheQAgGK39UdDwoNZmxlZXQtZW5hYmxlZDABEnwKDEdldFJlc291cmNlcxInLm90dGVybGluay5mbGVldC52MS5HZXRSZXNvdXJjZXNSZXF1ZXN0Gigub3R0ZXJsaW5rLmZsZWV0LnYxLkdldFJlc291cmNlc1Jlc3BvbnNlIheQAgGK39UdDwoNZmxlZXQtZW5hYmxlZDABQjFaL2dpdGh1Yi5jb20vb3R0ZXJzY2FsZS9saW5rL2FwaS9mbGVldC92MTtmbGVldHYxYgZwcm90bzM", [file_feature, file_resource_v1_resource]);
+  fileDesc("Ch5vdHRlcmxpbmsvZmxlZXQvdjEvZmxlZXQucHJvdG8SEm90dGVybGluay5mbGVldC52MSK1AQoQTGFiZWxMaW5rUmVxdWVzdBIUCgdjbHVzdGVyGAEgASgJSACIAQESQAoGbGFiZWxzGAIgAygLMjAub3R0ZXJsaW5rLmZsZWV0LnYxLkxhYmVsTGlua1JlcXVlc3QuTGFiZWxzRW50cnkSDgoGcmVtb3ZlGAMgAygJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFCCgoIX2NsdXN0ZXIihQEKEUxhYmVsTGlua1Jlc3BvbnNlEkEKBmxhYmVscxgBIAMoCzIxLm90dGVybGluay5mbGVldC52MS5MYWJlbExpbmtSZXNwb25zZS5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIjcKE0Rlc2NyaWJlTGlua1JlcXVlc3QSFAoHY2x1c3RlchgBIAEoCUgAiAEBQgoKCF9jbHVzdGVyIqkBChREZXNjcmliZUxpbmtSZXNwb25zZRImCgRsaW5rGAEgASgLMhgub3R0ZXJzY2FsZS5saW5rLnYxLkxpbmsSNgoNZG9jdG9yX2NoZWNrcxgCIAMoCzIfLm90dGVybGluay5mbGVldC52MS5Eb2N0b3JDaGVjaxIxCg1kb2N0b3JfcmFuX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJrCgtEb2N0b3JDaGVjaxIRCgRuYW1lGAEgASgJSACIAQESFAoHdmVyZGljdBgCIAEoCUgBiAEBEhMKBmRldGFpbBgDIAEoCUgCiAEBQgcKBV9uYW1lQgoKCF92ZXJkaWN0QgkKB19kZXRhaWwiZgoGRmFuT3V0EhoKDWxpbmtfc2VsZWN0b3IYASABKAlIAIgBARIbCg50aW1lb3V0X21pbGxpcxgCIAEoDUgBiAEBQhAKDl9saW5rX3NlbGVjdG9yQhEKD190aW1lb3V0X21pbGxpcyLcAgoUTGlzdFJlc291cmNlc1JlcXVlc3QSMAoHZmFuX291dBgBIAEoCzIaLm90dGVybGluay5mbGVldC52MS5GYW5PdXRIAIgBARISCgVncm91cBgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBARIVCghyZXNvdXJjZRgEIAEoCUgDiAEBEhYKCW5hbWVzcGFjZRgFIAEoCUgEiAEBEhsKDmxhYmVsX3NlbGVjdG9yGAYgASgJSAWIAQESGwoOZmllbGRfc2VsZWN0b3IYByABKAlIBogBARISCgVsaW1pdBgIIAEoA0gHiAEBQgoKCF9mYW5fb3V0QggKBl9ncm91cEIKCghfdmVyc2lvbkILCglfcmVzb3VyY2VCDAoKX25hbWVzcGFjZUIRCg9fbGFiZWxfc2VsZWN0b3JCEQoPX2ZpZWxkX3NlbGVjdG9yQggKBl9saW1pdCLcAQoVTGlzdFJlc291cmNlc1Jlc3BvbnNlEhQKB2NsdXN0ZXIYASABKAlIAYgBARI0CgRsaXN0GAIgASgLMiQub3R0ZXJzY2FsZS5yZXNvdXJjZS52MS5MaXN0UmVzcG9uc2VIABIxCgVlcnJvchgDIAEoCzIgLm90dGVybGluay5mbGVldC52MS5DbHVzdGVyRXJyb3JIABIbCg5lbGFwc2VkX21pbGxpcxgEIAEoDUgCiAEBQggKBnJlc3VsdEIKCghfY2x1c3RlckIRCg9fZWxhcHNlZF9taWxsaXMi+QEKE0dldFJlc291cmNlc1JlcXVlc3QSMAoHZmFuX291dBgBIAEoCzIaLm90dGVybGluay5mbGVldC52MS5GYW5PdXRIAIgBARISCgVncm91cBgCIAEoCUgBiAEBEhQKB3ZlcnNpb24YAyABKAlIAogBARIVCghyZXNvdXJjZRgEIAEoCUgDiAEBEhYKCW5hbWVzcGFjZRgFIAEoCUgEiAEBEhEKBG5hbWUYBiABKAlIBYgBAUIKCghfZmFuX291dEIICgZfZ3JvdXBCCgoIX3ZlcnNpb25CCwoJX3Jlc291cmNlQgwKCl9uYW1lc3BhY2VCBwoFX25hbWUi2wEKFEdldFJlc291cmNlc1Jlc3BvbnNlEhQKB2NsdXN0ZXIYASABKAlIAYgBARI0CghyZXNvdXJjZRgCIAEoCzIgLm90dGVyc2NhbGUucmVzb3VyY2UudjEuUmVzb3VyY2VIABIxCgVlcnJvchgDIAEoCzIgLm90dGVybGluay5mbGVldC52MS5DbHVzdGVyRXJyb3JIABIbCg5lbGFwc2VkX21pbGxpcxgEIAEoDUgCiAEBQggKBnJlc3VsdEIKCghfY2x1c3RlckIRCg9fZWxhcHNlZF9taWxsaXMiTAoMQ2x1c3RlckVycm9yEhEKBGNvZGUYASABKAlIAIgBARIUCgdtZXNzYWdlGAIgASgJSAGIAQFCBwoFX2NvZGVCCgoIX21lc3NhZ2Uy/AMKDEZsZWV0U2VydmljZRJxCglMYWJlbExpbmsSJC5vdHRlcmxpbmsuZmxlZXQudjEuTGFiZWxMaW5rUmVxdWVzdBolLm90dGVybGluay5mbGVldC52MS5MYWJlbExpbmtSZXNwb25zZSIXkAICit/VHQ8KDWZsZWV0LWVuYWJsZWQSegoMRGVzY3JpYmVMaW5rEicub3R0ZXJsaW5rLmZsZWV0LnYxLkRlc2NyaWJlTGlua1JlcXVlc3QaKC5vdHRlcmxpbmsuZmxlZXQudjEuRGVzY3JpYmVMaW5rUmVzcG9uc2UiF5ACAYrf1R0PCg1mbGVldC1lbmFibGVkEn8KDUxpc3RSZXNvdXJjZXMSKC5vdHRlcmxpbmsuZmxlZXQudjEuTGlzdFJlc291cmNlc1JlcXVlc3QaKS5vdHRlcmxpbmsuZmxlZXQudjEuTGlzdFJlc291cmNlc1Jlc3BvbnNlIheQAgGK39UdDwoNZmxlZXQtZW5hYmxlZDABEnwKDEdldFJlc291cmNlcxInLm90dGVybGluay5mbGVldC52MS5HZXRSZXNvdXJjZXNSZXF1ZXN0Gigub3R0ZXJsaW5rLmZsZWV0LnYxLkdldFJlc291cmNlc1Jlc3BvbnNlIheQAgGK39UdDwoNZmxlZXQtZW5hYmxlZDABQjFaL2dpdGh1Yi5jb20vb3R0ZXJzY2FsZS9saW5rL2FwaS9mbGVldC92MTtmbGVldHYxYgZwcm90bzM", [file_feature, file_google_protobuf_timestamp, file_link_v1_link, file_resource_v1_resource]);
 
 /**
  * @generated from message otterlink.fleet.v1.LabelLinkRequest
@@ -108,6 +112,155 @@ export const LabelLinkResponseSchema: GenMessage<LabelLinkResponse, {jsonType: L
   messageDesc(file_otterlink_fleet_v1_fleet, 1);
 
 /**
+ * @generated from message otterlink.fleet.v1.DescribeLinkRequest
+ */
+export type DescribeLinkRequest = Message<"otterlink.fleet.v1.DescribeLinkRequest"> & {
+  /**
+   * @generated from field: optional string cluster = 1;
+   */
+  cluster?: string | undefined;
+};
+
+/**
+ * @generated from message otterlink.fleet.v1.DescribeLinkRequest
+ */
+export type DescribeLinkRequestJson = {
+  /**
+   * @generated from field: optional string cluster = 1;
+   */
+  cluster?: string;
+};
+
+/**
+ * Describes the message otterlink.fleet.v1.DescribeLinkRequest.
+ * Use `create(DescribeLinkRequestSchema)` to create a new message.
+ */
+export const DescribeLinkRequestSchema: GenMessage<DescribeLinkRequest, {jsonType: DescribeLinkRequestJson}> = /*@__PURE__*/
+  messageDesc(file_otterlink_fleet_v1_fleet, 2);
+
+/**
+ * @generated from message otterlink.fleet.v1.DescribeLinkResponse
+ */
+export type DescribeLinkResponse = Message<"otterlink.fleet.v1.DescribeLinkResponse"> & {
+  /**
+   * @generated from field: otterscale.link.v1.Link link = 1;
+   */
+  link?: Link | undefined;
+
+  /**
+   * The checks of the agent's last doctor run, in its order; empty when
+   * its dials never kept failing since it started, or it is not connected
+   * to this hub replica.
+   *
+   * @generated from field: repeated otterlink.fleet.v1.DoctorCheck doctor_checks = 2;
+   */
+  doctorChecks: DoctorCheck[];
+
+  /**
+   * When that run ended, by the agent's clock.
+   *
+   * @generated from field: google.protobuf.Timestamp doctor_ran_at = 3;
+   */
+  doctorRanAt?: Timestamp | undefined;
+};
+
+/**
+ * @generated from message otterlink.fleet.v1.DescribeLinkResponse
+ */
+export type DescribeLinkResponseJson = {
+  /**
+   * @generated from field: otterscale.link.v1.Link link = 1;
+   */
+  link?: LinkJson;
+
+  /**
+   * The checks of the agent's last doctor run, in its order; empty when
+   * its dials never kept failing since it started, or it is not connected
+   * to this hub replica.
+   *
+   * @generated from field: repeated otterlink.fleet.v1.DoctorCheck doctor_checks = 2;
+   */
+  doctorChecks?: DoctorCheckJson[];
+
+  /**
+   * When that run ended, by the agent's clock.
+   *
+   * @generated from field: google.protobuf.Timestamp doctor_ran_at = 3;
+   */
+  doctorRanAt?: TimestampJson;
+};
+
+/**
+ * Describes the message otterlink.fleet.v1.DescribeLinkResponse.
+ * Use `create(DescribeLinkResponseSchema)` to create a new message.
+ */
+export const DescribeLinkResponseSchema: GenMessage<DescribeLinkResponse, {jsonType: DescribeLinkResponseJson}> = /*@__PURE__*/
+  messageDesc(file_otterlink_fleet_v1_fleet, 3);
+
+/**
+ * One line of `otter-agent doctor`.
+ *
+ * @generated from message otterlink.fleet.v1.DoctorCheck
+ */
+export type DoctorCheck = Message<"otterlink.fleet.v1.DoctorCheck"> & {
+  /**
+   * "dns", "proxy", "api-tcp", "tunnel-tls", "quic", "path-mtu", ...
+   *
+   * @generated from field: optional string name = 1;
+   */
+  name?: string | undefined;
+
+  /**
+   * "ok", "warn", "fail" or "skip".
+   *
+   * @generated from field: optional string verdict = 2;
+   */
+  verdict?: string | undefined;
+
+  /**
+   * What was found, and for a failure what to do.
+   *
+   * @generated from field: optional string detail = 3;
+   */
+  detail?: string | undefined;
+};
+
+/**
+ * One line of `otter-agent doctor`.
+ *
+ * @generated from message otterlink.fleet.v1.DoctorCheck
+ */
+export type DoctorCheckJson = {
+  /**
+   * "dns", "proxy", "api-tcp", "tunnel-tls", "quic", "path-mtu", ...
+   *
+   * @generated from field: optional string name = 1;
+   */
+  name?: string;
+
+  /**
+   * "ok", "warn", "fail" or "skip".
+   *
+   * @generated from field: optional string verdict = 2;
+   */
+  verdict?: string;
+
+  /**
+   * What was found, and for a failure what to do.
+   *
+   * @generated from field: optional string detail = 3;
+   */
+  detail?: string;
+};
+
+/**
+ * Describes the message otterlink.fleet.v1.DoctorCheck.
+ * Use `create(DoctorCheckSchema)` to create a new message.
+ */
+export const DoctorCheckSchema: GenMessage<DoctorCheck, {jsonType: DoctorCheckJson}> = /*@__PURE__*/
+  messageDesc(file_otterlink_fleet_v1_fleet, 4);
+
+/**
  * Which clusters a fan-out call reaches, and how long each may take.
  *
  * @generated from message otterlink.fleet.v1.FanOut
@@ -158,7 +311,7 @@ export type FanOutJson = {
  * Use `create(FanOutSchema)` to create a new message.
  */
 export const FanOutSchema: GenMessage<FanOut, {jsonType: FanOutJson}> = /*@__PURE__*/
-  messageDesc(file_otterlink_fleet_v1_fleet, 2);
+  messageDesc(file_otterlink_fleet_v1_fleet, 5);
 
 /**
  * @generated from message otterlink.fleet.v1.ListResourcesRequest
@@ -263,7 +416,7 @@ export type ListResourcesRequestJson = {
  * Use `create(ListResourcesRequestSchema)` to create a new message.
  */
 export const ListResourcesRequestSchema: GenMessage<ListResourcesRequest, {jsonType: ListResourcesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_otterlink_fleet_v1_fleet, 3);
+  messageDesc(file_otterlink_fleet_v1_fleet, 6);
 
 /**
  * @generated from message otterlink.fleet.v1.ListResourcesResponse
@@ -331,7 +484,7 @@ export type ListResourcesResponseJson = {
  * Use `create(ListResourcesResponseSchema)` to create a new message.
  */
 export const ListResourcesResponseSchema: GenMessage<ListResourcesResponse, {jsonType: ListResourcesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_otterlink_fleet_v1_fleet, 4);
+  messageDesc(file_otterlink_fleet_v1_fleet, 7);
 
 /**
  * @generated from message otterlink.fleet.v1.GetResourcesRequest
@@ -408,7 +561,7 @@ export type GetResourcesRequestJson = {
  * Use `create(GetResourcesRequestSchema)` to create a new message.
  */
 export const GetResourcesRequestSchema: GenMessage<GetResourcesRequest, {jsonType: GetResourcesRequestJson}> = /*@__PURE__*/
-  messageDesc(file_otterlink_fleet_v1_fleet, 5);
+  messageDesc(file_otterlink_fleet_v1_fleet, 8);
 
 /**
  * @generated from message otterlink.fleet.v1.GetResourcesResponse
@@ -476,7 +629,7 @@ export type GetResourcesResponseJson = {
  * Use `create(GetResourcesResponseSchema)` to create a new message.
  */
 export const GetResourcesResponseSchema: GenMessage<GetResourcesResponse, {jsonType: GetResourcesResponseJson}> = /*@__PURE__*/
-  messageDesc(file_otterlink_fleet_v1_fleet, 6);
+  messageDesc(file_otterlink_fleet_v1_fleet, 9);
 
 /**
  * Why one cluster of a fan-out gave no result.
@@ -523,7 +676,7 @@ export type ClusterErrorJson = {
  * Use `create(ClusterErrorSchema)` to create a new message.
  */
 export const ClusterErrorSchema: GenMessage<ClusterError, {jsonType: ClusterErrorJson}> = /*@__PURE__*/
-  messageDesc(file_otterlink_fleet_v1_fleet, 7);
+  messageDesc(file_otterlink_fleet_v1_fleet, 10);
 
 /**
  * @generated from service otterlink.fleet.v1.FleetService
@@ -539,6 +692,19 @@ export const FleetService: GenService<{
     methodKind: "unary";
     input: typeof LabelLinkRequestSchema;
     output: typeof LabelLinkResponseSchema;
+  },
+  /**
+   * One link as ListLinks shows it, with what the agent's connectivity
+   * doctor found when its dials last kept failing (the agent keeps it and
+   * reports it once it connects). The doctor's findings go to the tenant's
+   * admins only, as the link's diagnosis does.
+   *
+   * @generated from rpc otterlink.fleet.v1.FleetService.DescribeLink
+   */
+  describeLink: {
+    methodKind: "unary";
+    input: typeof DescribeLinkRequestSchema;
+    output: typeof DescribeLinkResponseSchema;
   },
   /**
    * A resource List on every connected cluster the link selector matches
