@@ -16,6 +16,10 @@ use otter_e2e::{
 };
 use otter_hub::store::{Store, StoreExt};
 use otter_proto::{
+    fleet::v1::{
+        FanOut, LabelLinkRequest, ListResourcesRequest, fleet_service_client::FleetServiceClient,
+        list_resources_response,
+    },
     link::v1::{
         GetAgentManifestRequest, ListLinksRequest, RegisterRequest,
         link_service_client::LinkServiceClient,
@@ -416,6 +420,43 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
         res.get(with_token(otter_e2e::double::get("edge-b", "web"), &root))
             .await
             .unwrap_or_else(|e| panic!("call {i} through replica a: {e:?}"));
+    }
+    // A fan-out through a reaches the cluster whose tunnel b holds, and a
+    // label set through a selects it.
+    let mut fleet = FleetServiceClient::new(ca.clone());
+    fleet
+        .label_link(with_token(
+            LabelLinkRequest {
+                cluster: Some("edge-b".into()),
+                labels: [("site".to_owned(), "b".to_owned())].into(),
+                remove: vec![],
+            },
+            &root,
+        ))
+        .await
+        .expect("label through a");
+    let mut answers = fleet
+        .list_resources(with_token(
+            ListResourcesRequest {
+                fan_out: Some(FanOut {
+                    link_selector: Some("site=b".into()),
+                    timeout_millis: None,
+                }),
+                version: Some("v1".into()),
+                resource: Some("pods".into()),
+                ..Default::default()
+            },
+            &root,
+        ))
+        .await
+        .expect("fan-out through a")
+        .into_inner();
+    let answer = answers.next().await.expect("one answer").expect("answer");
+    assert!(answers.next().await.is_none());
+    assert_eq!(answer.cluster(), "edge-b");
+    match answer.result {
+        Some(list_resources_response::Result::List(l)) => assert_eq!(l.items.len(), 2),
+        other => panic!("edge-b through b: {other:?}"),
     }
     let watch_req = || WatchRequest {
         cluster: Some("edge-b".into()),
