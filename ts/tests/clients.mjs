@@ -2,7 +2,8 @@
 // codec @connectrpc/connect-node speaks: Connect, gRPC and gRPC-Web, each
 // with JSON and binary messages, over HTTP/1.1 and HTTP/2. For each it makes a unary call, a call forwarded to a member
 // cluster, a server-streaming call that it leaves after three events, a call
-// that fails with a code, and a call without credentials. Prints one JSON
+// that fails with a code, a fan-out over every cluster (FleetService, our
+// own package), and a call without credentials. Prints one JSON
 // object on stdout, keyed by protocol; the end-to-end test
 // `real_clients.rs` asserts on it.
 //
@@ -19,7 +20,7 @@ import {
   createGrpcTransport,
   createGrpcWebTransport,
 } from "@connectrpc/connect-node";
-import { linkv1, resourcev1 } from "@otterscale/link-api";
+import { fleetv1, linkv1, resourcev1 } from "@otterscale/link-api";
 
 function required(name) {
   const value = process.env[name];
@@ -126,6 +127,25 @@ async function exercise(makeTransport, rounds) {
   }
   out.watch = events;
 
+  // A fan-out: one answer per cluster, streamed.
+  const fanOut = (client) => async () => {
+    const answers = [];
+    const stream = client.listResources(
+      { fanOut: { linkSelector: "" }, version: "v1", resource: "pods" },
+      callOptions,
+    );
+    for await (const a of stream) {
+      answers.push({
+        cluster: a.cluster,
+        result: a.result.case,
+        items: a.result.case === "list" ? a.result.value.items.length : undefined,
+        code: a.result.case === "error" ? a.result.value.code : undefined,
+      });
+    }
+    return answers;
+  };
+  out.fanOut = await fanOut(createClient(fleetv1.FleetService, transport))();
+
   out.unknownCluster = await codeOf(() =>
     resources.get(
       { cluster: "no-such-cluster", version: "v1", resource: "pods", name: "web" },
@@ -140,6 +160,8 @@ async function exercise(makeTransport, rounds) {
         other.get({ cluster: c, version: "v1", resource: "pods", name: "web" }, callOptions),
       );
     out.otherTenant = { theirs: await ask(cluster), absent: await ask("no-such-cluster") };
+    const otherFleet = createClient(fleetv1.FleetService, makeTransport([otherBearer]));
+    out.otherTenant.fanOut = await fanOut(otherFleet)();
   }
 
   const anonymous = createClient(linkv1.LinkService, makeTransport([]));

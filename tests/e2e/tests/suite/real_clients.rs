@@ -157,6 +157,14 @@ async fn typescript_connect_node_over_connect_grpc_and_grpc_web() {
             ],
             "{protocol}"
         );
+        // The fan-out, streamed: one answer, edge-1's list (the double's
+        // two objects); another tenant's admin reaches nothing.
+        assert_eq!(
+            r["fanOut"],
+            json!([{"cluster": "edge-1", "result": "list", "items": 2}]),
+            "{protocol}: {r}"
+        );
+        assert_eq!(r["otherTenant"]["fanOut"], json!([]), "{protocol}: {r}");
         assert_eq!(r["unknownCluster"]["code"], "NotFound", "{protocol}: {r}");
         assert!(
             r["unknownCluster"]["message"]
