@@ -35,7 +35,7 @@ pub async fn kube_agent(
 ) -> Agent {
     // The agent's own identity may impersonate (the test server's admin).
     let kubeconfig = sim.kubeconfig_yaml(ADMIN_TOKEN);
-    kube_agent_with(hub, &kubeconfig, cluster, token, transport, tweak).await
+    kube_agent_with(hub, &kubeconfig, cluster, token, &[transport], tweak).await
 }
 
 /// Like [`kube_agent`], reaching its Kubernetes API with `kubeconfig`
@@ -45,7 +45,7 @@ pub async fn kube_agent_with(
     kubeconfig: &str,
     cluster: &str,
     token: &str,
-    transport: TransportKind,
+    transports: &[TransportKind],
     tweak: impl FnOnce(&mut ServicesConfig),
 ) -> Agent {
     // Through a kubeconfig file, as with --kubeconfig.
@@ -71,7 +71,7 @@ pub async fn kube_agent_with(
     let proxy = otter_agent::kube_proxy::KubeProxy::for_access(&access);
     let routes = otter_agent::services(access, cluster, services);
     config.join_token = Secret(token.to_owned());
-    config.transports = vec![transport];
+    config.transports = transports.to_vec();
     config.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
     config.backoff_base = Duration::from_millis(100);
     config.backoff_cap = Duration::from_millis(800);

@@ -129,7 +129,7 @@ async fn one_list_over_the_clusters_a_selector_picks_answers_per_cluster() {
         &via_relay,
         "edge-2",
         &token,
-        TransportKind::H2,
+        &[TransportKind::H2],
         |_| {},
     )
     .await;

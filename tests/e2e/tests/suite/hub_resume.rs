@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use otter_e2e::{
     double::event_name,
-    kube::{KubeEnv, configmap, sim_config, within},
+    kube::{KubeEnv, configmap, kube_agent_with, sim_config, within},
     with_token,
 };
 use otter_proto::resource::v1::watch_event::Type;
@@ -92,6 +92,168 @@ async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_quic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_h2() {
     held_across_a_dead_tunnel(TransportKind::H2).await;
+}
+
+/// A transport switch forced by the path: the agent's QUIC tunnel dies
+/// when the relay goes silent, and when the path comes back UDP no longer
+/// passes, so the agent comes back over TLS + HTTP/2. The Watch through the
+/// hub goes on over the new transport, every change once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_goes_on_across_a_switch_from_quic_to_h2() {
+    let relay = otter_e2e::Relay::start().await;
+    let port = relay.addr.port();
+    let sim = kube_sim::KubeSim::start(sim_config()).await.unwrap();
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let hub = otter_e2e::TestHub::start_with(dir, None, |c| {
+        c.tunnel_urls = ["quic", "h2"]
+            .iter()
+            .map(|t| url::Url::parse(&format!("{t}://localhost:{port}")).unwrap())
+            .collect();
+    })
+    .await;
+    relay.set_target(hub.hub.tunnel_addr);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = kube_agent_with(
+        &hub,
+        &sim.kubeconfig_yaml(kube_sim::ADMIN_TOKEN),
+        "edge-1",
+        &token,
+        &[TransportKind::Quic, TransportKind::H2],
+        |_| {},
+    )
+    .await;
+    let channel = hub.channel().await;
+    let env = KubeEnv {
+        hub,
+        sim,
+        agent,
+        channel,
+        cluster: "edge-1".into(),
+    };
+    let admin = env.admin_token().to_owned();
+    let transport = async || {
+        otter_e2e::double::link_of(&env.channel, &admin, "edge-1")
+            .await
+            .transport
+            .unwrap_or_default()
+    };
+    assert_eq!(transport().await, "quic");
+    let mut watch = env
+        .resources()
+        .watch(with_token(env.watch_configmaps(None), &admin))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    let mut until_seen = async |want: &str, seen: &mut Vec<String>| {
+        within(want, async {
+            while !seen.iter().any(|n| n == want) {
+                let ev = watch
+                    .message()
+                    .await
+                    .unwrap_or_else(|e| panic!("the watch failed: {e:?}; saw {seen:?}"))
+                    .unwrap_or_else(|| panic!("the watch ended; saw {seen:?}"));
+                if ev.r#type == Some(Type::Added as i32) {
+                    seen.push(event_name(&ev));
+                }
+            }
+        })
+        .await;
+    };
+    env.sim.create_object(configmap("cm-quic")).unwrap();
+    until_seen("cm-quic", &mut seen).await;
+    env.cut(&relay, |sim| {
+        sim.create_object(configmap("cm-cut")).unwrap();
+    })
+    .await;
+    relay.block_udp(true);
+    relay.freeze(false);
+    env.agent
+        .wait_for(Duration::from_secs(60), |s| s.connected.is_some())
+        .await
+        .expect("the agent comes back");
+    until_seen("cm-cut", &mut seen).await;
+    env.sim.create_object(configmap("cm-h2")).unwrap();
+    until_seen("cm-h2", &mut seen).await;
+    assert_eq!(transport().await, "h2", "the agent switched transports");
+    assert_eq!(
+        seen,
+        ["cm-quic", "cm-cut", "cm-h2"],
+        "lost or repeated events"
+    );
+    assert!(env.hub.hub.state.metrics.streams_resumed.get() >= 1);
+    drop(watch);
+    env.shutdown().await;
+}
+
+/// A Watch whose resourceVersion the cluster compacted away while the
+/// tunnel was down: resuming it gets the apiserver's 410, which reaches the
+/// caller as an ERROR event (telling it to list again) and ends the stream,
+/// instead of the stream going on with changes missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_version_expired_meanwhile_tells_the_caller_to_list_again() {
+    let (relay, env) = KubeEnv::behind_relay(TransportKind::H2, sim_config(), |_| {}).await;
+    let admin = env.admin_token().to_owned();
+    env.sim.create_object(configmap("cm-before")).unwrap();
+    let list = env
+        .resources()
+        .list(with_token(env.list_configmaps(), &admin))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut watch = env
+        .resources()
+        .watch(with_token(
+            env.watch_configmaps(list.resource_version),
+            &admin,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    env.cut(&relay, |sim| {
+        sim.create_object(configmap("cm-cut")).unwrap();
+        sim.compact();
+    })
+    .await;
+    relay.freeze(false);
+    let mut events = Vec::new();
+    let ended = within("the resumed watch", async {
+        loop {
+            match watch.message().await {
+                Ok(Some(ev)) => events.push(ev),
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        }
+    })
+    .await;
+    let errors: Vec<_> = events
+        .iter()
+        .filter(|e| e.r#type == Some(Type::Error as i32))
+        .collect();
+    assert_eq!(errors.len(), 1, "{events:?}");
+    let status = otter_proto::json::struct_to_json(
+        errors[0]
+            .resource
+            .as_ref()
+            .unwrap()
+            .object
+            .as_ref()
+            .unwrap(),
+    );
+    assert_eq!(status["code"], 410, "{status}");
+    assert_eq!(status["kind"], "Status", "{status}");
+    assert!(
+        ended.is_none(),
+        "the stream ends after the ERROR event: {ended:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.r#type == Some(Type::Added as i32) && event_name(e) == "cm-cut"),
+        "a change past the compaction was passed on as if nothing was missed"
+    );
+    env.shutdown().await;
 }
 
 /// A Watch waiting for its cluster's tunnel holds no rights of its own:
