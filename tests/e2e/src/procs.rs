@@ -137,7 +137,8 @@ pub fn child_main() {
 /// It serves pod `default/web`, writes a kubeconfig for its admin once it
 /// listens, and takes commands on stdin, one per line:
 /// `configmap <name>` creates a ConfigMap in `default`;
-/// `echo <port>` serves a TCP echo on pod `web`'s `<port>`.
+/// `echo <port>` serves a TCP echo on pod `web`'s `<port>`;
+/// `log <line>` appends a line to the log of pod `web`'s container `app`.
 async fn kube_sim_main(args: &[String]) -> i32 {
     let (Some(listen), Some(kubeconfig)) = (args.first(), args.get(1)) else {
         eprintln!("kube-sim: <listen address> <kubeconfig file>");
@@ -187,6 +188,7 @@ async fn kube_sim_main(args: &[String]) -> i32 {
                     eprintln!("kube-sim: configmap {name}: {e:?}");
                 }
             }
+            (Some("log"), Some(text)) => sim.append_log("default", "web", "app", text),
             (Some("echo"), Some(port)) => {
                 if let Ok(port) = port.parse() {
                     sim.add_pod_port("default", "web", port, echo_server().await);

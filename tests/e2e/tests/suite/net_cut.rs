@@ -6,7 +6,8 @@
 //! returns and the hub opens the Watch again from the last resourceVersion
 //! it passed on, while the caller's stream stays open: every object shows
 //! exactly once, none lost, none repeated, and `otter get -w` never had to
-//! resume on its own.
+//! resume on its own. A followed log (`otter logs -f`), a line written with
+//! each object, goes on the same way: every line once.
 //!
 //! Needs the privilege to create network namespaces (root) and `ip` from
 //! iproute2; without them the test says so in one line and passes, unless
@@ -120,6 +121,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
 
     for i in 0..3 {
         sim.send(&format!("configmap cm-before-{i}"));
+        sim.send(&format!("log cm-before-{i}"));
     }
     // `otter get -w` as a user runs it, beside the hub.
     let mut watcher = Proc::start(
@@ -141,9 +143,46 @@ fn watch_resumes_across_a_cut(transport: &str) {
         d,
         Some(&scene.pair.hub),
     );
+    // And `otter logs -f` of a pod, its log written along with the objects.
+    let mut follower = Proc::start(
+        "follower",
+        Role::Otter,
+        &strings(&[
+            "logs",
+            "web",
+            "-c",
+            "app",
+            "-f",
+            "--cluster",
+            "edge-0",
+            "--hub",
+            &api,
+            "--token",
+            &admin,
+            "--ca-file",
+            &ca,
+        ]),
+        d,
+        Some(&scene.pair.hub),
+    );
+    // The test lines (the pod's own first line, and the test harness's
+    // lines of the child process, left out).
+    let logged = |follower: &Proc| -> Vec<String> {
+        follower
+            .stdout()
+            .lines()
+            .filter_map(|l| l.rsplit(' ').next())
+            .filter(|w| w.starts_with("cm-"))
+            .map(str::to_owned)
+            .collect()
+    };
     let shows = |names: &[String]| {
         let printed = printed_names(&watcher.stdout());
-        names.iter().all(|n| printed.contains(n))
+        names.iter().all(|n| printed.contains(n)) && {
+            // Each object comes with a log line of its name.
+            let lines = logged(&follower);
+            names.iter().all(|n| lines.contains(n))
+        }
     };
     let names = |prefix: &str, n: usize| -> Vec<String> {
         (0..n).map(|i| format!("cm-{prefix}-{i}")).collect()
@@ -153,6 +192,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
     });
     for n in names("live", 3) {
         sim.send(&format!("configmap {n}"));
+        sim.send(&format!("log {n}"));
     }
     until("the watcher sees live changes", WAIT, || {
         shows(&names("live", 3))
@@ -163,6 +203,7 @@ fn watch_resumes_across_a_cut(transport: &str) {
     let cut_at = Instant::now();
     for n in names("cut", 5) {
         sim.send(&format!("configmap {n}"));
+        sim.send(&format!("log {n}"));
         std::thread::sleep(Duration::from_millis(200));
     }
     until("the agent calls the tunnel dead", CUT + WAIT, || {
@@ -190,12 +231,14 @@ fn watch_resumes_across_a_cut(transport: &str) {
     let caught_up = restored.elapsed();
     for n in names("after", 2) {
         sim.send(&format!("configmap {n}"));
+        sim.send(&format!("log {n}"));
     }
     until("the watcher sees changes after the cut", WAIT, || {
         shows(&names("after", 2))
     });
     let m = scene.agent_metrics().expect("agent metrics");
     watcher.kill9();
+    follower.kill9();
 
     // Count: every object exactly once, in the order made.
     let printed = printed_names(&watcher.stdout());
@@ -211,6 +254,14 @@ fn watch_resumes_across_a_cut(transport: &str) {
         expected.len()
     );
     assert_eq!(printed, expected, "lost, repeated or reordered events");
+    // The followed log: every line once, in order.
+    let lines = logged(&follower);
+    eprintln!(
+        "{transport}: {} log lines printed, {} expected",
+        lines.len(),
+        expected.len()
+    );
+    assert_eq!(lines, expected, "lost, repeated or reordered log lines");
     let err = watcher.stderr();
     assert!(
         !err.contains("resuming from resourceVersion"),
@@ -218,8 +269,8 @@ fn watch_resumes_across_a_cut(transport: &str) {
     );
     let hub_metrics = agent_metrics(&scene.pair.hub, HUB_METRICS, d).expect("hub metrics");
     assert!(
-        sample(&hub_metrics, "otter_hub_streams_resumed_total").is_some_and(|n| n >= 1.0),
-        "the hub resumed no watch:\n{hub_metrics}"
+        sample(&hub_metrics, "otter_hub_streams_resumed_total").is_some_and(|n| n >= 2.0),
+        "the hub did not resume both the watch and the log:\n{hub_metrics}"
     );
     assert_eq!(sample(&m, "otter_agent_connects_total"), Some(2.0), "{m}");
     assert_eq!(
