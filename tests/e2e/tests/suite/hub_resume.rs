@@ -96,13 +96,17 @@ async fn the_hub_holds_a_watch_across_a_dead_tunnel_over_h2() {
 
 /// A transport switch forced by the path: the agent's QUIC tunnel dies
 /// when the relay goes silent, and when the path comes back UDP no longer
-/// passes, so the agent comes back over TLS + HTTP/2. The Watch through the
-/// hub goes on over the new transport, every change once.
+/// passes, so the agent comes back over TLS + HTTP/2. The Watch and a
+/// followed log through the hub go on over the new transport, every change
+/// and every line once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_goes_on_across_a_switch_from_quic_to_h2() {
+    use otter_proto::runtime::v1::PodLogRequest;
     let relay = otter_e2e::Relay::start().await;
     let port = relay.addr.port();
-    let sim = kube_sim::KubeSim::start(sim_config()).await.unwrap();
+    let sim = kube_sim::KubeSim::start(sim_config().pod("default", "web", &["app"]))
+        .await
+        .unwrap();
     let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
     let hub = otter_e2e::TestHub::start_with(dir, None, |c| {
         c.tunnel_urls = ["quic", "h2"]
@@ -160,10 +164,42 @@ async fn a_watch_goes_on_across_a_switch_from_quic_to_h2() {
         })
         .await;
     };
+    let mut log = env
+        .runtime()
+        .pod_log(with_token(
+            PodLogRequest {
+                cluster: Some(env.cluster.clone()),
+                namespace: Some("default".into()),
+                name: Some("web".into()),
+                follow: Some(true),
+                ..Default::default()
+            },
+            &admin,
+        ))
+        .await
+        .expect("log")
+        .into_inner();
+    let mut text = String::new();
+    let mut until_line = async |want: &str, text: &mut String| {
+        within(want, async {
+            while !text.lines().any(|l| l == want) {
+                let chunk = log
+                    .message()
+                    .await
+                    .unwrap_or_else(|e| panic!("the log failed: {e:?}; got {text:?}"))
+                    .unwrap_or_else(|| panic!("the log ended; got {text:?}"));
+                text.push_str(&String::from_utf8_lossy(&chunk.data.unwrap_or_default()));
+            }
+        })
+        .await;
+    };
     env.sim.create_object(configmap("cm-quic")).unwrap();
+    env.sim.append_log("default", "web", "app", "cm-quic");
     until_seen("cm-quic", &mut seen).await;
+    until_line("cm-quic", &mut text).await;
     env.cut(&relay, |sim| {
         sim.create_object(configmap("cm-cut")).unwrap();
+        sim.append_log("default", "web", "app", "cm-cut");
     })
     .await;
     relay.block_udp(true);
@@ -173,16 +209,26 @@ async fn a_watch_goes_on_across_a_switch_from_quic_to_h2() {
         .await
         .expect("the agent comes back");
     until_seen("cm-cut", &mut seen).await;
+    until_line("cm-cut", &mut text).await;
     env.sim.create_object(configmap("cm-h2")).unwrap();
+    env.sim.append_log("default", "web", "app", "cm-h2");
     until_seen("cm-h2", &mut seen).await;
+    until_line("cm-h2", &mut text).await;
     assert_eq!(transport().await, "h2", "the agent switched transports");
     assert_eq!(
         seen,
         ["cm-quic", "cm-cut", "cm-h2"],
         "lost or repeated events"
     );
-    assert!(env.hub.hub.state.metrics.streams_resumed.get() >= 1);
-    drop(watch);
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("cm-")).collect();
+    assert_eq!(
+        lines,
+        ["cm-quic", "cm-cut", "cm-h2"],
+        "lost or repeated lines"
+    );
+    // The Watch and the log, each opened again once at least.
+    assert!(env.hub.hub.state.metrics.streams_resumed.get() >= 2);
+    drop((watch, log));
     env.shutdown().await;
 }
 
