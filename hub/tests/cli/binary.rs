@@ -121,10 +121,11 @@ async fn login_tokens_manifests_and_links() {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let out = loop {
             let (_, out, _) = run(&d, &["links", "-o", "wide"]);
+            // SKEW, RENEWAL and LABELS are the last columns.
             let skew_shown = out
                 .lines()
                 .nth(1)
-                .and_then(|l| l.split_whitespace().rev().nth(1))
+                .and_then(|l| l.split_whitespace().rev().nth(2))
                 .is_some_and(|c| c != "-");
             if skew_shown || std::time::Instant::now() > deadline {
                 break out;
@@ -133,12 +134,13 @@ async fn login_tokens_manifests_and_links() {
         };
         let wide: Vec<&str> = out.lines().collect();
         let cells: Vec<&str> = wide[1].split_whitespace().collect();
-        let skew = cells[cells.len() - 2];
+        let skew = cells[cells.len() - 3];
         assert!(
             skew.ends_with("ms") && skew[1..skew.len() - 2].parse::<u32>().is_ok(),
             "{out}"
         );
-        assert_eq!(cells[cells.len() - 1], "ok", "{out}");
+        assert_eq!(cells[cells.len() - 2], "ok", "{out}");
+        assert_eq!(cells[cells.len() - 1], "<none>", "no labels: {out}");
         let (_, out, _) = run(&d, &["links", "-o", "json"]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         let diag = &v[0]["diagnosis"];

@@ -499,6 +499,7 @@ async fn cors_feature_gating_metrics_and_health() {
             ServingStatus::Serving,
         ),
         ("otterscale.link.v1.LinkService", ServingStatus::Serving),
+        ("otterlink.fleet.v1.FleetService", ServingStatus::Serving),
     ] {
         let r = health
             .check(tonic_health::pb::HealthCheckRequest {
@@ -513,6 +514,7 @@ async fn cors_feature_gating_metrics_and_health() {
         reflected_services(hub.channel().await).await,
         [
             "grpc.health.v1.Health",
+            "otterlink.fleet.v1.FleetService",
             "otterscale.link.v1.LinkService",
             "otterscale.resource.v1.ResourceService",
         ]
