@@ -149,7 +149,7 @@ impl Agent {
             renew_now: Arc::new(tokio::sync::Notify::new()),
             last_good: None,
             renew_retry_at: None,
-            quic: Arc::new(quic::Dialer::default()),
+            quic: Arc::new(Dialers::default()),
             failed_rounds: 0,
             failing_since: None,
             urls_refreshed: None,
@@ -242,8 +242,9 @@ struct Supervisor {
     renew_backoff: Backoff,
     /// After a failed renewal, when to try again (sooner than it is due).
     renew_retry_at: Option<tokio::time::Instant>,
-    /// One QUIC endpoint for every dial of this agent's life.
-    quic: Arc<quic::Dialer>,
+    /// One QUIC endpoint and the TLS sessions for every dial of this
+    /// agent's life.
+    quic: Arc<Dialers>,
     /// Dial rounds that failed in a row, since when, and when the tunnel
     /// URLs were last asked for again (see `URL_REFRESH_ROUNDS`).
     failed_rounds: u32,
@@ -1182,7 +1183,7 @@ async fn dial_new_tunnel(
     config: AgentConfig,
     creds: Credentials,
     order: Vec<TransportKind>,
-    quic: Arc<quic::Dialer>,
+    quic: Arc<Dialers>,
     to: tokio::sync::mpsc::Sender<Option<Admitted>>,
 ) {
     for kind in order {
@@ -1201,7 +1202,7 @@ async fn dial_admitted(
     config: &AgentConfig,
     creds: &Credentials,
     kind: TransportKind,
-    quic: &quic::Dialer,
+    quic: &Dialers,
 ) -> Result<Admitted> {
     let mut acceptor = dial(config, creds, kind, quic).await?;
     // HTTP/2 (also inside WebSocket) is dialled once the hub's preface came.
@@ -1251,21 +1252,71 @@ impl<A: Acceptor> AcceptorDyn for A {
     }
 }
 
+/// What every dial of the agent's life shares: one QUIC endpoint, and the
+/// TLS sessions of its tunnels, so a tunnel dialled again resumes its
+/// session (the hub's tickets outlive a restart of the hub) instead of
+/// making a full handshake.
+#[derive(Debug, Default)]
+pub struct Dialers {
+    quic: quic::Dialer,
+    sessions: std::sync::Mutex<Sessions>,
+}
+
+/// The TLS of one client certificate and hub trust, per transport, with
+/// its session cache. rustls resumes a session only with the very
+/// verifier and certificate of the config that made it, so every dial
+/// takes a clone of the one config; a renewed certificate, or a new CA
+/// bundle, starts afresh.
+#[derive(Debug, Default)]
+struct Sessions {
+    /// (hub trust PEM, client certificate PEM) of the configs kept.
+    made_for: (String, String),
+    by_transport: std::collections::HashMap<TransportKind, rustls::ClientConfig>,
+}
+
+/// Sessions kept per transport (a few hub names, a few tickets each).
+const SESSIONS_KEPT: usize = 8;
+
+impl Dialers {
+    /// The client TLS for `kind`, with `alpn`, sharing its sessions with
+    /// every earlier dial of the same certificate and trust.
+    fn tls(
+        &self,
+        trust: &str,
+        creds: &Credentials,
+        kind: TransportKind,
+        alpn: &[u8],
+    ) -> Result<rustls::ClientConfig> {
+        let mut s = self
+            .sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.made_for.0 != trust || s.made_for.1 != creds.cert_pem {
+            *s = Sessions {
+                made_for: (trust.to_owned(), creds.cert_pem.clone()),
+                by_transport: Default::default(),
+            };
+        }
+        if let Some(tls) = s.by_transport.get(&kind) {
+            return Ok(tls.clone());
+        }
+        let mut tls = tls::client_config(trust, Some((&creds.cert_pem, &creds.key_pem)), &[alpn])?;
+        tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSIONS_KEPT);
+        s.by_transport.insert(kind, tls.clone());
+        Ok(tls)
+    }
+}
+
 async fn dial(
     config: &AgentConfig,
     creds: &Credentials,
     kind: TransportKind,
-    quic: &quic::Dialer,
+    dialers: &Dialers,
 ) -> Result<Box<dyn AcceptorDyn>> {
     let url = tunnel_url(&creds.tunnel_urls, kind, &config.hub_url)?;
     let (host, addr) = resolve(&url).await?;
-    let client = |alpn: &[u8]| {
-        tls::client_config(
-            enroll::hub_trust(config, Some(creds)),
-            Some((&creds.cert_pem, &creds.key_pem)),
-            &[alpn],
-        )
-    };
+    let client =
+        |alpn: &[u8]| dialers.tls(enroll::hub_trust(config, Some(creds)), creds, kind, alpn);
     let proxy = config
         .proxy
         .as_ref()
@@ -1303,7 +1354,9 @@ async fn dial(
                 ..Default::default()
             };
             Ok(Box::new(
-                quic.dial(addr, &host, client(quic::ALPN)?, &settings)
+                dialers
+                    .quic
+                    .dial(addr, &host, client(quic::ALPN)?, &settings)
                     .await?,
             ))
         }

@@ -53,6 +53,7 @@ pub mod sealed;
 pub mod server;
 pub mod store;
 pub mod tenancy;
+pub mod tickets;
 pub mod tokens;
 pub mod tunnels;
 

@@ -71,6 +71,14 @@ pub struct Metrics {
     pub audit_dropped: Counter<u64, AtomicU64>,
     /// Watches and followed logs opened again on a cluster's next tunnel.
     pub streams_resumed: Counter<u64, AtomicU64>,
+    /// TLS session tickets the tunnel port's listeners opened (sessions
+    /// resumed), per listener.
+    pub tls_tickets_accepted: Family<ListenerLabel, Gauge<i64, AtomicI64>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    pub listener: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -167,6 +175,12 @@ impl Default for Metrics {
             "Watches and followed logs opened again on a cluster's next tunnel after theirs dropped",
             streams_resumed.clone(),
         );
+        let tls_tickets_accepted = Family::<ListenerLabel, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "tls_tickets_accepted",
+            "TLS session tickets the tunnel port opened (sessions resumed instead of full handshakes), per listener",
+            tls_tickets_accepted.clone(),
+        );
         Self {
             registry,
             requests,
@@ -184,6 +198,7 @@ impl Default for Metrics {
             kube_upgraded,
             audit_dropped,
             streams_resumed,
+            tls_tickets_accepted,
         }
     }
 }
@@ -210,6 +225,17 @@ impl Metrics {
         self.tunnel_refusals.set(m(tunnels.refused()));
         self.registrations_peak.set(n(registrations.peak()));
         self.registration_refusals.set(m(registrations.refused()));
+    }
+
+    /// Copies the ticket counts of the tunnel port in, before a render.
+    pub fn tickets(&self, tickets: &crate::tickets::Tickets) {
+        for (listener, keys) in [("tunnel-tcp", &tickets.tcp), ("tunnel-quic", &tickets.quic)] {
+            self.tls_tickets_accepted
+                .get_or_create(&ListenerLabel {
+                    listener: listener.to_owned(),
+                })
+                .set(i64::try_from(keys.accepted()).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn register_outcome(&self, outcome: &str) {

@@ -583,13 +583,15 @@ async fn serve_connection(
     let Ok(Ok(tls)) = tls else {
         return tracing::debug!(%remote, "peer handshake failed or timed out");
     };
-    // The chain is the hub CA's (the TLS layer checked it); only a
-    // replica's certificate is believed about a caller.
+    // The chain is the hub CA's (the TLS layer checked it, or, for a
+    // resumed session, checked here again); only a replica's certificate
+    // is believed about a caller.
     let replica = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
+        .filter(|c| state.authority.live_tls().verify_client(c).is_ok())
         .map(|c| otter_pki::identity::replica_of_der(c));
     let replica = match replica {
         Some(Ok(r)) => r,

@@ -92,6 +92,8 @@ pub struct HubState {
     /// same bounds as the tunnel port's handshakes (a fair share per
     /// source, the oldest dropped for a newcomer when full).
     pub api_pending: Arc<otter_tunnel::handshakes::Handshakes>,
+    /// Session tickets of the tunnel port.
+    pub tickets: crate::tickets::Tickets,
 }
 
 impl std::fmt::Debug for HubState {
@@ -223,11 +225,24 @@ impl Hub {
             }
             None => live.server_config(tls::ClientAuth::Optional, api_alpn)?,
         };
-        let tunnel_tls = live.server_config(
+        let mut tunnel_tls = live.server_config(
             tls::ClientAuth::Required,
             &[h2::ALPN, otter_tunnel::ws::ALPN, h2::LINK_ALPN],
         )?;
-        let quic_tls = live.server_config(tls::ClientAuth::Required, &[quic::ALPN])?;
+        let mut quic_tls = live.server_config(tls::ClientAuth::Required, &[quic::ALPN])?;
+        // Agents coming back resume their sessions, on keys every replica
+        // and every restart reads from the store.
+        let tickets = crate::tickets::Tickets::default();
+        if let Err(e) = tickets.roll(&*store) {
+            tracing::warn!(error = %e, "no TLS ticket keys: agents make full handshakes");
+        }
+        tunnel_tls.ticketer = tickets.tcp.clone();
+        quic_tls.ticketer = tickets.quic.clone();
+        // A client spends a ticket on every try, and a QUIC try spends it
+        // even when nothing answers (a hub restarting): a few in hand
+        // outlast a few failed rounds.
+        tunnel_tls.send_tls13_tickets = crate::tickets::TICKETS_PER_HANDSHAKE;
+        quic_tls.send_tls13_tickets = crate::tickets::TICKETS_PER_HANDSHAKE;
         // Replicas reach each other on a port of their own, each showing a
         // replica certificate from the shared CA.
         let peer_port = match config.peer_listen {
@@ -341,6 +356,7 @@ impl Hub {
             // milliseconds, so under a flood of stalled connections it
             // still gets through, where waiting for a place would leave it
             // in the kernel's backlog behind the flood.
+            tickets,
             api_pending: otter_tunnel::handshakes::Handshakes::new(
                 otter_tunnel::handshakes::HandshakeLimits {
                     evict_after: Duration::ZERO,
@@ -428,6 +444,10 @@ impl Hub {
         }
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
         tasks.spawn(prune_periodically(state.clone(), shutdown.clone()));
+        tasks.spawn(crate::tickets::roll_periodically(
+            state.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(crate::credentials::sweep_every(
             state.live.clone(),
             state.store.clone(),
@@ -631,6 +651,25 @@ async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener> {
             }
             Err(e) => return Err(std::io::Error::new(e.kind(), format!("TCP {addr}: {e}")).into()),
             Ok(l) => return Ok(l),
+        }
+    }
+}
+
+/// A client certificate the TLS layer handed over, if it holds now: a
+/// resumed session carries the certificate of the handshake it resumes
+/// without verifying it again (an expired one, or one of a CA retired
+/// since), so every connection's certificate is checked here as a full
+/// handshake would check it. A certificate that fails is as none.
+fn verified_peer(
+    state: &HubState,
+    der: Option<&rustls::pki_types::CertificateDer<'_>>,
+) -> Option<Vec<u8>> {
+    let der = der?;
+    match state.authority.live_tls().verify_client(der) {
+        Ok(()) => Some(der.to_vec()),
+        Err(e) => {
+            tracing::debug!(error = %e, "a client certificate that no longer holds was ignored");
+            None
         }
     }
 }
@@ -878,12 +917,10 @@ async fn serve_api(
                         }
                         Err(_) => return tracing::debug!(%remote, "API TLS handshake timed out"),
                     };
-                    let peer_cert = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .map(|c| c.to_vec());
+                    let peer_cert = verified_peer(
+                        &state2,
+                        tls.get_ref().1.peer_certificates().and_then(|c| c.first()),
+                    );
                     let conn = Arc::new(ConnInfo {
                         remote,
                         peer_cert,
@@ -942,7 +979,7 @@ async fn serve_tunnel_port_links(
         };
         let conn = Arc::new(ConnInfo {
             remote: link.remote,
-            peer_cert: link.peer_cert.map(|c| c.to_vec()),
+            peer_cert: verified_peer(&state, link.peer_cert.as_ref()),
             tunnel_port: true,
         });
         let first = FirstRequest {

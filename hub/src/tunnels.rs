@@ -81,6 +81,12 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
     let Some(der) = a.peer_cert.as_ref() else {
         return refuse(Refused::NoCertificate);
     };
+    // A resumed TLS session did not verify the certificate it carries (the
+    // one of the handshake it resumes): checked here as a full handshake
+    // would, against the CAs trusted now and the clock now.
+    if let Err(e) = state.authority.live_tls().verify_client(der) {
+        return refuse(Refused::Certificate(e));
+    }
     let peer = match PeerCertificate::from_der(der) {
         Ok(p) => p,
         Err(e) => return refuse(Refused::Certificate(e)),

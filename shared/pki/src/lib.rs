@@ -17,6 +17,7 @@ pub mod ca;
 pub mod csr;
 pub mod identity;
 pub mod live;
+pub mod tickets;
 pub mod tls;
 
 pub use ca::{CertificateAuthority, IssuedCertificate};

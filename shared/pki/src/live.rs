@@ -96,6 +96,17 @@ impl LiveTls {
         Ok(())
     }
 
+    /// Verifies a client certificate (DER) as a handshake would now: it
+    /// chains to a trusted CA and is valid at this moment. A resumed TLS
+    /// session skips that check, so the hub makes it again on admission.
+    pub fn verify_client(&self, end_entity: &[u8]) -> Result<()> {
+        self.now()
+            .required
+            .verify_client_cert(&CertificateDer::from(end_entity), &[], UnixTime::now())
+            .map(|_| ())
+            .map_err(PkiError::Tls)
+    }
+
     fn now(&self) -> Arc<Material> {
         self.current
             .read()

@@ -49,34 +49,45 @@ async fn dial(
     cert: &str,
     key: &str,
 ) -> otter_tunnel::Result<Box<dyn Acceptor>> {
+    dial_with(hub, transport, agent_tls(hub, transport, cert, key)).await
+}
+
+/// The TLS an agent dials `transport` with, presenting `cert`. Dials with
+/// clones of one such config resume each other's sessions (rustls resumes
+/// only with the verifier and certificate of the config that made them).
+fn agent_tls(
+    hub: &TestHub,
+    transport: TransportKind,
+    cert: &str,
+    key: &str,
+) -> rustls::ClientConfig {
+    let alpn = match transport {
+        TransportKind::Quic => otter_tunnel::quic::ALPN,
+        _ => otter_tunnel::h2::ALPN,
+    };
+    otter_pki::tls::client_config(hub.hub.ca_pem(), Some((cert, key)), &[alpn]).unwrap()
+}
+
+/// Like [`dial`], with the TLS given.
+async fn dial_with(
+    hub: &TestHub,
+    transport: TransportKind,
+    tls: rustls::ClientConfig,
+) -> otter_tunnel::Result<Box<dyn Acceptor>> {
     let addr = hub.hub.tunnel_addr;
     Ok(match transport {
         TransportKind::Quic => {
-            let tls = otter_pki::tls::client_config(
-                hub.hub.ca_pem(),
-                Some((cert, key)),
-                &[otter_tunnel::quic::ALPN],
-            )
-            .unwrap();
             Box::new(otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default()).await?)
         }
-        _ => {
-            let tls = otter_pki::tls::client_config(
-                hub.hub.ca_pem(),
-                Some((cert, key)),
-                &[otter_tunnel::h2::ALPN],
+        _ => Box::new(
+            otter_tunnel::h2::dial(
+                addr,
+                "localhost".try_into().unwrap(),
+                Arc::new(tls),
+                Default::default(),
             )
-            .unwrap();
-            Box::new(
-                otter_tunnel::h2::dial(
-                    addr,
-                    "localhost".try_into().unwrap(),
-                    Arc::new(tls),
-                    Default::default(),
-                )
-                .await?,
-            )
-        }
+            .await?,
+        ),
     })
 }
 
@@ -84,7 +95,16 @@ async fn dial(
 /// QUIC check the client's certificate after the client considers the
 /// handshake done) on its first wait for a stream.
 async fn refusal(hub: &TestHub, transport: TransportKind, cert: &str, key: &str) -> String {
-    match dial(hub, transport, cert, key).await {
+    refusal_with(hub, transport, agent_tls(hub, transport, cert, key)).await
+}
+
+/// Like [`refusal`], with the TLS given.
+async fn refusal_with(
+    hub: &TestHub,
+    transport: TransportKind,
+    tls: rustls::ClientConfig,
+) -> String {
+    match dial_with(hub, transport, tls).await {
         Err(e) => e.to_string(),
         Ok(mut acceptor) => match tokio::time::timeout(WAIT, acceptor.accept()).await {
             Err(_) => panic!("{transport:?}: tunnel neither refused nor closed"),
@@ -563,5 +583,158 @@ async fn the_tunnel_port_renews_and_answers_nothing_else() {
         })
         .await
         .expect("the other cluster's token is still good");
+    hub.hub.shutdown().await;
+}
+
+/// Tickets the hub's tunnel port opened so far, over TCP and QUIC.
+fn tickets_accepted(hub: &TestHub, transport: TransportKind) -> u64 {
+    let t = &hub.hub.state.tickets;
+    match transport {
+        TransportKind::Quic => t.quic.accepted(),
+        _ => t.tcp.accepted(),
+    }
+}
+
+/// A resumed TLS session carries the certificate of the handshake it
+/// resumes, unverified: the hub checks it again on admission. A session
+/// of a certificate that has expired since, or that a renewal superseded,
+/// resumes at the TLS layer (the hub opened its ticket) and is refused as
+/// the tunnel it would carry; a current certificate's session resumes and
+/// is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
+    use otter_hub::{link_service::LinkRecord, store::StoreExt};
+    let hub = TestHub::start().await;
+    let channel = hub.channel().await;
+    let cas = hub.hub.state.authority.current();
+    let serial_of = |pem: &str| {
+        let der = otter_pki::tls::parse_certs(pem).unwrap().remove(0);
+        otter_pki::identity::PeerCertificate::from_der(&der)
+            .unwrap()
+            .serial
+    };
+    // The link's current certificate is one the test made: valid 4 s.
+    let token = hub.hub.mint_join_token("edge-r").unwrap();
+    let agent = start_agent(&hub, "edge-r", "r1", &token, TransportKind::H2);
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connects");
+    agent.agent.shutdown().await;
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        let (cert, key) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(4));
+        let serial = serial_of(&cert);
+        otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
+            l.cert_serial = serial.clone();
+            l.prev_serial = None;
+            true
+        })
+        .unwrap();
+        let tls = agent_tls(&hub, transport, &cert, &key);
+        let first = serve(
+            dial_with(&hub, transport, tls.clone())
+                .await
+                .expect("dials"),
+            "edge-r",
+            "r1",
+        );
+        wait_connected(&channel, &hub.admin_token, 1).await;
+        first.abort();
+        // Still valid: the session resumes and the tunnel is admitted.
+        let before = tickets_accepted(&hub, transport);
+        let again = serve(
+            dial_with(&hub, transport, tls.clone())
+                .await
+                .expect("resumes"),
+            "edge-r",
+            "r1",
+        );
+        wait_connected(&channel, &hub.admin_token, 1).await;
+        assert!(
+            tickets_accepted(&hub, transport) > before,
+            "{transport}: the session was not resumed"
+        );
+        again.abort();
+        // Expired: the session resumes, the tunnel is refused.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let before = tickets_accepted(&hub, transport);
+        let why = refusal_with(&hub, transport, tls.clone()).await;
+        assert!(
+            tickets_accepted(&hub, transport) > before,
+            "{transport}: the expired certificate's session was not even resumed: {why}"
+        );
+        assert!(!why.is_empty(), "{transport}");
+        println!("{transport}: an expired certificate's resumed session: {why}");
+    }
+
+    // Superseded: a session of the certificate before a renewal.
+    let (cert1, key1) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(600));
+    let (cert2, key2) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(600));
+    let (s1, s2) = (serial_of(&cert1), serial_of(&cert2));
+    otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
+        l.cert_serial = s1.clone();
+        l.prev_serial = None;
+        true
+    })
+    .unwrap();
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        let tls = agent_tls(&hub, transport, &cert1, &key1);
+        let old = serve(
+            dial_with(&hub, transport, tls.clone())
+                .await
+                .expect("dials"),
+            "edge-r",
+            "r1",
+        );
+        wait_connected(&channel, &hub.admin_token, 1).await;
+        old.abort();
+        // A renewal to cert2, whose tunnel then retires cert1.
+        otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
+            l.cert_serial = s2.clone();
+            l.prev_serial = Some(s1.clone());
+            true
+        })
+        .unwrap();
+        let new = serve(
+            dial(&hub, transport, &cert2, &key2).await.expect("dials"),
+            "edge-r",
+            "r1",
+        );
+        otter_e2e::double::wait_until(
+            async || {
+                hub.hub
+                    .state
+                    .store
+                    .get::<LinkRecord>("links", "edge-r")
+                    .unwrap()
+                    .is_some_and(|l| l.prev_serial.is_none())
+            },
+            "the old serial retired",
+        )
+        .await;
+        let before = tickets_accepted(&hub, transport);
+        let why = refusal_with(&hub, transport, tls.clone()).await;
+        assert!(
+            tickets_accepted(&hub, transport) > before,
+            "{transport}: the superseded certificate's session was not resumed: {why}"
+        );
+        assert!(!why.is_empty(), "{transport}");
+        println!("{transport}: a superseded certificate's resumed session: {why}");
+        // The current tunnel was not disturbed.
+        let r = ResourceServiceClient::new(channel.clone())
+            .get(with_token(get("edge-r", "x"), &hub.admin_token))
+            .await
+            .unwrap();
+        assert_eq!(field(r.get_ref(), "agent"), "r1");
+        new.abort();
+        // Back to cert1 as the current one for the next transport.
+        otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
+            l.cert_serial = s1.clone();
+            l.prev_serial = None;
+            true
+        })
+        .unwrap();
+    }
     hub.hub.shutdown().await;
 }

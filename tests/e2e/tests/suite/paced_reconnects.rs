@@ -149,6 +149,22 @@ async fn restart_under_200_agents_is_paced() {
         pacer.peak(),
         pacer.refused()
     );
+    // The agents resumed the TLS sessions the hub made before the restart
+    // (its ticket keys are in the store): every TCP agent at least once, on
+    // the dial the hub admitted. A ticket is spent by every try, and a QUIC
+    // try spends one even when nothing answers; these agents redialled
+    // every 200 ms or less while the hub was down, past the tickets they
+    // held, so only some QUIC agents had one left.
+    let tickets = &hub.hub.state.tickets;
+    let (tcp, quic) = (tickets.tcp.accepted(), tickets.quic.accepted());
+    let quic_agents = (0..AGENTS).filter(|i| i % 3 == 0).count() as u64;
+    let tcp_agents = AGENTS as u64 - quic_agents;
+    eprintln!(
+        "restart: TLS sessions resumed: {tcp} over TCP ({tcp_agents} agents), \
+         {quic} over QUIC ({quic_agents} agents)"
+    );
+    assert!(tcp >= tcp_agents, "{tcp} TCP sessions resumed");
+    assert!(quic > 0, "no QUIC session resumed");
     // From outside the hub: each agent's own span of its set-up (the hub's
     // first sign of admitting it to its answer to the diagnosis request),
     // which lies inside the hub's admission window; overlapping spans
