@@ -4,7 +4,7 @@
 use futures::StreamExt;
 use otter_proto::{
     fleet::v1::{
-        FanOut, GetResourcesRequest, ListResourcesRequest,
+        ClusterError, FanOut, GetResourcesRequest, ListResourcesRequest,
         fleet_service_client::FleetServiceClient, get_resources_response, list_resources_response,
     },
     link::v1::{LinkState, ListLinksRequest, link_service_client::LinkServiceClient},
@@ -25,6 +25,30 @@ struct Answer {
     cluster: String,
     outcome: Result<Vec<Json>, (String, String)>,
     elapsed_millis: u32,
+}
+
+impl Answer {
+    /// A cluster's answer: its objects, its error, or (a message without
+    /// a result) nothing.
+    fn new(
+        cluster: &str,
+        elapsed_millis: u32,
+        outcome: Option<Result<Vec<Json>, &ClusterError>>,
+    ) -> Answer {
+        Answer {
+            cluster: cluster.to_owned(),
+            outcome: match outcome {
+                Some(Ok(items)) => Ok(items),
+                Some(Err(e)) => Err((e.code().to_owned(), e.message().to_owned())),
+                None => Err(("unknown".into(), "no answer".into())),
+            },
+            elapsed_millis,
+        }
+    }
+}
+
+fn object_json(r: &otter_proto::resource::v1::Resource) -> Json {
+    r.object.as_ref().map(struct_to_json).unwrap_or_default()
 }
 
 /// Resolves the resource type with the Discovery of a connected cluster the
@@ -84,18 +108,11 @@ pub async fn get(hub: &Hub, a: GetArgs, selector: &str) -> anyhow::Result<()> {
             while let Some(m) = stream.next().await {
                 let m = m.map_err(status_error)?;
                 use get_resources_response::Result as R;
-                let elapsed_millis = m.elapsed_millis();
-                answers.push(Answer {
-                    cluster: m.cluster().to_owned(),
-                    outcome: match m.result {
-                        Some(R::Resource(r)) => Ok(vec![
-                            r.object.as_ref().map(struct_to_json).unwrap_or_default(),
-                        ]),
-                        Some(R::Error(e)) => Err((e.code().to_owned(), e.message().to_owned())),
-                        None => Err(("unknown".into(), "no answer".into())),
-                    },
-                    elapsed_millis,
+                let outcome = m.result.as_ref().map(|r| match r {
+                    R::Resource(r) => Ok(vec![object_json(r)]),
+                    R::Error(e) => Err(e),
                 });
+                answers.push(Answer::new(m.cluster(), m.elapsed_millis(), outcome));
             }
         }
         None => {
@@ -115,20 +132,11 @@ pub async fn get(hub: &Hub, a: GetArgs, selector: &str) -> anyhow::Result<()> {
             while let Some(m) = stream.next().await {
                 let m = m.map_err(status_error)?;
                 use list_resources_response::Result as R;
-                let elapsed_millis = m.elapsed_millis();
-                answers.push(Answer {
-                    cluster: m.cluster().to_owned(),
-                    outcome: match m.result {
-                        Some(R::List(l)) => Ok(l
-                            .items
-                            .iter()
-                            .map(|i| i.object.as_ref().map(struct_to_json).unwrap_or_default())
-                            .collect()),
-                        Some(R::Error(e)) => Err((e.code().to_owned(), e.message().to_owned())),
-                        None => Err(("unknown".into(), "no answer".into())),
-                    },
-                    elapsed_millis,
+                let outcome = m.result.as_ref().map(|r| match r {
+                    R::List(l) => Ok(l.items.iter().map(object_json).collect()),
+                    R::Error(e) => Err(e),
                 });
+                answers.push(Answer::new(m.cluster(), m.elapsed_millis(), outcome));
             }
         }
     }

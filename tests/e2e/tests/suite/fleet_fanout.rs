@@ -181,14 +181,7 @@ async fn one_list_over_the_clusters_a_selector_picks_answers_per_cluster() {
             ("region".to_owned(), "eu".to_owned())
         ])
     );
-    let shown = links
-        .clone()
-        .list_links(with_token(ListLinksRequest {}, &admin))
-        .await
-        .unwrap()
-        .into_inner()
-        .links;
-    let edge1 = shown.iter().find(|l| l.cluster() == "edge-1").unwrap();
+    let edge1 = otter_e2e::double::link_of(ch, &admin, "edge-1").await;
     assert_eq!(edge1.labels.get("region").map(String::as_str), Some("eu"));
     assert!(!edge1.labels.contains_key("tmp"));
 
@@ -354,14 +347,7 @@ async fn one_list_over_the_clusters_a_selector_picks_answers_per_cluster() {
         nobody.message().replace("edge-9", "X")
     );
     // Its labels stayed as they were.
-    let shown = links
-        .clone()
-        .list_links(with_token(ListLinksRequest {}, &admin))
-        .await
-        .unwrap()
-        .into_inner()
-        .links;
-    let edge1 = shown.iter().find(|l| l.cluster() == "edge-1").unwrap();
+    let edge1 = otter_e2e::double::link_of(ch, &admin, "edge-1").await;
     assert_eq!(edge1.labels.get("env").map(String::as_str), Some("prod"));
 
     tokio::time::timeout(Duration::from_secs(10), slow.shutdown())

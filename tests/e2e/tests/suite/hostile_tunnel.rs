@@ -586,6 +586,17 @@ async fn the_tunnel_port_renews_and_answers_nothing_else() {
     hub.hub.shutdown().await;
 }
 
+/// Makes `current` the serial of edge-r's link, and `previous` the one its
+/// agent renewed with (as a renewal the agent has not yet used would).
+fn set_serials(hub: &TestHub, current: &str, previous: Option<&str>) {
+    otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
+        l.cert_serial = current.to_owned();
+        l.prev_serial = previous.map(str::to_owned);
+        true
+    })
+    .unwrap();
+}
+
 /// Tickets the hub's tunnel port opened so far, over TCP and QUIC.
 fn tickets_accepted(hub: &TestHub, transport: TransportKind) -> u64 {
     let t = &hub.hub.state.tickets;
@@ -625,12 +636,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
     for transport in [TransportKind::H2, TransportKind::Quic] {
         let (cert, key) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(4));
         let serial = serial_of(&cert);
-        otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
-            l.cert_serial = serial.clone();
-            l.prev_serial = None;
-            true
-        })
-        .unwrap();
+        set_serials(&hub, &serial, None);
         let tls = agent_tls(&hub, transport, &cert, &key);
         let first = serve(
             dial_with(&hub, transport, tls.clone())
@@ -672,12 +678,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
     let (cert1, key1) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(600));
     let (cert2, key2) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(600));
     let (s1, s2) = (serial_of(&cert1), serial_of(&cert2));
-    otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
-        l.cert_serial = s1.clone();
-        l.prev_serial = None;
-        true
-    })
-    .unwrap();
+    set_serials(&hub, &s1, None);
     for transport in [TransportKind::H2, TransportKind::Quic] {
         let tls = agent_tls(&hub, transport, &cert1, &key1);
         let old = serve(
@@ -690,12 +691,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
         wait_connected(&channel, &hub.admin_token, 1).await;
         old.abort();
         // A renewal to cert2, whose tunnel then retires cert1.
-        otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
-            l.cert_serial = s2.clone();
-            l.prev_serial = Some(s1.clone());
-            true
-        })
-        .unwrap();
+        set_serials(&hub, &s2, Some(&s1));
         let new = serve(
             dial(&hub, transport, &cert2, &key2).await.expect("dials"),
             "edge-r",
@@ -729,12 +725,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
         assert_eq!(field(r.get_ref(), "agent"), "r1");
         new.abort();
         // Back to cert1 as the current one for the next transport.
-        otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
-            l.cert_serial = s1.clone();
-            l.prev_serial = None;
-            true
-        })
-        .unwrap();
+        set_serials(&hub, &s1, None);
     }
     hub.hub.shutdown().await;
 }

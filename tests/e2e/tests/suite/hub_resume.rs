@@ -14,6 +14,28 @@ use otter_e2e::{
 use otter_proto::resource::v1::watch_event::Type;
 use otter_tunnel::TransportKind;
 
+/// Reads `watch` until an ADDED event of `want` came, noting the names of
+/// the ADDED events in `seen`.
+async fn until_added(
+    watch: &mut tonic::Streaming<otter_proto::resource::v1::WatchEvent>,
+    want: &str,
+    seen: &mut Vec<String>,
+) {
+    within(want, async {
+        while !seen.iter().any(|n| n == want) {
+            let ev = watch
+                .message()
+                .await
+                .unwrap_or_else(|e| panic!("the watch failed: {e:?}; saw {seen:?}"))
+                .unwrap_or_else(|| panic!("the watch ended; saw {seen:?}"));
+            if ev.r#type == Some(Type::Added as i32) {
+                seen.push(event_name(&ev));
+            }
+        }
+    })
+    .await;
+}
+
 async fn held_across_a_dead_tunnel(transport: TransportKind) {
     let (relay, env) = KubeEnv::behind_relay(transport, sim_config(), |_| {}).await;
     let token = env.admin_token().to_owned();
@@ -34,21 +56,8 @@ async fn held_across_a_dead_tunnel(transport: TransportKind) {
         .unwrap()
         .into_inner();
     let mut seen = Vec::new();
-    let mut until_seen = async |want: &str, seen: &mut Vec<String>| {
-        within(want, async {
-            while !seen.iter().any(|n| n == want) {
-                let ev = watch
-                    .message()
-                    .await
-                    .unwrap_or_else(|e| panic!("the watch failed: {e:?}; saw {seen:?}"))
-                    .unwrap_or_else(|| panic!("the watch ended; saw {seen:?}"));
-                if ev.r#type == Some(Type::Added as i32) {
-                    seen.push(event_name(&ev));
-                }
-            }
-        })
-        .await;
-    };
+    let mut until_seen =
+        async |want: &str, seen: &mut Vec<String>| until_added(&mut watch, want, seen).await;
     for i in 0..2 {
         let n = format!("cm-live-{i}");
         env.sim.create_object(configmap(&n)).unwrap();
@@ -149,21 +158,8 @@ async fn a_watch_goes_on_across_a_switch_from_quic_to_h2() {
         .unwrap()
         .into_inner();
     let mut seen = Vec::new();
-    let mut until_seen = async |want: &str, seen: &mut Vec<String>| {
-        within(want, async {
-            while !seen.iter().any(|n| n == want) {
-                let ev = watch
-                    .message()
-                    .await
-                    .unwrap_or_else(|e| panic!("the watch failed: {e:?}; saw {seen:?}"))
-                    .unwrap_or_else(|| panic!("the watch ended; saw {seen:?}"));
-                if ev.r#type == Some(Type::Added as i32) {
-                    seen.push(event_name(&ev));
-                }
-            }
-        })
-        .await;
-    };
+    let mut until_seen =
+        async |want: &str, seen: &mut Vec<String>| until_added(&mut watch, want, seen).await;
     let mut log = env
         .runtime()
         .pod_log(with_token(

@@ -123,36 +123,10 @@ fn watch_resumes_across_a_cut(transport: &str) {
         sim.send(&format!("configmap cm-before-{i}"));
         sim.send(&format!("log cm-before-{i}"));
     }
-    // `otter get -w` as a user runs it, beside the hub.
-    let mut watcher = Proc::start(
-        "watcher",
-        Role::Otter,
-        &strings(&[
-            "get",
-            "configmaps",
-            "--cluster",
-            "edge-0",
-            "-w",
-            "--hub",
-            &api,
-            "--token",
-            &admin,
-            "--ca-file",
-            &ca,
-        ]),
-        d,
-        Some(&scene.pair.hub),
-    );
-    // And `otter logs -f` of a pod, its log written along with the objects.
-    let mut follower = Proc::start(
-        "follower",
-        Role::Otter,
-        &strings(&[
-            "logs",
-            "web",
-            "-c",
-            "app",
-            "-f",
+    // `otter` commands as a user runs them, beside the hub: `get -w`, and
+    // `logs -f` of a pod whose log is written along with the objects.
+    let otter = |name: &str, args: &[&str]| {
+        let hub_flags = [
             "--cluster",
             "edge-0",
             "--hub",
@@ -161,10 +135,12 @@ fn watch_resumes_across_a_cut(transport: &str) {
             &admin,
             "--ca-file",
             &ca,
-        ]),
-        d,
-        Some(&scene.pair.hub),
-    );
+        ];
+        let args: Vec<&str> = args.iter().chain(hub_flags.iter()).copied().collect();
+        Proc::start(name, Role::Otter, &strings(&args), d, Some(&scene.pair.hub))
+    };
+    let mut watcher = otter("watcher", &["get", "configmaps", "-w"]);
+    let mut follower = otter("follower", &["logs", "web", "-c", "app", "-f"]);
     // The test lines (the pod's own first line, and the test harness's
     // lines of the child process, left out).
     let logged = |follower: &Proc| -> Vec<String> {
