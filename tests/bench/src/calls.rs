@@ -203,6 +203,43 @@ where
     Ok(out)
 }
 
+/// Two calls alternating, `warmup` pairs and then `n` measured: the two
+/// halves of each pair are taken at the same moment of a noisy machine,
+/// and every other pair runs them in the other order, so neither half
+/// always finds the caches the other one warmed.
+async fn alternating<A, FA, B, FB>(
+    warmup: usize,
+    n: usize,
+    mut a: A,
+    mut b: B,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)>
+where
+    A: FnMut() -> FA,
+    FA: std::future::Future<Output = anyhow::Result<()>>,
+    B: FnMut() -> FB,
+    FB: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let (mut at, mut bt) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..warmup + n {
+        let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
+        for first in [i % 2 == 0, i % 2 == 1] {
+            let t = Instant::now();
+            if first {
+                tokio::time::timeout(TIMEOUT, a()).await??;
+                ta = t.elapsed();
+            } else {
+                tokio::time::timeout(TIMEOUT, b()).await??;
+                tb = t.elapsed();
+            }
+        }
+        if i >= warmup {
+            at.push(ta);
+            bt.push(tb);
+        }
+    }
+    Ok((at, bt))
+}
+
 struct Setup {
     _sim: KubeSim,
     kube: Kube,
@@ -410,20 +447,26 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         let d = Latency::of(&series(calls, one).await?);
         add_latency(&mut figs, "direct-agent", d, Some("kube-sim"));
         eprintln!("bench: direct-agent p50 {:.0} µs", d.p50);
-        // Through the hub and the tunnel.
+        // Through the hub and the tunnel, each call beside a direct one:
+        // the hub-added figures are the pairs' differences.
         for cluster in ["quic", "h2"] {
             let (ch, token) = (&s.via_hub, token.as_str());
-            series(warmup, || hub_get(ch, token, cluster)).await?;
-            let h = Latency::of(&series(calls, || hub_get(ch, token, cluster)).await?);
+            let (direct, via) =
+                alternating(warmup, calls, one, || hub_get(ch, token, cluster)).await?;
+            let h = Latency::of(&via);
             add_latency(
                 &mut figs,
                 &format!("hub-{cluster}"),
                 h,
                 Some("direct-agent"),
             );
-            eprintln!("bench: hub-{cluster} p50 {:.0} µs", h.p50);
-            for (q, hv, dv) in [("p50", h.p50, d.p50), ("p99", h.p99, d.p99)] {
-                figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, hv - dv);
+            let added = Latency::added(&direct, &via);
+            eprintln!(
+                "bench: hub-{cluster} p50 {:.0} µs, {:.0} µs over the direct call beside it",
+                h.p50, added.p50
+            );
+            for (q, v) in [("p50", added.p50), ("p99", added.p99)] {
+                figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, v);
             }
         }
 
@@ -439,12 +482,16 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         add_latency(&mut figs, "direct-real-agent", dr, Some("kube-sim"));
         eprintln!("bench: direct-real-agent p50 {:.0} µs", dr.p50);
         let (ch, tok) = (&s.via_hub, token.as_str());
-        series(warmup, || hub_get(ch, tok, "real")).await?;
-        let hr = Latency::of(&series(calls, || hub_get(ch, tok, "real")).await?);
+        let (direct, via) = alternating(warmup, calls, one, || hub_get(ch, tok, "real")).await?;
+        let hr = Latency::of(&via);
         add_latency(&mut figs, "hub-real-agent", hr, Some("direct-real-agent"));
-        eprintln!("bench: hub-real-agent p50 {:.0} µs", hr.p50);
-        for (q, hv, dv) in [("p50", hr.p50, dr.p50), ("p99", hr.p99, dr.p99)] {
-            figs.add(&format!("hub-added.real-quic.{q}"), "µs", None, hv - dv);
+        let added = Latency::added(&direct, &via);
+        eprintln!(
+            "bench: hub-real-agent p50 {:.0} µs, {:.0} µs over the direct call beside it",
+            hr.p50, added.p50
+        );
+        for (q, v) in [("p50", added.p50), ("p99", added.p99)] {
+            figs.add(&format!("hub-added.real-quic.{q}"), "µs", None, v);
         }
 
         // A refusal's timing class: another tenant's connected cluster
@@ -452,16 +499,13 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         // same moment. The ratio near 1 says the answer's time tells
         // nothing the answer's text does not.
         let outsider = s.outsider.clone();
-        let (mut foreign, mut absent) = (Vec::new(), Vec::new());
-        for i in 0..warmup + calls {
-            for (cluster, out) in [("quic", &mut foreign), ("nowhere", &mut absent)] {
-                let t = Instant::now();
-                refused_get(&s.via_hub, &outsider, cluster).await?;
-                if i >= warmup {
-                    out.push(t.elapsed());
-                }
-            }
-        }
+        let (foreign, absent) = alternating(
+            warmup,
+            calls,
+            || refused_get(&s.via_hub, &outsider, "quic"),
+            || refused_get(&s.via_hub, &outsider, "nowhere"),
+        )
+        .await?;
         let (f, a) = (Latency::of(&foreign), Latency::of(&absent));
         for (q, fv, av) in [("p50", f.p50, a.p50), ("p99", f.p99, a.p99)] {
             let base = format!("refusal.absent.{q}");

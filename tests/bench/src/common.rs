@@ -116,7 +116,18 @@ pub struct Latency {
 
 impl Latency {
     pub fn of(durations: &[Duration]) -> Self {
-        let mut us: Vec<f64> = durations.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        Self::of_micros(durations.iter().map(|d| d.as_secs_f64() * 1e6).collect())
+    }
+
+    /// What each call of `b` took over the call of `a` made beside it
+    /// (pairs taken at the same moment, so the machine's drift between
+    /// series does not enter the figure).
+    pub fn added(a: &[Duration], b: &[Duration]) -> Self {
+        let us = |d: &Duration| d.as_secs_f64() * 1e6;
+        Self::of_micros(a.iter().zip(b).map(|(a, b)| us(b) - us(a)).collect())
+    }
+
+    fn of_micros(mut us: Vec<f64>) -> Self {
         us.sort_by(f64::total_cmp);
         Self {
             p50: percentile_sorted(&us, 50.0),
