@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, transport::Channel};
 
 use anyhow::Context;
 
-use crate::common::{Figures, Latency};
+use crate::common::{Figures, Latency, alternating};
 
 /// Group of the hub's admin token, allowed everything on the test server.
 const HUB_ADMINS: &str = "otter:default:admins";
@@ -201,43 +201,6 @@ where
         out.push(t.elapsed());
     }
     Ok(out)
-}
-
-/// Two calls alternating, `warmup` pairs and then `n` measured: the two
-/// halves of each pair are taken at the same moment of a noisy machine,
-/// and every other pair runs them in the other order, so neither half
-/// always finds the caches the other one warmed.
-async fn alternating<A, FA, B, FB>(
-    warmup: usize,
-    n: usize,
-    mut a: A,
-    mut b: B,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)>
-where
-    A: FnMut() -> FA,
-    FA: std::future::Future<Output = anyhow::Result<()>>,
-    B: FnMut() -> FB,
-    FB: std::future::Future<Output = anyhow::Result<()>>,
-{
-    let (mut at, mut bt) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for i in 0..warmup + n {
-        let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
-        for first in [i % 2 == 0, i % 2 == 1] {
-            let t = Instant::now();
-            if first {
-                tokio::time::timeout(TIMEOUT, a()).await??;
-                ta = t.elapsed();
-            } else {
-                tokio::time::timeout(TIMEOUT, b()).await??;
-                tb = t.elapsed();
-            }
-        }
-        if i >= warmup {
-            at.push(ta);
-            bt.push(tb);
-        }
-    }
-    Ok((at, bt))
 }
 
 struct Setup {

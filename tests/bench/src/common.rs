@@ -105,6 +105,46 @@ pub fn percentile_sorted(s: &[f64], p: f64) -> f64 {
     s[rank.clamp(1, s.len()) - 1]
 }
 
+/// Bound of one measured call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Two calls alternating, `warmup` pairs and then `n` measured: the two
+/// halves of each pair are taken at the same moment of a noisy machine,
+/// and every other pair runs them in the other order, so neither half
+/// always finds the caches the other one warmed.
+pub async fn alternating<A, FA, B, FB>(
+    warmup: usize,
+    n: usize,
+    mut a: A,
+    mut b: B,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)>
+where
+    A: FnMut() -> FA,
+    FA: std::future::Future<Output = anyhow::Result<()>>,
+    B: FnMut() -> FB,
+    FB: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let (mut at, mut bt) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..warmup + n {
+        let (mut ta, mut tb) = (Duration::ZERO, Duration::ZERO);
+        for first in [i % 2 == 0, i % 2 == 1] {
+            let t = std::time::Instant::now();
+            if first {
+                tokio::time::timeout(CALL_TIMEOUT, a()).await??;
+                ta = t.elapsed();
+            } else {
+                tokio::time::timeout(CALL_TIMEOUT, b()).await??;
+                tb = t.elapsed();
+            }
+        }
+        if i >= warmup {
+            at.push(ta);
+            bt.push(tb);
+        }
+    }
+    Ok((at, bt))
+}
+
 /// Latency percentiles (µs) of one series of calls.
 #[derive(Debug, Clone, Copy)]
 pub struct Latency {

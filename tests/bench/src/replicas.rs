@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 
 use crate::{
     calls::hub_channel,
-    common::{Figure, Figures, Latency, cpu_secs},
+    common::{Figure, Figures, Latency, alternating, cpu_secs},
     scale::{HubProc, ReplicaOf, admin_token, start_agent_on},
 };
 
@@ -72,35 +72,35 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let warmup = (calls / 10).max(100);
-    let (mut owner, mut forwarded) = (Vec::new(), Vec::new());
-    // r0 serves nothing but the forwarded calls meanwhile: its CPU time
-    // over them is what forwarding costs the replica a call reaches.
-    let mut r0_cpu = 0.0;
-    for i in 0..warmup + calls {
-        if i == warmup {
-            r0_cpu = cpu_secs(&r0.pid()).unwrap_or(0.0);
-        }
-        let o = one_get(&via_r1, &root, &probe).await?;
-        let f = one_get(&via_r0, &root, &probe).await?;
-        if i >= warmup {
-            owner.push(o);
-            forwarded.push(f);
-        }
-    }
+    // Each forwarded Get beside one through the owner: the forward-added
+    // figures are the pairs' differences. r0 serves nothing but the
+    // forwarded calls meanwhile: its CPU time over them (warm-up included,
+    // a tenth more calls) is what forwarding costs the replica a call
+    // reaches.
+    let r0_cpu = cpu_secs(&r0.pid()).unwrap_or(0.0);
+    let (owner, forwarded) = alternating(
+        warmup,
+        calls,
+        || async { one_get(&via_r1, &root, &probe).await.map(drop) },
+        || async { one_get(&via_r0, &root, &probe).await.map(drop) },
+    )
+    .await?;
     let r0_cpu = cpu_secs(&r0.pid()).unwrap_or(0.0) - r0_cpu;
     let (o, f) = (Latency::of(&owner), Latency::of(&forwarded));
+    let added = Latency::added(&owner, &forwarded);
     let mut figs = Figures::default();
     for (q, ov, fv) in [("p50", o.p50, f.p50), ("p99", o.p99, f.p99)] {
         let base = format!("replicas.owner.{q}");
         figs.add(&base, "µs", None, ov);
         figs.add(&format!("replicas.forwarded.{q}"), "µs", Some(&base), fv);
     }
-    figs.add("replicas.forward-added.p50", "µs", None, f.p50 - o.p50);
+    figs.add("replicas.forward-added.p50", "µs", None, added.p50);
+    figs.add("replicas.forward-added.p99", "µs", None, added.p99);
     figs.add(
         "replicas.forwarder-cpu-per-call",
         "µs",
         None,
-        r0_cpu * 1e6 / calls as f64,
+        r0_cpu * 1e6 / (warmup + calls) as f64,
     );
     eprintln!(
         "bench: Get p50 through the owning replica {:.0} µs, through the other {:.0} µs",
