@@ -350,10 +350,11 @@ async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
 
 /// A tunnel lives no longer than the certificate it was opened with: the
 /// hub closes it when that certificate expires, though the connection was
-/// admitted while it was valid.
+/// admitted (and carried calls) while it was valid.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_tunnel_is_closed_when_its_certificate_expires() {
     let hub = TestHub::start().await;
+    let channel = hub.channel().await;
     let token = hub.hub.mint_join_token("edge-1").unwrap();
     let agent = start_agent(&hub, "edge-1", "a1", &token, TransportKind::H2);
     agent
@@ -364,27 +365,47 @@ async fn a_live_tunnel_is_closed_when_its_certificate_expires() {
     agent.agent.shutdown().await;
     let cas = hub.hub.state.authority.current();
     for transport in [TransportKind::H2, TransportKind::Quic] {
-        // The same agent's identity on a certificate valid for 3 seconds.
+        // The same agent's identity on a certificate valid for 3 seconds,
+        // made the link's current one (as a renewal would).
         let (cert, key) = cert_from(&cas.active, "edge-1", "a1", Duration::from_secs(3));
+        let der = otter_pki::tls::parse_certs(&cert).unwrap().remove(0);
+        let peer = otter_pki::identity::PeerCertificate::from_der(&der).unwrap();
+        set_serials(&hub, "edge-1", &peer.serial, None);
         let started = tokio::time::Instant::now();
-        let mut tunnel = dial(&hub, transport, &cert, &key).await.expect("admitted");
-        let ended = tokio::time::timeout(Duration::from_secs(20), async {
-            loop {
-                match tunnel.accept().await {
-                    Ok(Some(_)) => continue,
-                    other => return other.map(|_| ()),
-                }
-            }
-        })
+        let tunnel = serve(
+            dial(&hub, transport, &cert, &key).await.expect("dials"),
+            "edge-1",
+            "a1",
+        );
+        // Admitted: a call reaches the agent through it.
+        otter_e2e::double::wait_until(
+            async || {
+                ResourceServiceClient::new(channel.clone())
+                    .get(with_token(get("edge-1", "x"), &hub.admin_token))
+                    .await
+                    .is_ok_and(|r| field(r.get_ref(), "agent") == "a1")
+            },
+            "a call through the short-lived certificate's tunnel",
+        )
         .await;
+        let ended = tokio::time::timeout(Duration::from_secs(20), tunnel).await;
         assert!(
             ended.is_ok(),
             "{transport}: the tunnel outlived its certificate"
         );
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        // Closed at expiry, not refused or dropped before it.
+        assert!(
+            now + 1.0 >= peer.not_after as f64,
+            "{transport}: closed {:.1} s before the certificate expired",
+            peer.not_after as f64 - now
+        );
         println!(
-            "{transport}: closed {:.1} s after a 3 s certificate's tunnel was admitted: {:?}",
-            started.elapsed().as_secs_f64(),
-            ended.unwrap()
+            "{transport}: closed {:.1} s after a 3 s certificate's tunnel was opened",
+            started.elapsed().as_secs_f64()
         );
     }
     hub.hub.shutdown().await;
@@ -586,10 +607,10 @@ async fn the_tunnel_port_renews_and_answers_nothing_else() {
     hub.hub.shutdown().await;
 }
 
-/// Makes `current` the serial of edge-r's link, and `previous` the one its
+/// Makes `current` the serial of `cluster`'s link, and `previous` the one its
 /// agent renewed with (as a renewal the agent has not yet used would).
-fn set_serials(hub: &TestHub, current: &str, previous: Option<&str>) {
-    otter_hub::link_service::update_link(&*hub.hub.state.store, "edge-r", |l| {
+fn set_serials(hub: &TestHub, cluster: &str, current: &str, previous: Option<&str>) {
+    otter_hub::link_service::update_link(&*hub.hub.state.store, cluster, |l| {
         l.cert_serial = current.to_owned();
         l.prev_serial = previous.map(str::to_owned);
         true
@@ -636,7 +657,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
     for transport in [TransportKind::H2, TransportKind::Quic] {
         let (cert, key) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(4));
         let serial = serial_of(&cert);
-        set_serials(&hub, &serial, None);
+        set_serials(&hub, "edge-r", &serial, None);
         let tls = agent_tls(&hub, transport, &cert, &key);
         let first = serve(
             dial_with(&hub, transport, tls.clone())
@@ -678,7 +699,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
     let (cert1, key1) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(600));
     let (cert2, key2) = cert_from(&cas.active, "edge-r", "r1", Duration::from_secs(600));
     let (s1, s2) = (serial_of(&cert1), serial_of(&cert2));
-    set_serials(&hub, &s1, None);
+    set_serials(&hub, "edge-r", &s1, None);
     for transport in [TransportKind::H2, TransportKind::Quic] {
         let tls = agent_tls(&hub, transport, &cert1, &key1);
         let old = serve(
@@ -691,7 +712,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
         wait_connected(&channel, &hub.admin_token, 1).await;
         old.abort();
         // A renewal to cert2, whose tunnel then retires cert1.
-        set_serials(&hub, &s2, Some(&s1));
+        set_serials(&hub, "edge-r", &s2, Some(&s1));
         let new = serve(
             dial(&hub, transport, &cert2, &key2).await.expect("dials"),
             "edge-r",
@@ -725,7 +746,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
         assert_eq!(field(r.get_ref(), "agent"), "r1");
         new.abort();
         // Back to cert1 as the current one for the next transport.
-        set_serials(&hub, &s1, None);
+        set_serials(&hub, "edge-r", &s1, None);
     }
     hub.hub.shutdown().await;
 }
