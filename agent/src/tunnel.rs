@@ -1260,6 +1260,9 @@ impl<A: Acceptor> AcceptorDyn for A {
 pub struct Dialers {
     quic: quic::Dialer,
     sessions: std::sync::Mutex<Sessions>,
+    /// Whether the last QUIC dial failed: the next one first checks that
+    /// the hub is there at all (see [`hub_refuses`]).
+    quic_failed: std::sync::atomic::AtomicBool,
 }
 
 /// The TLS of one client certificate and hub trust, per transport, with
@@ -1353,12 +1356,28 @@ async fn dial(
                 connect_timeout: config.connect_timeout,
                 ..Default::default()
             };
-            Ok(Box::new(
-                dialers
-                    .quic
-                    .dial(addr, &host, client(quic::ALPN)?, &settings)
-                    .await?,
-            ))
+            // A QUIC try spends a session ticket even when nothing answers,
+            // and a client holds only the few the hub sent: while the hub is
+            // down (its API port refuses connections) the try is skipped, so
+            // the ticket is still there to resume with when it is back.
+            if dialers
+                .quic_failed
+                .load(std::sync::atomic::Ordering::Relaxed)
+                && hub_refuses(config).await
+            {
+                return Err(AgentError::Connect(format!(
+                    "QUIC not tried: the hub's API port {} refuses connections (the hub is down?)",
+                    config.hub_url
+                )));
+            }
+            let dialed = dialers
+                .quic
+                .dial(addr, &host, client(quic::ALPN)?, &settings)
+                .await;
+            dialers
+                .quic_failed
+                .store(dialed.is_err(), std::sync::atomic::Ordering::Relaxed);
+            Ok(Box::new(dialed?))
         }
         TransportKind::H2 => {
             let tls = Arc::new(client(h2::ALPN)?);
@@ -1406,6 +1425,22 @@ async fn api_reachable(config: &AgentConfig) -> bool {
     tokio::time::timeout(Duration::from_secs(5), connect)
         .await
         .unwrap_or(false)
+}
+
+/// Whether the hub's API port refuses TCP connections outright (a reset:
+/// nothing listens there, so the hub is down). A silent port, a name that
+/// does not resolve or a proxy in the way say nothing, and count as no.
+async fn hub_refuses(config: &AgentConfig) -> bool {
+    let Some(host) = config.hub_url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = config.hub_url.port_or_known_default().unwrap_or(443);
+    let connect = tokio::net::TcpStream::connect((host, port));
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), connect).await,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 /// The hub's default tunnel port, when nothing says where to dial.

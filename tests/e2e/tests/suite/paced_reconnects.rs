@@ -150,11 +150,10 @@ async fn restart_under_200_agents_is_paced() {
         pacer.refused()
     );
     // The agents resumed the TLS sessions the hub made before the restart
-    // (its ticket keys are in the store): every TCP agent at least once, on
-    // the dial the hub admitted. A ticket is spent by every try, and a QUIC
-    // try spends one even when nothing answers; these agents redialled
-    // every 200 ms or less while the hub was down, past the tickets they
-    // held, so only some QUIC agents had one left.
+    // (its ticket keys are in the store): at least as many resumptions as
+    // agents, over each kind of port. QUIC agents too, though a QUIC try spends a
+    // ticket even when nothing answers: while the hub's API port refused
+    // connections they did not try, and kept their tickets.
     let tickets = &hub.hub.state.tickets;
     let (tcp, quic) = (tickets.tcp.accepted(), tickets.quic.accepted());
     let quic_agents = (0..AGENTS).filter(|i| i % 3 == 0).count() as u64;
@@ -164,7 +163,7 @@ async fn restart_under_200_agents_is_paced() {
          {quic} over QUIC ({quic_agents} agents)"
     );
     assert!(tcp >= tcp_agents, "{tcp} TCP sessions resumed");
-    assert!(quic > 0, "no QUIC session resumed");
+    assert!(quic >= quic_agents, "{quic} QUIC sessions resumed");
     // From outside the hub: each agent's own span of its set-up (the hub's
     // first sign of admitting it to its answer to the diagnosis request),
     // which lies inside the hub's admission window; overlapping spans
