@@ -94,6 +94,8 @@ pub struct HubState {
     pub api_pending: Arc<otter_tunnel::handshakes::Handshakes>,
     /// Session tickets of the tunnel port.
     pub tickets: crate::tickets::Tickets,
+    /// Fan-out calls open per caller.
+    pub fan_outs: crate::fleet::FanOuts,
 }
 
 impl std::fmt::Debug for HubState {
@@ -357,6 +359,7 @@ impl Hub {
             // still gets through, where waiting for a place would leave it
             // in the kernel's backlog behind the flood.
             tickets,
+            fan_outs: Default::default(),
             api_pending: otter_tunnel::handshakes::Handshakes::new(
                 otter_tunnel::handshakes::HandshakeLimits {
                     evict_after: Duration::ZERO,

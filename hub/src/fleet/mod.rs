@@ -51,6 +51,9 @@ pub const CONCURRENCY: usize = 32;
 /// Largest answer of one cluster: what a gRPC client takes in one message
 /// by default. A bigger list pages with `limit` per cluster.
 pub const MAX_ANSWER: usize = 4 * 1024 * 1024;
+/// Fan-out calls one caller may have open at once: each asks up to
+/// [`CONCURRENCY`] clusters, so this bounds what one user sets going.
+pub const MAX_FAN_OUTS_PER_CALLER: usize = 4;
 /// Most keys one LabelLink may remove.
 const MAX_REMOVALS: usize = 256;
 
@@ -63,6 +66,66 @@ const LABEL_LINK: &str = "/otterlink.fleet.v1.FleetService/LabelLink";
 /// report comes from the agent.
 const MAX_DOCTOR_CHECKS: usize = 32;
 const MAX_DOCTOR_DETAIL: usize = 1024;
+
+/// Fan-out calls open per caller.
+#[derive(Debug, Default)]
+pub struct FanOuts {
+    open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One open fan-out call; its place is freed when the call ends.
+struct FanOutPlace {
+    state: Arc<HubState>,
+    user: String,
+}
+
+impl Drop for FanOutPlace {
+    fn drop(&mut self) {
+        let mut open = self
+            .state
+            .fan_outs
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.user);
+            }
+        }
+    }
+}
+
+impl FanOuts {
+    /// Whether no fan-out call is open.
+    pub fn is_empty(&self) -> bool {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// A place for one more fan-out of `user`, or ResourceExhausted.
+    fn enter(state: &Arc<HubState>, user: &str) -> Result<FanOutPlace, Status> {
+        let mut open = state
+            .fan_outs
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(user.to_owned()).or_default();
+        if *n >= MAX_FAN_OUTS_PER_CALLER {
+            return Err(Status::resource_exhausted(format!(
+                "at most {MAX_FAN_OUTS_PER_CALLER} fan-out calls at once per caller; \
+                 wait for one to end"
+            )));
+        }
+        *n += 1;
+        Ok(FanOutPlace {
+            state: state.clone(),
+            user: user.to_owned(),
+        })
+    }
+}
 
 /// A fan-out call's stream of answers.
 pub type Answers<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -131,6 +194,7 @@ impl Asker {
     /// makes one cluster's message, `answer` wraps its outcome.
     fn fan_out<M, R>(
         self,
+        place: FanOutPlace,
         plan: Plan,
         path: &'static str,
         request: impl Fn(&str) -> Bytes + Send + 'static,
@@ -164,7 +228,12 @@ impl Asker {
                     Ok(answer(cluster, result, elapsed))
                 }
             })
-            .buffer_unordered(CONCURRENCY);
+            .buffer_unordered(CONCURRENCY)
+            // The caller's place is held until the stream is done with.
+            .map(move |answer| {
+                let _held = &place;
+                answer
+            });
         Box::pin(answers)
     }
 
@@ -474,6 +543,7 @@ impl fleet_service_server::FleetService for FleetSvc {
         let asker = self.asker(&request, LIST_RESOURCES)?;
         let req = request.into_inner();
         let plan = self.plan(&asker.caller, req.fan_out)?;
+        let place = FanOuts::enter(&self.state, &asker.caller.user)?;
         let one = resource::ListRequest {
             cluster: None,
             group: req.group,
@@ -491,6 +561,7 @@ impl fleet_service_server::FleetService for FleetSvc {
             Bytes::from(one.encode_to_vec())
         };
         Ok(Response::new(asker.fan_out(
+            place,
             plan,
             LIST,
             request,
@@ -512,6 +583,7 @@ impl fleet_service_server::FleetService for FleetSvc {
             ));
         }
         let plan = self.plan(&asker.caller, req.fan_out)?;
+        let place = FanOuts::enter(&self.state, &asker.caller.user)?;
         let one = resource::GetRequest {
             cluster: None,
             group: req.group,
@@ -525,6 +597,8 @@ impl fleet_service_server::FleetService for FleetSvc {
             one.cluster = Some(cluster.to_owned());
             Bytes::from(one.encode_to_vec())
         };
-        Ok(Response::new(asker.fan_out(plan, GET, request, get_answer)))
+        Ok(Response::new(
+            asker.fan_out(place, plan, GET, request, get_answer),
+        ))
     }
 }

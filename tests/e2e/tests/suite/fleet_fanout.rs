@@ -189,6 +189,23 @@ async fn one_list_over_the_clusters_a_selector_picks_answers_per_cluster() {
     // offline one's `unavailable`; the frozen one's deadline ends its wait
     // only, and its answer comes after the others.
     relay.freeze(true);
+    // One caller has at most 4 fan-outs open: while the frozen cluster
+    // holds 4 open, a fifth is refused; other callers are not held up.
+    let busy = env.token_for("fanny", &[]);
+    let mut held = Vec::new();
+    for _ in 0..otter_hub::fleet::MAX_FAN_OUTS_PER_CALLER {
+        held.push(
+            FleetServiceClient::new(ch.clone())
+                .list_resources(with_token(configmaps("env=prod", Some(5000)), &busy))
+                .await
+                .expect("a fan-out"),
+        );
+    }
+    let fifth = FleetServiceClient::new(ch.clone())
+        .list_resources(with_token(configmaps("env=prod", Some(5000)), &busy))
+        .await
+        .expect_err("a fifth fan-out at once");
+    assert_eq!(fifth.code(), Code::ResourceExhausted, "{fifth:?}");
     let answers = within(
         "fan-out with a frozen cluster",
         list(ch, &admin, configmaps("env=prod", Some(1500))),
@@ -227,6 +244,18 @@ async fn one_list_over_the_clusters_a_selector_picks_answers_per_cluster() {
 
     // Once its path works again, it answers like the others.
     relay.freeze(false);
+    // The places come back when their calls end: none is kept.
+    drop(held);
+    otter_e2e::double::wait_until(
+        async || list(ch, &busy, configmaps("env=prod", None)).await.is_ok(),
+        "a fan-out of the caller whose calls ended",
+    )
+    .await;
+    otter_e2e::double::wait_until(
+        async || env.hub.hub.state.fan_outs.is_empty(),
+        "every fan-out's place freed",
+    )
+    .await;
     let answers = within(
         "fan-out, all well",
         list(ch, &admin, configmaps("env=prod", None)),
