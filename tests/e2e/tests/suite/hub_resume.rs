@@ -36,25 +36,32 @@ async fn until_added(
     .await;
 }
 
+/// A List of the ConfigMaps, then a Watch from the version it ended at.
+async fn watch_after_list(
+    env: &KubeEnv,
+    token: &str,
+) -> tonic::Streaming<otter_proto::resource::v1::WatchEvent> {
+    let list = env
+        .resources()
+        .list(with_token(env.list_configmaps(), token))
+        .await
+        .unwrap()
+        .into_inner();
+    env.resources()
+        .watch(with_token(
+            env.watch_configmaps(list.resource_version),
+            token,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 async fn held_across_a_dead_tunnel(transport: TransportKind) {
     let (relay, env) = KubeEnv::behind_relay(transport, sim_config(), |_| {}).await;
     let token = env.admin_token().to_owned();
     env.sim.create_object(configmap("cm-before")).unwrap();
-    let list = env
-        .resources()
-        .list(with_token(env.list_configmaps(), &token))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut watch = env
-        .resources()
-        .watch(with_token(
-            env.watch_configmaps(list.resource_version),
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = watch_after_list(&env, &token).await;
     let mut seen = Vec::new();
     let mut until_seen =
         async |want: &str, seen: &mut Vec<String>| until_added(&mut watch, want, seen).await;
@@ -237,21 +244,7 @@ async fn a_watch_whose_version_expired_meanwhile_tells_the_caller_to_list_again(
     let (relay, env) = KubeEnv::behind_relay(TransportKind::H2, sim_config(), |_| {}).await;
     let admin = env.admin_token().to_owned();
     env.sim.create_object(configmap("cm-before")).unwrap();
-    let list = env
-        .resources()
-        .list(with_token(env.list_configmaps(), &admin))
-        .await
-        .unwrap()
-        .into_inner();
-    let mut watch = env
-        .resources()
-        .watch(with_token(
-            env.watch_configmaps(list.resource_version),
-            &admin,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = watch_after_list(&env, &admin).await;
     env.cut(&relay, |sim| {
         sim.create_object(configmap("cm-cut")).unwrap();
         sim.compact();
