@@ -63,7 +63,8 @@ pub fn transport_config(s: &QuicSettings) -> TransportConfig {
         .stream_receive_window(VarInt::from_u32(s.stream_window))
         .receive_window(VarInt::from_u32(s.connection_window))
         .send_window(u64::from(s.connection_window))
-        .keep_alive_interval(Some(s.keepalive.interval));
+        .keep_alive_interval(Some(s.keepalive.interval))
+        .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
     if let Ok(idle) = s.keepalive.timeout.try_into() {
         t.max_idle_timeout(Some(idle));
     }

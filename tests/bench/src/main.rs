@@ -20,6 +20,7 @@ mod portforward;
 mod replicas;
 mod scale;
 mod throughput;
+mod wan;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -48,6 +49,11 @@ fn tokio_rt() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The hub, agent and test server of the `wan` scenario are this binary
+    // started again in a network namespace (see otter_e2e::procs).
+    if std::env::var_os(otter_e2e::procs::ROLE_ENV).is_some() {
+        otter_e2e::procs::child_main();
+    }
     // Warnings only unless asked (OTTER_LOG=info shows tunnels going up and
     // down, and why). A subscriber is always installed, as the binaries
     // install one: without it every span of the call path would go through
@@ -92,6 +98,14 @@ fn main() -> anyhow::Result<()> {
             );
             tokio_rt()?.block_on(replicas::run(calls, agents, Duration::from_secs(idle)))?
         }
+        "wan" => {
+            let secs = arg(&args, 2, "seconds per transfer")?;
+            let losses: Vec<f64> = arg::<String>(&args, 3, "loss percentages")?
+                .split(',')
+                .map(|p| p.parse::<f64>().map(|p| p / 100.0))
+                .collect::<Result<_, _>>()?;
+            wan::run(secs, &losses)?
+        }
         "footprint" => {
             let runs = arg(&args, 2, "runs")?;
             let bin = args.get(3).filter(|s| !s.is_empty()).map(PathBuf::from);
@@ -132,7 +146,7 @@ fn main() -> anyhow::Result<()> {
         }
         "report" => return report(samples()?, arg(&args, 2, "results file")?),
         _ => bail!(
-            "usage: otter-bench throughput|calls|portforward|scale|footprint|replicas|report|skip ... (see the source)"
+            "usage: otter-bench throughput|calls|portforward|wan|scale|footprint|replicas|report|skip ... (see the source)"
         ),
     };
     figs.append_to(&samples()?)

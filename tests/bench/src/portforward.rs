@@ -34,26 +34,12 @@ use crate::common::Figures;
 
 const POD: &str = "pf";
 /// Port of the pod behind which a server sends without end.
-const SOURCE: u16 = 8081;
+pub(crate) const SOURCE: u16 = 8081;
 /// Port of the pod behind which a server counts what it receives.
-const SINK: u16 = 8082;
-const CHUNK: usize = 256 * 1024;
+pub(crate) const SINK: u16 = 8082;
+pub(crate) const CHUNK: usize = 256 * 1024;
 /// Bounds one transfer.
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// A server writing a pattern until the client goes away.
-async fn source() -> anyhow::Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        let block = Bytes::from((0..64 * 1024).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
-        while let Ok((mut s, _)) = listener.accept().await {
-            let block = block.clone();
-            tokio::spawn(async move { while s.write_all(&block).await.is_ok() {} });
-        }
-    });
-    Ok(addr)
-}
 
 /// A server that reads `total` bytes, answers `k`, and drains the rest.
 async fn sink(total: u64) -> anyhow::Result<std::net::SocketAddr> {
@@ -83,7 +69,7 @@ async fn sink(total: u64) -> anyhow::Result<std::net::SocketAddr> {
     Ok(addr)
 }
 
-fn mb_per_s(bytes: u64, t: Duration) -> f64 {
+pub(crate) fn mb_per_s(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / 1e6 / t.as_secs_f64()
 }
 
@@ -116,22 +102,23 @@ async fn tcp_upload(addr: std::net::SocketAddr, total: u64) -> anyhow::Result<f6
 
 // ------------------------------------------------------------- WebSocket
 
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
-type Ws = tokio_tungstenite::WebSocketStream<Box<dyn Io>>;
+pub(crate) type Ws = tokio_tungstenite::WebSocketStream<Box<dyn Io>>;
 
 /// Where a WebSocket port-forward goes: the API server's base URL (with a
 /// path prefix for the hub's proxy), its CA and a bearer token.
-struct WsTarget {
-    addr: std::net::SocketAddr,
-    base: String,
-    ca_pem: String,
-    token: String,
+pub(crate) struct WsTarget {
+    pub addr: std::net::SocketAddr,
+    pub base: String,
+    pub ca_pem: String,
+    pub token: String,
+    pub pod: String,
 }
 
 /// Opens kubectl's port-forward WebSocket to `port` of the pod and reads
 /// the two port headers (data and error channels).
-async fn ws_open(target: &WsTarget, port: u16) -> anyhow::Result<Ws> {
+pub(crate) async fn ws_open(target: &WsTarget, port: u16) -> anyhow::Result<Ws> {
     let tls = otter_pki::tls::client_config(&target.ca_pem, None, &[b"http/1.1"])?;
     let tcp = tokio::net::TcpStream::connect(target.addr).await?;
     tcp.set_nodelay(true)?;
@@ -144,8 +131,9 @@ async fn ws_open(target: &WsTarget, port: u16) -> anyhow::Result<Ws> {
         .connect(name, tcp)
         .await?;
     let url = format!(
-        "{}/api/v1/namespaces/default/pods/{POD}/portforward?ports={port}",
-        target.base.replacen("https://", "wss://", 1)
+        "{}/api/v1/namespaces/default/pods/{}/portforward?ports={port}",
+        target.base.replacen("https://", "wss://", 1),
+        target.pod,
     );
     let mut req = url.into_client_request()?;
     req.headers_mut()
@@ -210,24 +198,44 @@ async fn ws_upload(target: &WsTarget, total: u64) -> anyhow::Result<f64> {
 
 /// A Connect client over one HTTP/2 connection to the hub.
 #[derive(Clone)]
-struct Connect {
+pub(crate) struct Connect {
     send: SendRequest<ConnectBody>,
     authority: String,
     token: String,
+    pod: String,
 }
 
 type ConnectBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::convert::Infallible>;
 
-const RUNTIME: &str = "otterscale.runtime.v1.RuntimeService";
+pub(crate) const RUNTIME: &str = "otterscale.runtime.v1.RuntimeService";
 
 impl Connect {
     async fn open(env: &KubeEnv) -> anyhow::Result<Connect> {
-        let addr = env.hub.hub.api_addr;
-        let tls = otter_pki::tls::client_config(env.hub.hub.ca_pem(), None, &[b"h2"])?;
+        let name = rustls::pki_types::ServerName::try_from("localhost")?;
+        Self::open_to(
+            env.hub.hub.api_addr,
+            name,
+            env.hub.hub.ca_pem(),
+            env.admin_token(),
+            POD,
+        )
+        .await
+    }
+
+    /// A connection to the hub at `addr`, known by `name` in its
+    /// certificate, for port-forwards to `pod`.
+    pub(crate) async fn open_to(
+        addr: std::net::SocketAddr,
+        name: rustls::pki_types::ServerName<'static>,
+        ca_pem: &str,
+        token: &str,
+        pod: &str,
+    ) -> anyhow::Result<Connect> {
+        let tls = otter_pki::tls::client_config(ca_pem, None, &[b"h2"])?;
         let tcp = tokio::net::TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
-            .connect("localhost".try_into()?, tcp)
+            .connect(name, tcp)
             .await?;
         let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(4 * 1024 * 1024)
@@ -237,13 +245,44 @@ impl Connect {
         tokio::spawn(conn);
         Ok(Connect {
             send,
-            authority: format!("localhost:{}", addr.port()),
-            token: env.admin_token().to_owned(),
+            authority: addr.to_string(),
+            token: token.to_owned(),
+            pod: pod.to_owned(),
         })
     }
 
-    fn request(&self, method: &str, content_type: &str, body: Bytes) -> http::Request<ConnectBody> {
-        http::Request::post(format!("https://{}/{RUNTIME}/{method}", self.authority))
+    /// One unary Connect call of `service`: its answer's bytes.
+    pub(crate) async fn unary(
+        &self,
+        service: &str,
+        method: &str,
+        msg: &impl prost::Message,
+    ) -> anyhow::Result<Bytes> {
+        let req = self.request(
+            service,
+            method,
+            "application/proto",
+            msg.encode_to_vec().into(),
+        );
+        let resp = self.send.clone().send_request(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        anyhow::ensure!(
+            status.is_success(),
+            "{method}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        Ok(body)
+    }
+
+    fn request(
+        &self,
+        service: &str,
+        method: &str,
+        content_type: &str,
+        body: Bytes,
+    ) -> http::Request<ConnectBody> {
+        http::Request::post(format!("https://{}/{service}/{method}", self.authority))
             .header("content-type", content_type)
             .header("connect-protocol-version", "1")
             .header("authorization", format!("Bearer {}", self.token))
@@ -253,18 +292,27 @@ impl Connect {
 
     /// Opens a PortForward stream; returns the session id and the stream's
     /// body (Connect envelopes).
-    async fn port_forward(&self, cluster: &str, port: u16) -> anyhow::Result<(String, Envelopes)> {
+    pub(crate) async fn port_forward(
+        &self,
+        cluster: &str,
+        port: u16,
+    ) -> anyhow::Result<(String, Envelopes)> {
         let msg = PortForwardRequest {
             cluster: Some(cluster.into()),
             namespace: Some("default".into()),
-            name: Some(POD.into()),
+            name: Some(self.pod.clone()),
             port: Some(port.into()),
         };
         let mut framed = BytesMut::new();
         framed.extend_from_slice(&[0]);
         framed.extend_from_slice(&(msg.encoded_len() as u32).to_be_bytes());
         msg.encode(&mut framed)?;
-        let req = self.request("PortForward", "application/connect+proto", framed.freeze());
+        let req = self.request(
+            RUNTIME,
+            "PortForward",
+            "application/connect+proto",
+            framed.freeze(),
+        );
         let resp = self.send.clone().send_request(req).await?;
         anyhow::ensure!(resp.status().is_success(), "PortForward: {}", resp.status());
         let mut envelopes = Envelopes {
@@ -278,30 +326,18 @@ impl Connect {
         Ok((session, envelopes))
     }
 
-    async fn write(&self, session: &str, data: Bytes) -> anyhow::Result<()> {
+    pub(crate) async fn write(&self, session: &str, data: Bytes) -> anyhow::Result<()> {
         let msg = WritePortForwardRequest {
             session_id: Some(session.to_owned()),
             data: Some(data.to_vec()),
         };
-        let req = self.request(
-            "WritePortForward",
-            "application/proto",
-            msg.encode_to_vec().into(),
-        );
-        let resp = self.send.clone().send_request(req).await?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        anyhow::ensure!(
-            status.is_success(),
-            "WritePortForward: {status} {}",
-            String::from_utf8_lossy(&body)
-        );
+        self.unary(RUNTIME, "WritePortForward", &msg).await?;
         Ok(())
     }
 }
 
 /// The messages of a Connect server stream.
-struct Envelopes {
+pub(crate) struct Envelopes {
     body: hyper::body::Incoming,
     buf: BytesMut,
 }
@@ -309,7 +345,7 @@ struct Envelopes {
 impl Envelopes {
     /// The next message; `None` at the end-of-stream envelope (an error in
     /// it is returned as one).
-    async fn next(&mut self) -> anyhow::Result<Option<PortForwardResponse>> {
+    pub(crate) async fn next(&mut self) -> anyhow::Result<Option<PortForwardResponse>> {
         loop {
             if self.buf.len() >= 5 {
                 let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
@@ -397,7 +433,7 @@ async fn measure(
 /// `mib` MiB each way per path and run.
 pub async fn run(mib: u64, runs: usize) -> anyhow::Result<Figures> {
     let total = mib * 1024 * 1024;
-    let (src, snk) = (source().await?, sink(total).await?);
+    let (src, snk) = (otter_e2e::procs::source_server().await, sink(total).await?);
     let mut figs = Figures::default();
     let mut envs = Vec::new();
     for kind in [TransportKind::Quic, TransportKind::H2] {
@@ -435,6 +471,7 @@ pub async fn run(mib: u64, runs: usize) -> anyhow::Result<Figures> {
             base: env.sim.url(),
             ca_pem: env.sim.ca_pem(),
             token: kube_sim::ADMIN_TOKEN.to_owned(),
+            pod: POD.into(),
         };
         let sim_name = format!("portforward.kube-sim-ws.{dir}");
         measure(
@@ -461,6 +498,7 @@ pub async fn run(mib: u64, runs: usize) -> anyhow::Result<Figures> {
                 base: format!("{}clusters/{}", env.hub.api_url(), env.cluster),
                 ca_pem: env.hub.hub.ca_pem().to_owned(),
                 token: env.admin_token().to_owned(),
+                pod: POD.into(),
             };
             let name = format!("portforward.kubectl-proxy-{kind}.{dir}");
             measure(

@@ -10,7 +10,8 @@
 //!   the real Kubernetes services against the Kubernetes API test server.
 //! - [`fleet`] — a hub and agents as processes, with their metrics.
 //! - [`procs`] — real hub and agent processes (to kill, or to put in
-//!   network namespaces); [`netns`] — two namespaces and a link to cut.
+//!   network namespaces); [`netns`] — two namespaces and a link to cut;
+//!   [`wan`] — the same namespaces joined by a distant, lossy link.
 
 pub mod double;
 pub mod etcd;
@@ -19,6 +20,7 @@ pub mod kube;
 pub mod netns;
 pub mod procs;
 pub mod tools;
+pub mod wan;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 

@@ -46,6 +46,14 @@ impl NetPair {
     /// machine does not let us (no privilege, no `ip`): a capability of the
     /// machine, so callers skip rather than fail.
     pub fn create() -> Result<NetPair, String> {
+        let pair = Self::namespaces()?;
+        pair.setup()?;
+        Ok(pair)
+    }
+
+    /// The two namespaces, each with its loopback up, and no link between
+    /// them yet (see [`crate::wan::WanLink`] for another kind of link).
+    pub fn namespaces() -> Result<NetPair, String> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let base = format!("otter-e2e-{}-{n}", std::process::id());
@@ -59,7 +67,9 @@ impl NetPair {
         };
         ip(&["netns", "add", &agent])?;
         pair.agent = agent;
-        pair.setup()?;
+        for ns in [&pair.hub, &pair.agent] {
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
         Ok(pair)
     }
 
@@ -67,20 +77,7 @@ impl NetPair {
     /// cannot; under `OTTER_REQUIRE_TOOLS=1` (`make test`) that panics
     /// instead, so a green run never means "skipped".
     pub fn create_or_skip() -> Option<NetPair> {
-        match NetPair::create() {
-            Ok(p) => Some(p),
-            Err(e) if crate::tools::tools_required() => panic!(
-                "cannot create the network namespaces and OTTER_REQUIRE_TOOLS=1: {e}\n\
-                 (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN, and `ip` from iproute2: \
-                 `scripts/setup.sh apt` installs it)"
-            ),
-            Err(e) => {
-                eprintln!(
-                    "skipped: this machine does not let the test create network namespaces ({e})"
-                );
-                None
-            }
-        }
+        or_skip(NetPair::create())
     }
 
     fn setup(&self) -> Result<(), String> {
@@ -106,7 +103,7 @@ impl NetPair {
             "dev",
             AGENT_IF,
         ])?;
-        for (ns, dev) in [(h, HUB_IF), (a, AGENT_IF), (h, "lo"), (a, "lo")] {
+        for (ns, dev) in [(h, HUB_IF), (a, AGENT_IF)] {
             ip(&["-n", ns, "link", "set", dev, "up"])?;
         }
         Ok(())
@@ -129,6 +126,26 @@ impl Drop for NetPair {
             {
                 eprintln!("could not delete network namespace {ns}: {e}");
             }
+        }
+    }
+}
+
+/// `made`, or `None` with a line saying why this machine cannot make
+/// network namespaces; under `OTTER_REQUIRE_TOOLS=1` (`make test`) that
+/// panics instead, so a green run never means "skipped".
+pub fn or_skip<T>(made: Result<T, String>) -> Option<T> {
+    match made {
+        Ok(p) => Some(p),
+        Err(e) if crate::tools::tools_required() => panic!(
+            "cannot create the network namespaces and OTTER_REQUIRE_TOOLS=1: {e}\n\
+                 (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN, and `ip` from iproute2: \
+                 `scripts/setup.sh apt` installs it)"
+        ),
+        Err(e) => {
+            eprintln!(
+                "skipped: this machine does not let the test create network namespaces ({e})"
+            );
+            None
         }
     }
 }
@@ -228,4 +245,26 @@ pub fn agent_metrics(netns: &str, health: &str, dir: &std::path::Path) -> Option
     let out = probe.stdout();
     let _ = std::fs::remove_file(dir.join("probe.out"));
     (code == Some(0)).then_some(out)
+}
+
+/// Runs `f` on a thread of its own inside network namespace `ns` (sockets
+/// it opens belong to that namespace, wherever they are used later), and
+/// returns what `f` returns. The calling thread stays where it is.
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    let path = format!("/var/run/netns/{ns}");
+    let handle = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+    std::thread::spawn(move || {
+        use std::os::fd::AsFd;
+        rustix::thread::move_into_link_name_space(
+            handle.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .map_err(|e| format!("setns {path}: {e}"))?;
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| "the thread in the namespace panicked".to_owned())?
 }

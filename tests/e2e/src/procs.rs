@@ -25,10 +25,11 @@ use std::{
     process::{Child, ChildStdin, Command, Stdio},
     time::Duration,
 };
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Name of the entry-point test in each test file that starts processes.
 pub const ENTRY: &str = "child_process";
-const ROLE_ENV: &str = "OTTER_E2E_ROLE";
+pub const ROLE_ENV: &str = "OTTER_E2E_ROLE";
 const ARGS_ENV: &str = "OTTER_E2E_ARGS";
 
 /// What a child process runs.
@@ -138,6 +139,8 @@ pub fn child_main() {
 /// listens, and takes commands on stdin, one per line:
 /// `configmap <name>` creates a ConfigMap in `default`;
 /// `echo <port>` serves a TCP echo on pod `web`'s `<port>`;
+/// `source <port>` a server that sends without end ([`source_server`]);
+/// `sink <port>` one that counts what it gets ([`ack_sink`]);
 /// `log <line>` appends a line to the log of pod `web`'s container `app`.
 async fn kube_sim_main(args: &[String]) -> i32 {
     let (Some(listen), Some(kubeconfig)) = (args.first(), args.get(1)) else {
@@ -189,9 +192,14 @@ async fn kube_sim_main(args: &[String]) -> i32 {
                 }
             }
             (Some("log"), Some(text)) => sim.append_log("default", "web", "app", text),
-            (Some("echo"), Some(port)) => {
+            (Some(kind @ ("echo" | "source" | "sink")), Some(port)) => {
                 if let Ok(port) = port.parse() {
-                    sim.add_pod_port("default", "web", port, echo_server().await);
+                    let server = match kind {
+                        "echo" => echo_server().await,
+                        "source" => source_server().await,
+                        _ => ack_sink().await,
+                    };
+                    sim.add_pod_port("default", "web", port, server);
                 }
             }
             _ => eprintln!("kube-sim: unknown command {line:?}"),
@@ -212,6 +220,57 @@ pub async fn echo_server() -> std::net::SocketAddr {
             tokio::spawn(async move {
                 let (mut r, mut w) = tcp.split();
                 let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A loopback server that sends a pattern to each client until it goes
+/// away (the far end of a download); returns its address.
+pub async fn source_server() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind source");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let block: Vec<u8> = (0..64 * 1024).map(|i| (i * 7) as u8).collect();
+        let block = bytes::Bytes::from(block);
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let block = block.clone();
+            tokio::spawn(async move { while tcp.write_all(&block).await.is_ok() {} });
+        }
+    });
+    addr
+}
+
+/// Bytes [`ack_sink`] takes for each byte it answers.
+pub const ACK_EVERY: u64 = 1024 * 1024;
+
+/// A loopback server that reads what each client sends and answers one
+/// byte (`k`) for every [`ACK_EVERY`] bytes it got (the far end of an
+/// upload: the client counts what arrived); returns its address.
+pub async fn ack_sink() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind sink");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut got = 0u64;
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    let before = got / ACK_EVERY;
+                    got += n as u64;
+                    let acks = (got / ACK_EVERY - before) as usize;
+                    if acks > 0 && tcp.write_all(&b"k".repeat(acks)).await.is_err() {
+                        return;
+                    }
+                }
             });
         }
     });

@@ -1,0 +1,344 @@
+//! A distant, lossy link between hub and agent: the hub runs as a process
+//! in one network namespace, the agent and the Kubernetes API test server
+//! in another, joined by [`WanLink`] (100 ms round trip, 100 Mbit/s, random
+//! loss on every IP packet, TCP and UDP alike). The clients run beside the
+//! hub, inside its namespace, as a dashboard or kubectl near the hub would.
+//!
+//! Per transport and loss rate:
+//! - `connect.download`: `RuntimeService.PortForward`'s stream, pod → client;
+//! - `connect.upload`: `WritePortForward` calls one after another, as
+//!   `otter port-forward` sends them, counted by what reached the pod;
+//! - `kubectl.download` / `kubectl.upload`: kubectl's WebSocket
+//!   port-forward through the hub's Kubernetes API proxy;
+//! - `get.p50` / `get.p99`: small calls (a Get of one pod), one at a time.
+//!
+//! Each transfer runs for a fixed time and counts what arrived in it, so a
+//! stalled path shows as a low rate instead of a bench that never ends.
+//! Without the privilege to make namespaces, the scenario is skipped.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use otter_e2e::{
+    netns::{HUB_IP, agent_metrics, in_netns, prepare_hub, strings},
+    procs::{ACK_EVERY, Proc, Role, wait_for_file},
+    wan::{Impairment, WanLink},
+};
+use otter_proto::resource::v1::GetRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::{
+    common::{Figure, Figures, Latency},
+    portforward::{CHUNK, Connect, SINK, SOURCE, WsTarget, mb_per_s, ws_open},
+};
+
+/// The pod `kube-sim` serves in the child process.
+const POD: &str = "web";
+const CLUSTER: &str = "edge-0";
+const AGENT_HEALTH: &str = "127.0.0.1:9090";
+const WAIT: Duration = Duration::from_secs(60);
+/// Small calls per point.
+const GETS: usize = 30;
+
+/// Everything measured at one loss rate, from inside the hub's namespace.
+struct Point {
+    connect_down: f64,
+    connect_up: f64,
+    kubectl_down: f64,
+    kubectl_up: f64,
+    gets: Latency,
+}
+
+/// The hub, the test server and the agent of one transport, across `link`.
+struct Scene {
+    // Fields drop in order: the processes are killed, then their files go,
+    // then the namespaces.
+    _procs: Vec<Proc>,
+    admin: String,
+    ca_pem: String,
+    _dir: tempfile::TempDir,
+    link: WanLink,
+}
+
+impl Scene {
+    fn start(transport: &str, link: WanLink) -> anyhow::Result<Scene> {
+        let dir = tempfile::tempdir()?;
+        let d = dir.path();
+        let data = d.join("hub");
+        std::fs::create_dir_all(&data)?;
+        let admin = prepare_hub(&data, &d.join("token"), CLUSTER);
+        let ca_file = data.join("ca.crt");
+        let ca = ca_file.display().to_string();
+        let api = format!("https://{HUB_IP}:8443");
+        let kubeconfig = d.join("kubeconfig");
+        let (hub_ns, agent_ns) = (link.pair.hub.clone(), link.pair.agent.clone());
+        let mut procs = Vec::new();
+        let mut sim = Proc::start(
+            "kube-sim",
+            Role::KubeSim,
+            &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
+            d,
+            Some(&agent_ns),
+        );
+        anyhow::ensure!(
+            wait_for_file(&kubeconfig, WAIT),
+            "kube-sim did not start:\n{}",
+            sim.tail(20)
+        );
+        sim.send(&format!("source {SOURCE}"));
+        sim.send(&format!("sink {SINK}"));
+        procs.push(sim);
+        procs.push(Proc::start(
+            "hub",
+            Role::Otter,
+            &strings(&[
+                "hub",
+                "--data-dir",
+                &data.display().to_string(),
+                "--listen",
+                &format!("{HUB_IP}:8443"),
+                "--tunnel-listen",
+                &format!("{HUB_IP}:8444"),
+                "--external-url",
+                &api,
+                "--tunnel-url",
+                &format!("{transport}://{HUB_IP}:8444"),
+            ]),
+            d,
+            Some(&hub_ns),
+        ));
+        procs.push(Proc::start(
+            "agent",
+            Role::Agent,
+            &otter_e2e::netns::agent_args(&api, &ca, d, transport, 10, AGENT_HEALTH, &[]),
+            d,
+            Some(&agent_ns),
+        ));
+        let started = Instant::now();
+        loop {
+            let up = agent_metrics(&agent_ns, AGENT_HEALTH, d)
+                .and_then(|m| otter_agent::gauges::sample(&m, "otter_agent_tunnel_up"));
+            if up == Some(1.0) {
+                break;
+            }
+            anyhow::ensure!(
+                started.elapsed() < WAIT,
+                "the {transport} tunnel did not come up across the link:\n{}",
+                procs
+                    .iter()
+                    .map(|p| p.tail(10))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(Scene {
+            ca_pem: std::fs::read_to_string(&ca_file)?,
+            link,
+            _dir: dir,
+            admin,
+            _procs: procs,
+        })
+    }
+
+    /// Measures one point from a thread in the hub's namespace.
+    fn measure(&self, secs: Duration) -> anyhow::Result<Point> {
+        let (ca_pem, token) = (self.ca_pem.clone(), self.admin.clone());
+        in_netns(&self.link.pair.hub, move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(measure(ca_pem, token, secs))
+        })
+        .map_err(anyhow::Error::msg)?
+    }
+}
+
+async fn measure(ca_pem: String, token: String, secs: Duration) -> anyhow::Result<Point> {
+    let addr = std::net::SocketAddr::from((HUB_IP, 8443));
+    let name = rustls::pki_types::ServerName::from(std::net::IpAddr::from(HUB_IP));
+    let connect = Connect::open_to(addr, name, &ca_pem, &token, POD).await?;
+    let ws = WsTarget {
+        addr,
+        base: format!("https://{HUB_IP}:8443/clusters/{CLUSTER}"),
+        ca_pem,
+        token,
+        pod: POD.into(),
+    };
+    let mut gets = Vec::with_capacity(GETS);
+    let get = GetRequest {
+        cluster: Some(CLUSTER.into()),
+        version: Some("v1".into()),
+        resource: Some("pods".into()),
+        namespace: Some("default".into()),
+        name: Some(POD.into()),
+        ..Default::default()
+    };
+    for _ in 0..GETS {
+        let t = Instant::now();
+        connect
+            .unary("otterscale.resource.v1.ResourceService", "Get", &get)
+            .await?;
+        gets.push(t.elapsed());
+    }
+    Ok(Point {
+        connect_down: connect_download(&connect, secs).await?,
+        connect_up: connect_upload(&connect, secs).await?,
+        kubectl_down: ws_download(&ws, secs).await?,
+        kubectl_up: ws_upload(&ws, secs).await?,
+        gets: Latency::of(&gets),
+    })
+}
+
+/// Bytes a download got in `secs`, as MB/s.
+async fn connect_download(c: &Connect, secs: Duration) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let (_, mut stream) = c.port_forward(CLUSTER, SOURCE).await?;
+    let mut got = 0u64;
+    let counting = async {
+        while let Some(msg) = stream.next().await? {
+            got += msg.data.map_or(0, |d| d.len() as u64);
+        }
+        anyhow::Ok(())
+    };
+    let _ = tokio::time::timeout(secs.saturating_sub(t.elapsed()), counting).await;
+    Ok(mb_per_s(got, secs))
+}
+
+/// Writes one chunk after another for `secs` while the pod's answers (one
+/// per MiB that reached it) are counted.
+async fn connect_upload(c: &Connect, secs: Duration) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let (session, mut stream) = c.port_forward(CLUSTER, SINK).await?;
+    let chunk = Bytes::from(vec![7u8; CHUNK]);
+    let mut acked = 0u64;
+    let writing = async {
+        loop {
+            c.write(&session, chunk.clone()).await?;
+        }
+        #[allow(unreachable_code)]
+        anyhow::Ok(())
+    };
+    let counting = async {
+        while let Some(msg) = stream.next().await? {
+            acked += msg.data.map_or(0, |d| d.len() as u64);
+        }
+        anyhow::Ok(())
+    };
+    let both = async { tokio::try_join!(writing, counting) };
+    let _ = tokio::time::timeout(secs.saturating_sub(t.elapsed()), both).await;
+    Ok(mb_per_s(acked * ACK_EVERY, secs))
+}
+
+async fn ws_download(target: &WsTarget, secs: Duration) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let mut ws = ws_open(target, SOURCE).await?;
+    let mut got = 0u64;
+    let counting = async {
+        while let Some(msg) = ws.next().await {
+            if let Message::Binary(b) = msg? {
+                anyhow::ensure!(b.first() != Some(&1), "pod error");
+                got += b.len().saturating_sub(1) as u64;
+            }
+        }
+        anyhow::Ok(())
+    };
+    let _ = tokio::time::timeout(secs.saturating_sub(t.elapsed()), counting).await;
+    Ok(mb_per_s(got, secs))
+}
+
+async fn ws_upload(target: &WsTarget, secs: Duration) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let ws = ws_open(target, SINK).await?;
+    let (mut tx, mut rx) = ws.split();
+    let mut frame = vec![7u8; CHUNK + 1];
+    frame[0] = 0;
+    let frame = Bytes::from(frame);
+    let mut acked = 0u64;
+    let writing = async {
+        loop {
+            tx.send(Message::Binary(frame.clone())).await?;
+        }
+        #[allow(unreachable_code)]
+        anyhow::Ok(())
+    };
+    let counting = async {
+        while let Some(msg) = rx.next().await {
+            if let Message::Binary(b) = msg? {
+                acked += b.iter().skip(1).filter(|&&c| c == b'k').count() as u64;
+            }
+        }
+        anyhow::Ok(())
+    };
+    let both = async { tokio::try_join!(writing, counting) };
+    let _ = tokio::time::timeout(secs.saturating_sub(t.elapsed()), both).await;
+    Ok(mb_per_s(acked * ACK_EVERY, secs))
+}
+
+/// Every transport at every loss rate in `losses` (fractions), `secs` per
+/// transfer.
+pub fn run(secs: u64, losses: &[f64]) -> anyhow::Result<Figures> {
+    let secs = Duration::from_secs(secs);
+    let mut figs = Figures::default();
+    for transport in ["quic", "h2"] {
+        let link = match WanLink::create(Impairment::default()) {
+            Ok(l) => l,
+            Err(e) => {
+                figs.push(Figure::skipped(
+                    "wan",
+                    format!("cannot make the network namespaces and TUN link here: {e}"),
+                ));
+                return Ok(figs);
+            }
+        };
+        let scene = Scene::start(transport, link)?;
+        for &loss in losses {
+            scene.link.set_loss(loss);
+            let at = format!("{:.0}%", loss * 100.0);
+            let point = scene
+                .measure(secs)
+                .with_context(|| format!("{transport} at {at} loss"))?;
+            eprintln!(
+                "bench: wan {transport} {at}: connect ↓{:.2} ↑{:.2}, kubectl ↓{:.2} ↑{:.2} MB/s, get p50 {:.0} p99 {:.0} ms",
+                point.connect_down,
+                point.connect_up,
+                point.kubectl_down,
+                point.kubectl_up,
+                point.gets.p50 / 1000.0,
+                point.gets.p99 / 1000.0,
+            );
+            let name = |what: &str| format!("wan.{at}.{transport}.{what}");
+            let kubectl_down = name("kubectl.download");
+            let kubectl_up = name("kubectl.upload");
+            figs.add(&kubectl_down, "MB/s", None, point.kubectl_down);
+            figs.add(&kubectl_up, "MB/s", None, point.kubectl_up);
+            figs.add(
+                &name("connect.download"),
+                "MB/s",
+                Some(&kubectl_down),
+                point.connect_down,
+            );
+            figs.add(
+                &name("connect.upload"),
+                "MB/s",
+                Some(&kubectl_up),
+                point.connect_up,
+            );
+            figs.add(&name("get.p50"), "ms", None, point.gets.p50 / 1000.0);
+            figs.add(&name("get.p99"), "ms", None, point.gets.p99 / 1000.0);
+        }
+        let [down, up] = &scene.link.counters;
+        eprintln!(
+            "bench: wan {transport}: link hub→agent {} packets ({} lost, {} overflowed), agent→hub {} ({} lost, {} overflowed)",
+            down.packets.load(std::sync::atomic::Ordering::Relaxed),
+            down.lost.load(std::sync::atomic::Ordering::Relaxed),
+            down.overflowed.load(std::sync::atomic::Ordering::Relaxed),
+            up.packets.load(std::sync::atomic::Ordering::Relaxed),
+            up.lost.load(std::sync::atomic::Ordering::Relaxed),
+            up.overflowed.load(std::sync::atomic::Ordering::Relaxed),
+        );
+    }
+    Ok(figs)
+}

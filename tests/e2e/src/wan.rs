@@ -1,0 +1,251 @@
+//! A distant, lossy link between the two namespaces of a [`NetPair`]: each
+//! namespace gets a TUN device instead of a veth end, and threads of this
+//! process carry every IP packet from one device to the other with a
+//! one-way delay, a rate limit, a bounded queue and random loss. TCP and
+//! UDP go through the same link, so HTTP/2 and QUIC tunnels meet the same
+//! conditions (the kernel here has no `netem` to do this for us).
+//!
+//! The loss can change while the link carries traffic ([`WanLink::set_loss`]),
+//! so one scene can be measured at several loss rates.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        mpsc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use crate::netns::{AGENT_IP, HUB_IP, NetPair, in_netns};
+
+/// Name of the TUN device in each namespace.
+const DEVICE: &str = "otter-wan";
+/// How often the relay threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(50);
+/// Largest packet a TUN device hands over (its MTU is the default 1,500).
+const MAX_PACKET: usize = 65_536;
+
+/// What the link does to each packet, each way.
+#[derive(Debug, Clone, Copy)]
+pub struct Impairment {
+    /// One-way delay (the round trip is twice this).
+    pub delay: Duration,
+    /// Bytes per second each way.
+    pub rate: u64,
+    /// Longest a packet may wait for the rate limit before it is dropped
+    /// (the bottleneck's queue, tail drop).
+    pub queue: Duration,
+    /// Fraction of packets dropped at random, each way (0.01 = 1 %).
+    pub loss: f64,
+}
+
+impl Default for Impairment {
+    /// A distant link: 100 ms round trip, 100 Mbit/s, a queue of one
+    /// round trip, no loss.
+    fn default() -> Self {
+        Impairment {
+            delay: Duration::from_millis(50),
+            rate: 100_000_000 / 8,
+            queue: Duration::from_millis(100),
+            loss: 0.0,
+        }
+    }
+}
+
+/// Counters of one direction.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub packets: AtomicU64,
+    /// Dropped at random.
+    pub lost: AtomicU64,
+    /// Dropped because the queue was full.
+    pub overflowed: AtomicU64,
+}
+
+/// The namespaces and the relay between them; dropping it stops the
+/// relay, then deletes the namespaces (kill the processes inside first).
+#[derive(Debug)]
+pub struct WanLink {
+    threads: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    /// Loss in millionths, shared by both directions.
+    loss_ppm: Arc<AtomicU32>,
+    /// Hub → agent, then agent → hub.
+    pub counters: [Arc<Counters>; 2],
+    // Last: dropped after the threads are joined.
+    pub pair: NetPair,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+/// A TUN device in namespace `ns`, addressed `local` with `peer` at the
+/// other end, up.
+fn device(
+    ns: &str,
+    local: std::net::Ipv4Addr,
+    peer: std::net::Ipv4Addr,
+) -> Result<tun::Device, String> {
+    let dev = in_netns(ns, || {
+        let mut config = tun::Configuration::default();
+        config.tun_name(DEVICE);
+        tun::Device::new(&config).map_err(|e| format!("TUN device: {e}"))
+    })??;
+    ip(&[
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &local.to_string(),
+        "peer",
+        &format!("{peer}/32"),
+        "dev",
+        DEVICE,
+    ])?;
+    ip(&["-n", ns, "link", "set", DEVICE, "up"])?;
+    Ok(dev)
+}
+
+impl WanLink {
+    /// Two namespaces joined by a link with `impairment`. Err when this
+    /// machine does not let us (no privilege, no `ip`, no `/dev/net/tun`).
+    pub fn create(impairment: Impairment) -> Result<WanLink, String> {
+        let pair = NetPair::namespaces()?;
+        let hub = Arc::new(device(&pair.hub, HUB_IP, AGENT_IP)?);
+        let agent = Arc::new(device(&pair.agent, AGENT_IP, HUB_IP)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let loss_ppm = Arc::new(AtomicU32::new(ppm(impairment.loss)));
+        let counters = [Arc::default(), Arc::default()];
+        let mut threads = Vec::new();
+        for (from, to, counters) in [
+            (hub.clone(), agent.clone(), &counters[0]),
+            (agent, hub, &counters[1]),
+        ] {
+            let (tx, rx) = mpsc::channel();
+            let dir = Direction {
+                impairment,
+                loss_ppm: loss_ppm.clone(),
+                stop: stop.clone(),
+                counters: Arc::clone(counters),
+            };
+            let deliver = dir.clone();
+            threads.push(std::thread::spawn(move || dir.admit(&from, &tx)));
+            threads.push(std::thread::spawn(move || deliver.deliver(&to, &rx)));
+        }
+        Ok(WanLink {
+            threads,
+            stop,
+            loss_ppm,
+            counters,
+            pair,
+        })
+    }
+
+    /// [`WanLink::create`], or `None` with a line saying why (a failure
+    /// under `OTTER_REQUIRE_TOOLS=1`).
+    pub fn create_or_skip(impairment: Impairment) -> Option<WanLink> {
+        crate::netns::or_skip(WanLink::create(impairment))
+    }
+
+    /// Changes the random loss of both directions from now on.
+    pub fn set_loss(&self, loss: f64) {
+        self.loss_ppm.store(ppm(loss), Ordering::Relaxed);
+    }
+}
+
+impl Drop for WanLink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn ppm(loss: f64) -> u32 {
+    (loss.clamp(0.0, 1.0) * 1e6) as u32
+}
+
+/// One direction of the link.
+#[derive(Debug, Clone)]
+struct Direction {
+    impairment: Impairment,
+    loss_ppm: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+}
+
+impl Direction {
+    /// Reads packets from `from`; drops the unlucky ones and those that
+    /// find the queue full; hands the rest on with the moment they are due.
+    fn admit(&self, from: &tun::Device, tx: &mpsc::Sender<(Instant, Vec<u8>)>) {
+        let mut buf = vec![0u8; MAX_PACKET];
+        // When the bottleneck is free to send the next packet.
+        let mut free_at = Instant::now();
+        while !self.stop.load(Ordering::Relaxed) {
+            let n = match from.recv_timeout(&mut buf, POLL) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => continue,
+                Err(_) => return,
+            };
+            self.counters.packets.fetch_add(1, Ordering::Relaxed);
+            let loss = self.loss_ppm.load(Ordering::Relaxed);
+            if loss > 0 && rand::random::<u32>() % 1_000_000 < loss {
+                self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let now = Instant::now();
+            let start = free_at.max(now);
+            if start - now > self.impairment.queue {
+                self.counters.overflowed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let wire = Duration::from_secs_f64(n as f64 / self.impairment.rate as f64);
+            free_at = start + wire;
+            if tx
+                .send((free_at + self.impairment.delay, buf[..n].to_vec()))
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Writes each packet to `to` when it is due, in order.
+    fn deliver(&self, to: &tun::Device, rx: &mpsc::Receiver<(Instant, Vec<u8>)>) {
+        let mut pending: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+        while !self.stop.load(Ordering::Relaxed) {
+            let wait = match pending.front() {
+                Some((due, _)) => due.saturating_duration_since(Instant::now()).min(POLL),
+                None => POLL,
+            };
+            match rx.recv_timeout(wait) {
+                Ok(p) => pending.push_back(p),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+            let now = Instant::now();
+            while pending.front().is_some_and(|(due, _)| *due <= now) {
+                if let Some((_, packet)) = pending.pop_front() {
+                    // A full device queue drops the packet, as a link would.
+                    let _ = to.send(&packet);
+                }
+            }
+        }
+    }
+}
