@@ -47,7 +47,7 @@ use crate::{
 };
 
 /// Largest stdin or port-forward chunk in one call.
-pub const MAX_INPUT: usize = 1024 * 1024;
+pub const MAX_INPUT: usize = otter_tunnel::MAX_SESSION_INPUT;
 /// Input bytes queued per session and not yet written to the pod; a writer
 /// beyond it waits (so 200 busy sessions hold at most 400 MiB).
 const INPUT_BUDGET: usize = 2 * MAX_INPUT;

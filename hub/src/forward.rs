@@ -31,8 +31,11 @@ const FORWARDED_SERVICES: [&str; 2] = [
 const SESSION_METHODS: [&str; 3] = [
     "/otterscale.runtime.v1.RuntimeService/WriteTTY",
     "/otterscale.runtime.v1.RuntimeService/ResizeTTY",
-    "/otterscale.runtime.v1.RuntimeService/WritePortForward",
+    WRITE_PORT_FORWARD,
 ];
+
+/// Answered by the hub once its bytes are queued ([`crate::uploads`]).
+const WRITE_PORT_FORWARD: &str = "/otterscale.runtime.v1.RuntimeService/WritePortForward";
 
 /// Methods that open a session: audited when they start and when they end.
 const SESSION_OPENERS: [&str; 2] = [
@@ -57,6 +60,19 @@ pub fn status_trailers(status: &Status) -> Frame<Bytes> {
     let mut trailers = http::HeaderMap::new();
     let _ = status.add_header(&mut trailers);
     Frame::trailers(trailers)
+}
+
+/// A unary call's answer of an empty message, OK.
+fn empty_answer() -> http::Response<HttpBody> {
+    let frames = [
+        Ok(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 0]))),
+        Ok(status_trailers(&Status::new(tonic::Code::Ok, ""))),
+    ];
+    let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+    http::Response::builder()
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .body(body.boxed_unsync())
+        .expect("static response")
 }
 
 /// A gRPC error as a trailers-only response.
@@ -127,13 +143,22 @@ async fn route(
             }
         }
     } else {
-        key
+        key.clone()
     };
     if cluster.is_empty() {
         return Err(Status::invalid_argument("cluster is required"));
     }
     if auditing {
         event.cluster = cluster.clone();
+    }
+    if path == WRITE_PORT_FORWARD {
+        crate::uploads::Uploads::write(&state, &caller, &cluster, &key, parts, prefix).await?;
+        if auditing {
+            event.code = "Ok".to_owned();
+            event.duration_ms = timer.millis();
+            state.audit.record(std::mem::take(event));
+        }
+        return Ok(empty_answer());
     }
 
     // A Watch or a followed log outlives its tunnel where the caller came

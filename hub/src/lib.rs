@@ -56,6 +56,7 @@ pub mod tenancy;
 pub mod tickets;
 pub mod tokens;
 pub mod tunnels;
+pub mod uploads;
 
 pub use config::HubConfig;
 pub use server::Hub;

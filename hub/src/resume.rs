@@ -369,7 +369,7 @@ impl Reopen {
 }
 
 /// `message` with its gRPC prefix (uncompressed).
-fn framed(message: &[u8]) -> Bytes {
+pub(crate) fn framed(message: &[u8]) -> Bytes {
     let mut out = BytesMut::with_capacity(5 + message.len());
     out.extend_from_slice(&[0]);
     out.extend_from_slice(&(message.len() as u32).to_be_bytes());

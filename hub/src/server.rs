@@ -96,6 +96,8 @@ pub struct HubState {
     pub tickets: crate::tickets::Tickets,
     /// Fan-out calls open per caller.
     pub fan_outs: crate::fleet::FanOuts,
+    /// Port-forward writes queued for their agents.
+    pub uploads: crate::uploads::Uploads,
 }
 
 impl std::fmt::Debug for HubState {
@@ -360,6 +362,7 @@ impl Hub {
             // in the kernel's backlog behind the flood.
             tickets,
             fan_outs: Default::default(),
+            uploads: Default::default(),
             api_pending: otter_tunnel::handshakes::Handshakes::new(
                 otter_tunnel::handshakes::HandshakeLimits {
                     evict_after: Duration::ZERO,
@@ -535,6 +538,7 @@ impl Hub {
             .serving
             .store(false, std::sync::atomic::Ordering::Release);
         self.shutdown.cancel();
+        self.state.uploads.stop();
         let tunnels = self.state.registry.all();
         // Goodbyes go out together: a stop waits at most one goodbye's bound.
         futures::future::join_all(

@@ -555,26 +555,36 @@ impl Drop for H2Acceptor {
 impl Acceptor for H2Acceptor {
     fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
         Box::pin(async move {
-            let next = tokio::select! {
-                n = self.conn.accept() => n,
-                _ = self.dead.cancelled() => {
-                    let why = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-                    return Err(TunnelError::Closed(why));
-                }
-            };
-            match next {
-                None => Ok(None),
-                Some(Err(e)) => Err(e.into()),
-                Some(Ok((request, mut respond))) => {
-                    let send = respond.send_response(http::Response::new(()), false)?;
-                    Ok(Some(TunnelStream {
-                        send: Box::new(H2Send {
-                            stream: send,
-                            closed: false,
-                        }),
-                        recv: reader(RecvState::Ready(request.into_body())),
-                    }))
-                }
+            loop {
+                let next = tokio::select! {
+                    n = self.conn.accept() => n,
+                    _ = self.dead.cancelled() => {
+                        let why = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+                        return Err(TunnelError::Closed(why));
+                    }
+                };
+                let (request, mut respond) = match next {
+                    None => return Ok(None),
+                    Some(Err(e)) => return Err(e.into()),
+                    Some(Ok(pair)) => pair,
+                };
+                // A stream the peer reset before we took it (its caller
+                // left while the request was on the way) cannot be
+                // answered: that ends the stream, not the connection.
+                let send = match respond.send_response(http::Response::new(()), false) {
+                    Ok(send) => send,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a stream was reset before it was accepted");
+                        continue;
+                    }
+                };
+                return Ok(Some(TunnelStream {
+                    send: Box::new(H2Send {
+                        stream: send,
+                        closed: false,
+                    }),
+                    recv: reader(RecvState::Ready(request.into_body())),
+                }));
             }
         })
     }

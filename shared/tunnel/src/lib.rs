@@ -38,6 +38,11 @@ pub mod transport;
 pub mod ws;
 
 pub use frame::Caller;
+
+/// Most bytes one write to an exec or port-forward session carries
+/// (`WriteTTY`, `WritePortForward`): the agent refuses larger ones, and
+/// the hub batches queued port-forward writes up to it.
+pub const MAX_SESSION_INPUT: usize = 1024 * 1024;
 pub use http::BoxError;
 pub use transport::{Acceptor, Keepalive, Opener, TransportKind, TunnelStream};
 

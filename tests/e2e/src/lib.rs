@@ -177,6 +177,8 @@ pub struct Relay {
     pub addr: std::net::SocketAddr,
     frozen: Arc<std::sync::atomic::AtomicBool>,
     tcp_frozen: Arc<std::sync::atomic::AtomicBool>,
+    /// TCP bytes wait (nothing is lost); datagrams are dropped.
+    held: Arc<std::sync::atomic::AtomicBool>,
     udp_blocked: Arc<std::sync::atomic::AtomicBool>,
     /// Datagrams larger than this are dropped, both ways (a path whose MTU
     /// is small and whose fragments are lost).
@@ -201,6 +203,7 @@ impl Relay {
             addr: tcp.local_addr().expect("addr"),
             frozen: Arc::new(AtomicBool::new(false)),
             tcp_frozen: Arc::new(AtomicBool::new(false)),
+            held: Arc::new(AtomicBool::new(false)),
             udp_blocked: Arc::new(AtomicBool::new(false)),
             udp_max: Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX)),
             target: Arc::new(std::sync::Mutex::new(None)),
@@ -210,14 +213,18 @@ impl Relay {
             while let Ok((inbound, _)) = tcp.accept().await {
                 let Some(target) = r.target() else { continue };
                 let frozen = [r.frozen.clone(), r.tcp_frozen.clone()];
+                let held = r.held.clone();
                 tokio::spawn(async move {
                     let Ok(outbound) = TcpStream::connect(target).await else {
                         return;
                     };
                     let (mut ir, mut iw) = inbound.into_split();
                     let (mut or, mut ow) = outbound.into_split();
-                    let f2 = frozen.clone();
-                    tokio::join!(pump(&mut ir, &mut ow, frozen), pump(&mut or, &mut iw, f2));
+                    let (f2, h2) = (frozen.clone(), held.clone());
+                    tokio::join!(
+                        pump(&mut ir, &mut ow, frozen, held),
+                        pump(&mut or, &mut iw, f2, h2)
+                    );
                 });
             }
         });
@@ -255,6 +262,14 @@ impl Relay {
             .store(frozen, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Holds (true) or lets go (false) all traffic without losing any
+    /// stream's bytes: TCP waits in the relay, datagrams are dropped (QUIC
+    /// sends them again). A path that stalls for a moment, where
+    /// [`Relay::freeze`] is one that died.
+    pub fn hold(&self, held: bool) {
+        self.held.store(held, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Stops (true) or resumes (false) TCP only; datagrams pass.
     pub fn freeze_tcp(&self, frozen: bool) {
         self.tcp_frozen
@@ -266,6 +281,7 @@ async fn pump(
     from: &mut (impl tokio::io::AsyncRead + Unpin),
     to: &mut (impl tokio::io::AsyncWrite + Unpin),
     frozen: [Arc<std::sync::atomic::AtomicBool>; 2],
+    held: Arc<std::sync::atomic::AtomicBool>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 64 * 1024];
@@ -280,6 +296,9 @@ async fn pump(
             .any(|f| f.load(std::sync::atomic::Ordering::SeqCst))
         {
             continue;
+        }
+        while held.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
@@ -297,6 +316,7 @@ async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
             return;
         };
         if relay.frozen.load(std::sync::atomic::Ordering::SeqCst)
+            || relay.held.load(std::sync::atomic::Ordering::SeqCst)
             || relay.udp_blocked.load(std::sync::atomic::Ordering::SeqCst)
             || n > relay.udp_max.load(std::sync::atomic::Ordering::SeqCst)
         {
@@ -314,11 +334,12 @@ async fn udp_relay(socket: Arc<tokio::net::UdpSocket>, relay: Relay) {
                 let u = Arc::new(u);
                 upstreams.insert(client, u.clone());
                 let (down, up2, frozen) = (socket.clone(), u.clone(), relay.frozen.clone());
-                let max = relay.udp_max.clone();
+                let (max, held) = (relay.udp_max.clone(), relay.held.clone());
                 tokio::spawn(async move {
                     let mut b = vec![0u8; 65536];
                     while let Ok((n, _)) = up2.recv_from(&mut b).await {
                         if !frozen.load(std::sync::atomic::Ordering::SeqCst)
+                            && !held.load(std::sync::atomic::Ordering::SeqCst)
                             && n <= max.load(std::sync::atomic::Ordering::SeqCst)
                         {
                             let _ = down.send_to(&b[..n], client).await;

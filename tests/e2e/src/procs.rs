@@ -220,6 +220,7 @@ pub async fn echo_server() -> std::net::SocketAddr {
             tokio::spawn(async move {
                 let (mut r, mut w) = tcp.split();
                 let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
             });
         }
     });

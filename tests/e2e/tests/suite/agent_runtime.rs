@@ -8,11 +8,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use otter_e2e::{
     kube::{KubeEnv, sim_config, within},
+    procs::echo_server,
     with_token,
 };
 use otter_proto::runtime::v1::{self as pb};
 use otter_tunnel::TransportKind;
-use tokio::io::AsyncWriteExt;
 use tonic::{Code, Streaming};
 
 fn exec(cluster: &str, pod: &str, command: &[&str], tty: bool) -> pb::ExecuteTtyRequest {
@@ -522,22 +522,6 @@ async fn idle_sessions_are_reaped() {
     env.shutdown().await;
 }
 
-/// A TCP echo server on loopback.
-async fn echo_server() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = sock.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
 /// FNV-1a, to compare what went out with what came back.
 fn fnv(hash: &mut u64, data: &[u8]) {
     for b in data {
@@ -908,4 +892,131 @@ async fn exec_falls_back_to_v4_with_an_older_kubelet() {
     assert_eq!(out, "v4 works\n");
     end.unwrap();
     env.shutdown().await;
+}
+
+/// `WritePortForward` answered by the hub once queued: while the path to
+/// the cluster stalls (a relay holding every byte, nothing lost), writes after
+/// the session's first are answered at once; a session's queue is bounded
+/// (a write beyond it waits); when the path moves again every byte reaches
+/// the pod once, in order. Another user's write to the session is never
+/// answered from the queue, and after the session ends, writes fail.
+async fn queued_port_forward_writes(transport: TransportKind) {
+    let (relay, env) = KubeEnv::behind_relay(
+        transport,
+        sim_config().pod("default", "web", &["app"]),
+        |_| {},
+    )
+    .await;
+    let t = env.admin_token().to_owned();
+    let bob = env.token_for("bob", &["devs"]);
+    env.sim
+        .add_pod_port("default", "web", 8080, echo_server().await);
+    let mut rt = env.runtime();
+    let pf = pb::PortForwardRequest {
+        cluster: Some(env.cluster.clone()),
+        namespace: Some("default".into()),
+        name: Some("web".into()),
+        port: Some(8080),
+    };
+    let mut s = within("port-forward", rt.port_forward(with_token(pf, &t)))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = within("session id", s.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .session_id
+        .unwrap();
+    let send = |data: &[u8]| pb::WritePortForwardRequest {
+        session_id: Some(id.clone()),
+        data: Some(data.to_vec()),
+    };
+    let mut expected = b"first;".to_vec();
+    rt.write_port_forward(with_token(send(b"first;"), &t))
+        .await
+        .unwrap();
+
+    relay.hold(true);
+    for i in 0..20 {
+        let piece = format!("{i};");
+        within(
+            "a queued write is answered while the cluster is out of reach",
+            rt.write_port_forward(with_token(send(piece.as_bytes()), &t)),
+        )
+        .await
+        .unwrap();
+        expected.extend_from_slice(piece.as_bytes());
+    }
+    // Bob's first write goes through to the agent, which is out of reach:
+    // no answer comes from the queue for him. He gives up while his request
+    // is still on its way (over HTTP/2 the agent then finds the stream
+    // reset before it takes it: that ends the stream, not the tunnel).
+    let bobs = tokio::time::timeout(
+        Duration::from_millis(300),
+        rt.write_port_forward(with_token(send(b"bob"), &bob)),
+    )
+    .await;
+    assert!(bobs.is_err(), "bob's write was answered: {bobs:?}");
+    // 4 MiB queue per session: three 1 MiB writes fit, a fourth waits.
+    let mib = vec![b'x'; 1024 * 1024];
+    for _ in 0..3 {
+        within(
+            "a 1 MiB write",
+            rt.write_port_forward(with_token(send(&mib), &t)),
+        )
+        .await
+        .unwrap();
+        expected.extend_from_slice(&mib);
+    }
+    let full = tokio::time::timeout(
+        Duration::from_millis(300),
+        rt.write_port_forward(with_token(send(&mib), &t)),
+    )
+    .await;
+    assert!(
+        full.is_err(),
+        "a write beyond the queue was answered: {full:?}"
+    );
+    relay.hold(false);
+
+    let mut back = Vec::new();
+    within("every queued byte echoed", async {
+        while back.len() < expected.len() {
+            back.extend(s.next().await.unwrap().unwrap().data.unwrap_or_default());
+        }
+    })
+    .await;
+    assert!(back == expected, "bytes arrived out of order or changed");
+    let denied = within(
+        "bob's write",
+        rt.write_port_forward(with_token(send(b"bob"), &bob)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+
+    // The session ends: writes fail (the first may still be queued).
+    drop(s);
+    let failed = within("a write after the session ended fails", async {
+        loop {
+            if let Err(e) = rt.write_port_forward(with_token(send(b"late"), &t)).await {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(failed.code(), Code::NotFound, "{failed:?}");
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_port_forward_writes_over_quic() {
+    queued_port_forward_writes(TransportKind::Quic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_port_forward_writes_over_h2() {
+    queued_port_forward_writes(TransportKind::H2).await;
 }

@@ -1,0 +1,363 @@
+//! `WritePortForward` answered from the hub: a port-forward's upload path.
+//!
+//! The upstream API carries a port-forward's upload as one unary call per
+//! chunk, with no sequence number, so a client sends them one after
+//! another and pays a round trip to the cluster for each. Far from the
+//! cluster, that round trip is the whole rate (256 KiB per 100 ms is
+//! 2.6 MB/s). Here the first write of a session goes through to the agent
+//! as before: its answer proves the session exists and is the caller's.
+//! Every later write of that caller to that session is answered as soon as
+//! its bytes are queued, in order, on the session's single upload path,
+//! which sends them on in batches (one agent call carries as much as is
+//! queued, up to the agent's limit per write).
+//!
+//! Bounded: a session queues at most [`SESSION_QUEUE`] bytes and all of
+//! them together [`TOTAL_QUEUE`]; a write waits for room (back-pressure),
+//! at most [`ROOM_WAIT`]. An upload path that fails (the session ended,
+//! the tunnel went) keeps its error for [`FAILED_KEPT`], so the writes
+//! after it get that error rather than a stream with a hole in it.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use otter_proto::runtime::v1::WritePortForwardRequest;
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::{
+    auth::Principal,
+    forward::{HttpBody, Sent},
+    server::HubState,
+};
+
+/// Bytes one session may have queued.
+pub const SESSION_QUEUE: usize = 4 * 1024 * 1024;
+/// Bytes all sessions together may have queued.
+pub const TOTAL_QUEUE: usize = 128 * 1024 * 1024;
+/// Upload paths open at once; beyond, writes go through one by one.
+pub const MAX_UPLOADS: usize = 4096;
+/// Longest a write waits for room in the queue.
+pub const ROOM_WAIT: Duration = Duration::from_secs(30);
+/// An upload path nobody wrote to for this long is closed.
+const IDLE: Duration = Duration::from_secs(60);
+/// How long a failed upload path answers with its error.
+const FAILED_KEPT: Duration = Duration::from_secs(60);
+/// Bound of one call to the agent.
+const CALL_DEADLINE: Duration = Duration::from_secs(30);
+/// The answer to a WritePortForward is an empty message; anything much
+/// larger is not one.
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// A session's upload, keyed by session id and the caller's name in the
+/// cluster (writes of another caller are that caller's own, and the agent
+/// answers them as it sees fit).
+type Key = (String, String);
+
+/// Every session's upload path on this replica.
+#[derive(Debug)]
+pub struct Uploads {
+    paths: Mutex<HashMap<Key, Arc<Path>>>,
+    total: Arc<Semaphore>,
+    stop: CancellationToken,
+}
+
+impl Default for Uploads {
+    fn default() -> Self {
+        Uploads {
+            paths: Mutex::default(),
+            total: Arc::new(Semaphore::new(TOTAL_QUEUE)),
+            stop: CancellationToken::new(),
+        }
+    }
+}
+
+/// One session's queue and what became of it.
+#[derive(Debug)]
+struct Path {
+    queue: mpsc::UnboundedSender<Chunk>,
+    room: Arc<Semaphore>,
+    failed: Mutex<Option<Status>>,
+}
+
+/// Queued bytes and their place in both bounds.
+#[derive(Debug)]
+struct Chunk {
+    data: Bytes,
+    _room: OwnedSemaphorePermit,
+    _total: OwnedSemaphorePermit,
+}
+
+/// Where a write went.
+enum Queued {
+    Yes,
+    /// The path closed under it (it was idle): go through directly.
+    Closed,
+}
+
+impl Uploads {
+    /// Closes every upload path (the hub is stopping).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Upload paths open now.
+    pub fn open(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Path>>> {
+        self.paths.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Answers one `WritePortForward` of `caller` to `session` on `cluster`
+    /// (`prefix`: the whole request message, with its gRPC prefix).
+    pub async fn write(
+        state: &Arc<HubState>,
+        caller: &Principal,
+        cluster: &str,
+        session: &str,
+        parts: http::request::Parts,
+        prefix: Bytes,
+    ) -> Result<(), Status> {
+        let this = &state.uploads;
+        let data = WritePortForwardRequest::decode(&prefix[5..])
+            .map_err(|e| Status::invalid_argument(format!("request does not decode: {e}")))?
+            .data
+            .unwrap_or_default();
+        if data.len() > otter_tunnel::MAX_SESSION_INPUT {
+            return Err(Status::invalid_argument(format!(
+                "data chunk of {} bytes is over the limit of {}",
+                data.len(),
+                otter_tunnel::MAX_SESSION_INPUT
+            )));
+        }
+        let key = (session.to_owned(), caller.cluster_user.clone());
+        let path = this.lock().get(&key).cloned();
+        if let Some(path) = path {
+            if let Some(status) = path.failed() {
+                return Err(status);
+            }
+            if let Queued::Yes = path.enqueue(Bytes::from(data), &this.total).await? {
+                return Ok(());
+            }
+        }
+        // Through to the agent, and only then a path of its own: the
+        // agent's answer proves the session exists and is this caller's.
+        call_agent(state, caller, cluster, parts.clone(), prefix).await?;
+        if parts.extensions.get::<crate::peers::FromPeer>().is_none() {
+            this.open_path(state, caller, cluster, key, parts);
+        }
+        Ok(())
+    }
+
+    fn open_path(
+        &self,
+        state: &Arc<HubState>,
+        caller: &Principal,
+        cluster: &str,
+        key: Key,
+        mut parts: http::request::Parts,
+    ) {
+        let mut paths = self.lock();
+        if paths.len() >= MAX_UPLOADS || paths.contains_key(&key) {
+            return;
+        }
+        // The client's deadline was for its first call; each batch gets
+        // its own.
+        parts.headers.remove("grpc-timeout");
+        let (queue, rx) = mpsc::unbounded_channel();
+        let path = Arc::new(Path {
+            queue,
+            room: Arc::new(Semaphore::new(SESSION_QUEUE)),
+            failed: Mutex::new(None),
+        });
+        paths.insert(key.clone(), path.clone());
+        let pump = Pump {
+            state: state.clone(),
+            caller: caller.clone(),
+            cluster: cluster.to_owned(),
+            key,
+            parts,
+            path,
+        };
+        state.tasks.spawn(pump.run(rx, self.stop.clone()));
+    }
+}
+
+impl Path {
+    fn failed(&self) -> Option<Status> {
+        self.failed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Queues `data` once there is room for it.
+    async fn enqueue(&self, data: Bytes, total: &Arc<Semaphore>) -> Result<Queued, Status> {
+        let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        let room = async {
+            let mine = self.room.clone().acquire_many_owned(n).await;
+            let all = total.clone().acquire_many_owned(n).await;
+            mine.ok().zip(all.ok())
+        };
+        let Some((room, all)) = tokio::time::timeout(ROOM_WAIT, room).await.map_err(|_| {
+            Status::resource_exhausted("the port-forward is not taking input fast enough; retry")
+        })?
+        else {
+            return Ok(Queued::Closed);
+        };
+        let chunk = Chunk {
+            data,
+            _room: room,
+            _total: all,
+        };
+        Ok(match self.queue.send(chunk) {
+            Ok(()) => Queued::Yes,
+            Err(_) => Queued::Closed,
+        })
+    }
+}
+
+/// Sends one session's queued bytes to its agent, in order.
+struct Pump {
+    state: Arc<HubState>,
+    caller: Principal,
+    cluster: String,
+    key: Key,
+    parts: http::request::Parts,
+    path: Arc<Path>,
+}
+
+impl Pump {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Chunk>, stop: CancellationToken) {
+        let limit = otter_tunnel::MAX_SESSION_INPUT;
+        let mut carried: Option<Chunk> = None;
+        loop {
+            let first = match carried.take() {
+                Some(c) => c,
+                None => tokio::select! {
+                    _ = stop.cancelled() => break,
+                    next = tokio::time::timeout(IDLE, rx.recv()) => match next {
+                        Ok(Some(c)) => c,
+                        _ => break,
+                    },
+                },
+            };
+            // As much as is queued, up to the agent's limit per write.
+            let mut data = BytesMut::from(first.data.as_ref());
+            let mut held = vec![first];
+            while let Ok(next) = rx.try_recv() {
+                if data.len() + next.data.len() > limit {
+                    carried = Some(next);
+                    break;
+                }
+                data.extend_from_slice(&next.data);
+                held.push(next);
+            }
+            let msg = WritePortForwardRequest {
+                session_id: Some(self.key.0.clone()),
+                data: Some(data.into()),
+            };
+            let sent = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = call_agent(&self.state, &self.caller, &self.cluster, self.parts.clone(), crate::resume::framed(&msg.encode_to_vec())) => r,
+            };
+            drop(held);
+            if let Err(status) = sent {
+                tracing::debug!(cluster = %self.cluster, code = ?status.code(), "port-forward upload failed");
+                *self
+                    .path
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(status);
+                // What is queued behind the failure goes nowhere.
+                rx.close();
+                drop(carried.take());
+                while rx.try_recv().is_ok() {}
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = tokio::time::sleep(FAILED_KEPT) => {}
+                }
+                break;
+            }
+        }
+        let mut paths = self.state.uploads.lock();
+        if paths
+            .get(&self.key)
+            .is_some_and(|p| Arc::ptr_eq(p, &self.path))
+        {
+            paths.remove(&self.key);
+        }
+        // Closed under the lock: a write that found this path before it
+        // was removed sees it closed and goes through directly.
+        rx.close();
+    }
+}
+
+/// One WritePortForward through to the cluster; its status.
+async fn call_agent(
+    state: &Arc<HubState>,
+    caller: &Principal,
+    cluster: &str,
+    parts: http::request::Parts,
+    message: Bytes,
+) -> Result<(), Status> {
+    let call = async {
+        let empty: HttpBody = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let resp = match crate::forward::send(state, caller, cluster, parts, message, empty).await?
+        {
+            Sent::Tunnel { resp, .. } => {
+                resp.map(|b| b.map_err(otter_tunnel::BoxError::from).boxed_unsync())
+            }
+            Sent::Peer(resp) => resp,
+        };
+        status_of(resp).await
+    };
+    tokio::time::timeout(CALL_DEADLINE, call)
+        .await
+        .map_err(|_| {
+            Status::deadline_exceeded(format!("cluster {cluster} did not answer the write"))
+        })?
+}
+
+/// The gRPC status of a unary answer (trailers-only, or after its body).
+async fn status_of(resp: http::Response<HttpBody>) -> Result<(), Status> {
+    let ok = |s: Status| match s.code() {
+        tonic::Code::Ok => Ok(()),
+        _ => Err(s),
+    };
+    if let Some(status) = Status::from_header_map(resp.headers()) {
+        return ok(status);
+    }
+    let mut body = resp.into_body();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| Status::unavailable(format!("reading the cluster's answer: {e}")))?;
+        match frame.into_data() {
+            Ok(data) => {
+                seen += data.len();
+                if seen > MAX_ANSWER {
+                    return Err(Status::internal(
+                        "the cluster's answer to a write is too large",
+                    ));
+                }
+            }
+            Err(frame) => {
+                if let Some(status) = frame.trailers_ref().and_then(Status::from_header_map) {
+                    return ok(status);
+                }
+            }
+        }
+    }
+    Err(Status::internal("the cluster's answer carried no status"))
+}
