@@ -9,6 +9,9 @@
 #   QUICK=1  short runs, 200 simulated agents (for development, about 3 min)
 #   FULL=1   10,000 simulated agents (also 10,000 idle agents on the replicas)
 #
+# The wan scenario puts hub and agent in network namespaces of their own
+# joined by an emulated distant link (100 ms round trip, 0/1/5 % loss).
+#
 # Output: a table on stdout and target/bench/results.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,9 +21,9 @@ QUICK=${QUICK:-}
 FULL=${FULL:-}
 
 if [ -n "$QUICK" ]; then
-    tp_secs=3 tp_runs=2 calls=2000 hol_calls=500 call_runs=2 agents=200 idle=5 fp_runs=2 pf_mib=32 pf_runs=2 replica_agents=100
+    tp_secs=3 tp_runs=2 calls=2000 hol_calls=500 call_runs=2 agents=200 idle=5 fp_runs=2 pf_mib=32 pf_runs=2 replica_agents=100 wan_secs=3
 else
-    tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3 pf_mib=128 pf_runs=3 replica_agents=1000
+    tp_secs=10 tp_runs=3 calls=10000 hol_calls=2000 call_runs=3 agents=1000 idle=10 fp_runs=3 pf_mib=128 pf_runs=3 replica_agents=1000 wan_secs=8
 fi
 replica_limit=600
 if [ -n "$FULL" ]; then
@@ -71,6 +74,8 @@ scenario() {
 scenario 600 throughput throughput "$samples" "$tp_secs" "$tp_runs" "$rathole"
 scenario 300 calls calls "$samples" "$calls" "$hol_calls" "$call_runs"
 scenario 600 portforward portforward "$samples" "$pf_mib" "$pf_runs"
+# Needs root (network namespaces, TUN devices); says so and is skipped without.
+scenario 900 wan wan "$samples" "$wan_secs" 0,1,5
 scenario 900 scale scale "$samples" "$agents" "$idle"
 scenario 120 footprint footprint "$samples" "$fp_runs" "$agent_bin"
 scenario "$replica_limit" replicas replicas "$samples" "$calls" "$replica_agents" "$idle"
