@@ -257,7 +257,7 @@ impl Opener for QuicOpener {
         Box::pin(async move {
             let (send, recv) = self.conn.open_bi().await?;
             Ok(TunnelStream {
-                send: Box::new(send),
+                send: Box::new(Prioritized::new(send)),
                 recv: Box::new(recv),
             })
         })
@@ -396,7 +396,7 @@ impl Acceptor for QuicAcceptor {
         Box::pin(async move {
             match self.conn.accept_bi().await {
                 Ok((send, recv)) => Ok(Some(TunnelStream {
-                    send: Box::new(send),
+                    send: Box::new(Prioritized::new(send)),
                     recv: Box::new(recv),
                 })),
                 Err(quinn::ConnectionError::LocallyClosed) => Ok(None),
@@ -411,5 +411,56 @@ impl Acceptor for QuicAcceptor {
 
     fn kind(&self) -> TransportKind {
         TransportKind::Quic
+    }
+}
+
+/// Bytes a stream sends before it counts as bulk.
+const BULK_AFTER: u64 = 256 * 1024;
+
+/// A stream's sending side that steps back once it has sent
+/// [`BULK_AFTER`] bytes: quinn sends a higher priority's data first, so a
+/// small call's request or answer is not queued behind a bulk transfer's
+/// bytes on the same connection (a Get beside a saturating Watch or
+/// port-forward).
+struct Prioritized {
+    send: quinn::SendStream,
+    written: u64,
+}
+
+impl Prioritized {
+    fn new(send: quinn::SendStream) -> Self {
+        Prioritized { send, written: 0 }
+    }
+}
+
+impl tokio::io::AsyncWrite for Prioritized {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let n = std::task::ready!(std::pin::Pin::new(&mut this.send).poll_write(cx, buf))?;
+        let before = this.written;
+        this.written += n as u64;
+        if before < BULK_AFTER && this.written >= BULK_AFTER {
+            // Fails only on a stream already closed or reset.
+            let _ = this.send.set_priority(-1);
+        }
+        std::task::Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.send).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.send).poll_shutdown(cx)
     }
 }
