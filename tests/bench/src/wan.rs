@@ -22,23 +22,18 @@ use anyhow::Context;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use otter_e2e::{
-    netns::{HUB_IP, agent_metrics, in_netns, prepare_hub, strings},
-    procs::{ACK_EVERY, Proc, Role, wait_for_file},
-    wan::{Impairment, WanLink},
+    netns::{HUB_IP, in_netns},
+    procs::ACK_EVERY,
+    wan::{CLUSTER, Impairment, POD, SINK, SOURCE, Scene, WanLink},
 };
 use otter_proto::resource::v1::GetRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::{
     common::{Figure, Figures, Latency},
-    portforward::{CHUNK, Connect, SINK, SOURCE, WsTarget, mb_per_s, ws_open},
+    portforward::{CHUNK, Connect, WsTarget, mb_per_s, ws_open},
 };
 
-/// The pod `kube-sim` serves in the child process.
-const POD: &str = "web";
-const CLUSTER: &str = "edge-0";
-const AGENT_HEALTH: &str = "127.0.0.1:9090";
-const WAIT: Duration = Duration::from_secs(60);
 /// Small calls per point.
 const GETS: usize = 30;
 
@@ -51,111 +46,17 @@ struct Point {
     gets: Latency,
 }
 
-/// The hub, the test server and the agent of one transport, across `link`.
-struct Scene {
-    // Fields drop in order: the processes are killed, then their files go,
-    // then the namespaces.
-    _procs: Vec<Proc>,
-    admin: String,
-    ca_pem: String,
-    _dir: tempfile::TempDir,
-    link: WanLink,
+/// Measures one point from a thread in the hub's namespace.
+fn measure_point(scene: &Scene, secs: Duration) -> anyhow::Result<Point> {
+    let (ca_pem, token) = (scene.ca_pem.clone(), scene.admin.clone());
+    in_netns(&scene.link.pair.hub, move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(measure(ca_pem, token, secs))
+    })
+    .map_err(anyhow::Error::msg)?
 }
-
-impl Scene {
-    fn start(transport: &str, link: WanLink) -> anyhow::Result<Scene> {
-        let dir = tempfile::tempdir()?;
-        let d = dir.path();
-        let data = d.join("hub");
-        std::fs::create_dir_all(&data)?;
-        let admin = prepare_hub(&data, &d.join("token"), CLUSTER);
-        let ca_file = data.join("ca.crt");
-        let ca = ca_file.display().to_string();
-        let api = format!("https://{HUB_IP}:8443");
-        let kubeconfig = d.join("kubeconfig");
-        let (hub_ns, agent_ns) = (link.pair.hub.clone(), link.pair.agent.clone());
-        let mut procs = Vec::new();
-        let mut sim = Proc::start(
-            "kube-sim",
-            Role::KubeSim,
-            &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
-            d,
-            Some(&agent_ns),
-        );
-        anyhow::ensure!(
-            wait_for_file(&kubeconfig, WAIT),
-            "kube-sim did not start:\n{}",
-            sim.tail(20)
-        );
-        sim.send(&format!("source {SOURCE}"));
-        sim.send(&format!("sink {SINK}"));
-        procs.push(sim);
-        procs.push(Proc::start(
-            "hub",
-            Role::Otter,
-            &strings(&[
-                "hub",
-                "--data-dir",
-                &data.display().to_string(),
-                "--listen",
-                &format!("{HUB_IP}:8443"),
-                "--tunnel-listen",
-                &format!("{HUB_IP}:8444"),
-                "--external-url",
-                &api,
-                "--tunnel-url",
-                &format!("{transport}://{HUB_IP}:8444"),
-            ]),
-            d,
-            Some(&hub_ns),
-        ));
-        procs.push(Proc::start(
-            "agent",
-            Role::Agent,
-            &otter_e2e::netns::agent_args(&api, &ca, d, transport, 10, AGENT_HEALTH, &[]),
-            d,
-            Some(&agent_ns),
-        ));
-        let started = Instant::now();
-        loop {
-            let up = agent_metrics(&agent_ns, AGENT_HEALTH, d)
-                .and_then(|m| otter_agent::gauges::sample(&m, "otter_agent_tunnel_up"));
-            if up == Some(1.0) {
-                break;
-            }
-            anyhow::ensure!(
-                started.elapsed() < WAIT,
-                "the {transport} tunnel did not come up across the link:\n{}",
-                procs
-                    .iter()
-                    .map(|p| p.tail(10))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Ok(Scene {
-            ca_pem: std::fs::read_to_string(&ca_file)?,
-            link,
-            _dir: dir,
-            admin,
-            _procs: procs,
-        })
-    }
-
-    /// Measures one point from a thread in the hub's namespace.
-    fn measure(&self, secs: Duration) -> anyhow::Result<Point> {
-        let (ca_pem, token) = (self.ca_pem.clone(), self.admin.clone());
-        in_netns(&self.link.pair.hub, move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-                .block_on(measure(ca_pem, token, secs))
-        })
-        .map_err(anyhow::Error::msg)?
-    }
-}
-
 async fn measure(ca_pem: String, token: String, secs: Duration) -> anyhow::Result<Point> {
     let addr = std::net::SocketAddr::from((HUB_IP, 8443));
     let name = rustls::pki_types::ServerName::from(std::net::IpAddr::from(HUB_IP));
@@ -293,13 +194,12 @@ pub fn run(secs: u64, losses: &[f64]) -> anyhow::Result<Figures> {
                 return Ok(figs);
             }
         };
-        let scene = Scene::start(transport, link)?;
+        let scene = Scene::start(transport, link).map_err(anyhow::Error::msg)?;
         for &loss in losses {
             scene.link.set_loss(loss);
             let at = format!("{:.0}%", loss * 100.0);
-            let point = scene
-                .measure(secs)
-                .with_context(|| format!("{transport} at {at} loss"))?;
+            let point =
+                measure_point(&scene, secs).with_context(|| format!("{transport} at {at} loss"))?;
             eprintln!(
                 "bench: wan {transport} {at}: connect ↓{:.2} ↑{:.2}, kubectl ↓{:.2} ↑{:.2} MB/s, get p50 {:.0} p99 {:.0} ms",
                 point.connect_down,

@@ -249,3 +249,120 @@ impl Direction {
         }
     }
 }
+
+// ------------------------------------------------------------------ scene
+
+/// The cluster's name in a [`Scene`].
+pub const CLUSTER: &str = "edge-0";
+/// The pod the test server serves in a [`Scene`].
+pub const POD: &str = "web";
+/// The pod's port behind which a server sends without end
+/// ([`crate::procs::source_server`]).
+pub const SOURCE: u16 = 8081;
+/// The pod's port behind which a server counts what it gets
+/// ([`crate::procs::ack_sink`]).
+pub const SINK: u16 = 8082;
+const AGENT_HEALTH: &str = "127.0.0.1:9090";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A hub process in the hub's namespace of `link`, the Kubernetes API test
+/// server and an agent on `transport` in the agent's, the tunnel up across
+/// the link. Clients reach the hub at `https://<HUB_IP>:8443` from inside
+/// the hub's namespace ([`in_netns`]).
+#[derive(Debug)]
+pub struct Scene {
+    // Fields drop in order: the processes are killed, then their files go,
+    // then the namespaces.
+    _procs: Vec<crate::procs::Proc>,
+    /// The hub's admin token.
+    pub admin: String,
+    /// The hub's CA (PEM).
+    pub ca_pem: String,
+    _dir: tempfile::TempDir,
+    pub link: WanLink,
+}
+
+impl Scene {
+    pub fn start(transport: &str, link: WanLink) -> Result<Scene, String> {
+        use crate::{
+            netns::{agent_args, agent_metrics, prepare_hub, strings},
+            procs::{Proc, Role, wait_for_file},
+        };
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let d = dir.path();
+        let data = d.join("hub");
+        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+        let admin = prepare_hub(&data, &d.join("token"), CLUSTER);
+        let ca_file = data.join("ca.crt");
+        let ca = ca_file.display().to_string();
+        let api = format!("https://{HUB_IP}:8443");
+        let kubeconfig = d.join("kubeconfig");
+        let (hub_ns, agent_ns) = (link.pair.hub.clone(), link.pair.agent.clone());
+        let mut procs = Vec::new();
+        let mut sim = Proc::start(
+            "kube-sim",
+            Role::KubeSim,
+            &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
+            d,
+            Some(&agent_ns),
+        );
+        if !wait_for_file(&kubeconfig, WAIT) {
+            return Err(format!("kube-sim did not start:\n{}", sim.tail(20)));
+        }
+        sim.send(&format!("source {SOURCE}"));
+        sim.send(&format!("sink {SINK}"));
+        procs.push(sim);
+        procs.push(Proc::start(
+            "hub",
+            Role::Otter,
+            &strings(&[
+                "hub",
+                "--data-dir",
+                &data.display().to_string(),
+                "--listen",
+                &format!("{HUB_IP}:8443"),
+                "--tunnel-listen",
+                &format!("{HUB_IP}:8444"),
+                "--external-url",
+                &api,
+                "--tunnel-url",
+                &format!("{transport}://{HUB_IP}:8444"),
+            ]),
+            d,
+            Some(&hub_ns),
+        ));
+        procs.push(Proc::start(
+            "agent",
+            Role::Agent,
+            &agent_args(&api, &ca, d, transport, 10, AGENT_HEALTH, &[]),
+            d,
+            Some(&agent_ns),
+        ));
+        let started = Instant::now();
+        loop {
+            let up = agent_metrics(&agent_ns, AGENT_HEALTH, d)
+                .and_then(|m| otter_agent::gauges::sample(&m, "otter_agent_tunnel_up"));
+            if up == Some(1.0) {
+                break;
+            }
+            if started.elapsed() > WAIT {
+                return Err(format!(
+                    "the {transport} tunnel did not come up across the link:\n{}",
+                    procs
+                        .iter()
+                        .map(|p| p.tail(10))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(Scene {
+            ca_pem: std::fs::read_to_string(&ca_file).map_err(|e| e.to_string())?,
+            link,
+            _dir: dir,
+            admin,
+            _procs: procs,
+        })
+    }
+}

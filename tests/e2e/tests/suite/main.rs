@@ -40,6 +40,7 @@ mod show_chart;
 mod slow_consumer;
 mod tenancy;
 mod tenancy_processes;
+mod wan_link;
 mod watch_resume;
 
 /// The entry point through which the tests that need separate processes
