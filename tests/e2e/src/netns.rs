@@ -268,3 +268,43 @@ pub fn in_netns<T: Send + 'static>(
     .join()
     .map_err(|_| "the thread in the namespace panicked".to_owned())?
 }
+
+/// The Kubernetes API test server as a process in namespace `ns`, on its
+/// loopback port 6443, its kubeconfig written to `dir/kubeconfig`; Err
+/// with its last lines when it does not start.
+pub fn start_kube_sim(dir: &std::path::Path, ns: &str) -> Result<crate::procs::Proc, String> {
+    use crate::procs::{Proc, Role, wait_for_file};
+    let kubeconfig = dir.join("kubeconfig");
+    let sim = Proc::start(
+        "kube-sim",
+        Role::KubeSim,
+        &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
+        dir,
+        Some(ns),
+    );
+    match wait_for_file(&kubeconfig, std::time::Duration::from_secs(60)) {
+        true => Ok(sim),
+        false => Err(format!("kube-sim did not start:\n{}", sim.tail(20))),
+    }
+}
+
+/// `otter hub`'s arguments for a hub on [`HUB_IP`] (API port 8443, tunnel
+/// port 8444, which it advertises for `transport`) with its data in
+/// `data`, then `more`.
+pub fn hub_args(data: &std::path::Path, transport: &str, more: &[&str]) -> Vec<String> {
+    let mut args = strings(&[
+        "hub",
+        "--data-dir",
+        &data.display().to_string(),
+        "--listen",
+        &format!("{HUB_IP}:8443"),
+        "--tunnel-listen",
+        &format!("{HUB_IP}:8444"),
+        "--external-url",
+        &format!("https://{HUB_IP}:8443"),
+        "--tunnel-url",
+        &format!("{transport}://{HUB_IP}:8444"),
+    ]);
+    args.extend(strings(more));
+    args
+}

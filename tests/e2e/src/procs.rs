@@ -209,40 +209,46 @@ async fn kube_sim_main(args: &[String]) -> i32 {
     0
 }
 
-/// A loopback TCP echo server; returns its address.
-pub async fn echo_server() -> std::net::SocketAddr {
+/// A loopback TCP server running `handle` on each connection; returns its
+/// address.
+async fn serve_each<F, Fut>(handle: F) -> std::net::SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .expect("bind echo");
+        .expect("bind a loopback port");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = tcp.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(handle(tcp));
         }
     });
     addr
 }
 
+/// A loopback TCP echo server; returns its address.
+pub async fn echo_server() -> std::net::SocketAddr {
+    serve_each(|mut tcp| async move {
+        let (mut r, mut w) = tcp.split();
+        let _ = tokio::io::copy(&mut r, &mut w).await;
+        let _ = w.shutdown().await;
+    })
+    .await
+}
+
 /// A loopback server that sends a pattern to each client until it goes
-/// away (the far end of a download); returns its address.
+/// away (the far end of a download): byte `i` of every 64 KiB is `i * 7`
+/// (mod 256). Returns its address.
 pub async fn source_server() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind source");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let block: Vec<u8> = (0..64 * 1024).map(|i| (i * 7) as u8).collect();
-        let block = bytes::Bytes::from(block);
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            let block = block.clone();
-            tokio::spawn(async move { while tcp.write_all(&block).await.is_ok() {} });
-        }
-    });
-    addr
+    let block: Vec<u8> = (0..64 * 1024).map(|i| (i * 7) as u8).collect();
+    let block = bytes::Bytes::from(block);
+    serve_each(move |mut tcp| {
+        let block = block.clone();
+        async move { while tcp.write_all(&block).await.is_ok() {} }
+    })
+    .await
 }
 
 /// Bytes [`ack_sink`] takes for each byte it answers.
@@ -252,30 +258,22 @@ pub const ACK_EVERY: u64 = 1024 * 1024;
 /// byte (`k`) for every [`ACK_EVERY`] bytes it got (the far end of an
 /// upload: the client counts what arrived); returns its address.
 pub async fn ack_sink() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind sink");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut got = 0u64;
-                while let Ok(n) = tcp.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    let before = got / ACK_EVERY;
-                    got += n as u64;
-                    let acks = (got / ACK_EVERY - before) as usize;
-                    if acks > 0 && tcp.write_all(&b"k".repeat(acks)).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    serve_each(|mut tcp| async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut got = 0u64;
+        while let Ok(n) = tcp.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+            let before = got / ACK_EVERY;
+            got += n as u64;
+            let acks = (got / ACK_EVERY - before) as usize;
+            if acks > 0 && tcp.write_all(&b"k".repeat(acks)).await.is_err() {
+                return;
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// A running child process: killed (SIGKILL) and reaped when dropped. Its

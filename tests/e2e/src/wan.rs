@@ -285,8 +285,8 @@ pub struct Scene {
 impl Scene {
     pub fn start(transport: &str, link: WanLink) -> Result<Scene, String> {
         use crate::{
-            netns::{agent_args, agent_metrics, prepare_hub, strings},
-            procs::{Proc, Role, wait_for_file},
+            netns::{agent_args, agent_metrics, hub_args, prepare_hub, start_kube_sim},
+            procs::{Proc, Role},
         };
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let d = dir.path();
@@ -296,38 +296,16 @@ impl Scene {
         let ca_file = data.join("ca.crt");
         let ca = ca_file.display().to_string();
         let api = format!("https://{HUB_IP}:8443");
-        let kubeconfig = d.join("kubeconfig");
         let (hub_ns, agent_ns) = (link.pair.hub.clone(), link.pair.agent.clone());
         let mut procs = Vec::new();
-        let mut sim = Proc::start(
-            "kube-sim",
-            Role::KubeSim,
-            &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
-            d,
-            Some(&agent_ns),
-        );
-        if !wait_for_file(&kubeconfig, WAIT) {
-            return Err(format!("kube-sim did not start:\n{}", sim.tail(20)));
-        }
+        let mut sim = start_kube_sim(d, &agent_ns)?;
         sim.send(&format!("source {SOURCE}"));
         sim.send(&format!("sink {SINK}"));
         procs.push(sim);
         procs.push(Proc::start(
             "hub",
             Role::Otter,
-            &strings(&[
-                "hub",
-                "--data-dir",
-                &data.display().to_string(),
-                "--listen",
-                &format!("{HUB_IP}:8443"),
-                "--tunnel-listen",
-                &format!("{HUB_IP}:8444"),
-                "--external-url",
-                &api,
-                "--tunnel-url",
-                &format!("{transport}://{HUB_IP}:8444"),
-            ]),
+            &hub_args(&data, transport, &[]),
             d,
             Some(&hub_ns),
         ));

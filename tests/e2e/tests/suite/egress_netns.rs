@@ -27,8 +27,11 @@ use std::{
 
 use otter_agent::gauges::sample;
 use otter_e2e::{
-    netns::{AGENT_IP, HUB_IP, NetPair, agent_args, agent_metrics, prepare_hub, strings, until},
-    procs::{Proc, Role, wait_for_file},
+    netns::{
+        AGENT_IP, HUB_IP, NetPair, agent_args, agent_metrics, prepare_hub, start_kube_sim, strings,
+        until,
+    },
+    procs::{Proc, Role},
     tool_missing,
 };
 
@@ -171,19 +174,7 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
     let mut proxy = Some(Tinyproxy::start(&pair.hub, d));
 
     // The cluster's side: the test server and the agent.
-    let kubeconfig = d.join("kubeconfig");
-    let mut sim = Proc::start(
-        "kube-sim",
-        Role::KubeSim,
-        &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
-        d,
-        Some(&pair.agent),
-    );
-    assert!(
-        wait_for_file(&kubeconfig, WAIT),
-        "kube-sim did not start:\n{}",
-        sim.tail(20)
-    );
+    let mut sim = start_kube_sim(d, &pair.agent).expect("kube-sim");
     let https_proxy = format!("http://otter:{PASSWORD}@{HUB_IP}:{PROXY_PORT}");
     let agent = Proc::start_env(
         "agent",

@@ -17,8 +17,11 @@ use std::time::{Duration, Instant};
 
 use otter_agent::gauges::sample;
 use otter_e2e::{
-    netns::{HUB_IP, NetPair, agent_args, agent_metrics, prepare_hub, strings, until},
-    procs::{Proc, Role, wait_for_file},
+    netns::{
+        HUB_IP, NetPair, agent_args, agent_metrics, hub_args, prepare_hub, start_kube_sim, strings,
+        until,
+    },
+    procs::{Proc, Role},
 };
 
 /// Keepalive of both ends: a dead tunnel is called after three of these.
@@ -72,39 +75,20 @@ fn watch_resumes_across_a_cut(transport: &str) {
     let api = format!("https://{HUB_IP}:8443");
 
     // The cluster side: the test server and the agent, in the agent's namespace.
-    let kubeconfig = d.join("kubeconfig");
-    let mut sim = Proc::start(
-        "kube-sim",
-        Role::KubeSim,
-        &strings(&["127.0.0.1:6443", &kubeconfig.display().to_string()]),
-        d,
-        Some(&scene.pair.agent),
-    );
-    assert!(
-        wait_for_file(&kubeconfig, WAIT),
-        "kube-sim did not start:\n{}",
-        sim.tail(20)
-    );
+    let mut sim = start_kube_sim(d, &scene.pair.agent).expect("kube-sim");
     let hub = Proc::start(
         "hub",
         Role::Otter,
-        &strings(&[
-            "hub",
-            "--data-dir",
-            &data.display().to_string(),
-            "--listen",
-            &format!("{HUB_IP}:8443"),
-            "--tunnel-listen",
-            &format!("{HUB_IP}:8444"),
-            "--external-url",
-            &api,
-            "--tunnel-url",
-            &format!("{transport}://{HUB_IP}:8444"),
-            "--keepalive-secs",
-            &KEEPALIVE_SECS.to_string(),
-            "--metrics-listen",
-            HUB_METRICS,
-        ]),
+        &hub_args(
+            &data,
+            transport,
+            &[
+                "--keepalive-secs",
+                &KEEPALIVE_SECS.to_string(),
+                "--metrics-listen",
+                HUB_METRICS,
+            ],
+        ),
         d,
         Some(&scene.pair.hub),
     );
