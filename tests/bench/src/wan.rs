@@ -4,7 +4,7 @@
 //! loss on every IP packet, TCP and UDP alike). The clients run beside the
 //! hub, inside its namespace, as a dashboard or kubectl near the hub would.
 //!
-//! Per transport and loss rate:
+//! Per transport (QUIC, HTTP/2, WebSocket) and loss rate:
 //! - `connect.download`: `RuntimeService.PortForward`'s stream, pod → client;
 //! - `connect.upload`: `WritePortForward` calls one after another, as
 //!   `otter port-forward` sends them, counted by what reached the pod;
@@ -183,7 +183,7 @@ async fn ws_upload(target: &WsTarget, secs: Duration) -> anyhow::Result<f64> {
 pub fn run(secs: u64, losses: &[f64]) -> anyhow::Result<Figures> {
     let secs = Duration::from_secs(secs);
     let mut figs = Figures::default();
-    for transport in ["quic", "h2"] {
+    for transport in ["quic", "h2", "ws"] {
         let link = match WanLink::create(Impairment::default()) {
             Ok(l) => l,
             Err(e) => {
