@@ -40,8 +40,11 @@ const WRITE_PORT_FORWARD: &str = "/otterscale.runtime.v1.RuntimeService/WritePor
 /// Methods that open a session: audited when they start and when they end.
 const SESSION_OPENERS: [&str; 2] = [
     "/otterscale.runtime.v1.RuntimeService/ExecuteTTY",
-    "/otterscale.runtime.v1.RuntimeService/PortForward",
+    PORT_FORWARD,
 ];
+
+/// Its session's upload paths end with it ([`crate::uploads::SessionEnd`]).
+const PORT_FORWARD: &str = "/otterscale.runtime.v1.RuntimeService/PortForward";
 
 /// Field 1 of every forwarded request: the cluster, or the session id.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -177,10 +180,11 @@ async fn route(
         }
         // The replica holding the tunnel audits the call.
         Sent::Peer(resp) => {
-            return Ok(match resume {
+            let resp = match resume {
                 Some((resumable, parts)) => resumable.answer(&state, caller, cluster, parts, resp),
                 None => resp,
-            });
+            };
+            return Ok(ending_uploads(&state, &path, resp));
         }
     };
     let hold = crate::credentials::hold_for(&state.live, &caller);
@@ -215,7 +219,7 @@ async fn route(
         timer,
         code,
     });
-    Ok(resp.map(|body| {
+    let resp = resp.map(|body| {
         GrpcTunnelBody {
             inner: body,
             cluster,
@@ -225,7 +229,20 @@ async fn route(
             hold,
         }
         .boxed_unsync()
-    }))
+    });
+    Ok(ending_uploads(&state, &path, resp))
+}
+
+/// A PortForward's answer closes its session's upload paths as it ends.
+fn ending_uploads(
+    state: &Arc<HubState>,
+    path: &str,
+    resp: http::Response<HttpBody>,
+) -> http::Response<HttpBody> {
+    if path != PORT_FORWARD {
+        return resp;
+    }
+    resp.map(|body| crate::uploads::SessionEnd::new(body, state.clone()).boxed_unsync())
 }
 
 /// Where a call went.

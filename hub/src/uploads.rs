@@ -15,17 +15,23 @@
 //! them together [`TOTAL_QUEUE`]; a write waits for room (back-pressure),
 //! at most [`ROOM_WAIT`]. An upload path that fails (the session ended,
 //! the tunnel went) keeps its error for [`FAILED_KEPT`], so the writes
-//! after it get that error rather than a stream with a hole in it.
+//! after it get that error rather than a stream with a hole in it. A path
+//! ends with its session: when the PortForward stream that opened the
+//! session ends here ([`SessionEnd`]), or after [`IDLE`] without a write
+//! (the stream went through another replica).
 
 use std::{
     collections::HashMap,
+    pin::Pin,
     sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll, ready},
     time::Duration,
 };
 
 use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
-use otter_proto::runtime::v1::WritePortForwardRequest;
+use otter_proto::runtime::v1::{PortForwardResponse, WritePortForwardRequest};
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -84,6 +90,8 @@ struct Path {
     queue: mpsc::UnboundedSender<Chunk>,
     room: Arc<Semaphore>,
     failed: Mutex<Option<Status>>,
+    /// Cancelled when the session ends or the hub stops.
+    ended: CancellationToken,
 }
 
 /// Queued bytes and their place in both bounds.
@@ -110,6 +118,17 @@ impl Uploads {
     /// Upload paths open now.
     pub fn open(&self) -> usize {
         self.lock().len()
+    }
+
+    /// Closes the upload paths of `session` (its stream ended).
+    fn end_session(&self, session: &str) {
+        self.lock().retain(|(id, _), path| {
+            let keep = id != session;
+            if !keep {
+                path.ended.cancel();
+            }
+            keep
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Path>>> {
@@ -177,6 +196,7 @@ impl Uploads {
             queue,
             room: Arc::new(Semaphore::new(SESSION_QUEUE)),
             failed: Mutex::new(None),
+            ended: self.stop.child_token(),
         });
         paths.insert(key.clone(), path.clone());
         let pump = Pump {
@@ -187,7 +207,7 @@ impl Uploads {
             parts,
             path,
         };
-        state.tasks.spawn(pump.run(rx, self.stop.clone()));
+        state.tasks.spawn(pump.run(rx));
     }
 }
 
@@ -236,7 +256,8 @@ struct Pump {
 }
 
 impl Pump {
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Chunk>, stop: CancellationToken) {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Chunk>) {
+        let stop = self.path.ended.clone();
         let limit = otter_tunnel::MAX_SESSION_INPUT;
         let mut carried: Option<Chunk> = None;
         loop {
@@ -360,4 +381,82 @@ async fn status_of(resp: http::Response<HttpBody>) -> Result<(), Status> {
         }
     }
     Err(Status::internal("the cluster's answer carried no status"))
+}
+
+/// Watches a PortForward answer for its session id (the first message
+/// carries it) and, when the stream ends, closes that session's upload
+/// paths on this replica, so none outlives its session.
+pub(crate) struct SessionEnd {
+    inner: HttpBody,
+    state: Arc<HubState>,
+    /// The first message's bytes, until it is whole.
+    first: Option<BytesMut>,
+    session: Option<String>,
+}
+
+impl SessionEnd {
+    /// The first message of a PortForward answer is a session id and no
+    /// data; anything longer is not looked into.
+    const MAX_FIRST: usize = 4096;
+
+    pub(crate) fn new(inner: HttpBody, state: Arc<HubState>) -> Self {
+        SessionEnd {
+            inner,
+            state,
+            first: Some(BytesMut::new()),
+            session: None,
+        }
+    }
+
+    fn see(&mut self, data: &Bytes) {
+        let Some(buf) = &mut self.first else { return };
+        let room = (Self::MAX_FIRST + 5).saturating_sub(buf.len());
+        buf.extend_from_slice(&data[..data.len().min(room)]);
+        if buf.len() < 5 {
+            return;
+        }
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        if len > Self::MAX_FIRST || buf[0] != 0 {
+            self.first = None;
+        } else if buf.len() >= 5 + len {
+            self.session = PortForwardResponse::decode(&buf[5..5 + len])
+                .ok()
+                .and_then(|m| m.session_id);
+            self.first = None;
+        }
+    }
+}
+
+impl Drop for SessionEnd {
+    fn drop(&mut self) {
+        if let Some(id) = &self.session {
+            self.state.uploads.end_session(id);
+        }
+    }
+}
+
+impl Body for SessionEnd {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(Ok(f)) = &frame
+            && let Some(d) = f.data_ref()
+        {
+            self.see(d);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }

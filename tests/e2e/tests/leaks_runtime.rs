@@ -210,6 +210,13 @@ async fn runtime_cycles_leak_nothing() {
         );
     }
     settle("every call to end").await;
+    // A port-forward's upload path at the hub ends with its session.
+    let uploads = &env.hub.hub.state.uploads;
+    wait_until(
+        async || uploads.open() == 0,
+        "the hub's upload paths to end with their sessions",
+    )
+    .await;
     // Tasks wind down on their own schedule: wait (bounded) for them.
     wait_until(
         async || alive_tasks() <= tasks0 && own_open_fds() <= fds0,
