@@ -631,7 +631,7 @@ pub struct HubArgs {
     #[arg(long, default_value_t = 60)]
     pub watch_resume_grace_secs: u64,
     /// Tunnels set up at once; agents beyond it are told to retry later.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_ADMISSIONS)]
     pub max_concurrent_admissions: usize,
     /// File with a 32-byte key (raw, hex or base64) that seals the CA keys and
     /// signing secrets in the store (`head -c 32 /dev/urandom > store.key`).
@@ -681,7 +681,7 @@ pub struct HubArgs {
     #[arg(long, default_value_t = 1000)]
     pub admission_retry_after_ms: u64,
     /// Register calls served at once; more are told to retry later.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_REGISTRATIONS)]
     pub max_concurrent_registrations: usize,
     /// kubectl exec / attach / port-forward connections one user may hold at once (429 beyond).
     #[arg(long, default_value_t = 64)]
