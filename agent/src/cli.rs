@@ -98,6 +98,13 @@ pub struct Cli {
     /// ones (switching without dropping calls); 0 never tries.
     #[arg(long, env = "OTTER_TRANSPORT_RETRY_SECS", default_value_t = 120)]
     pub transport_retry_secs: u64,
+    /// A QUIC tunnel losing more than this percentage of its packets over
+    /// 10 s moves to the next transport (make before break) and QUIC is
+    /// not tried again for 10 minutes; 0 never moves. BBR keeps QUIC ahead
+    /// of TCP up to a few percent of loss on every path measured; a path
+    /// that loses far more UDP than that is one that polices UDP.
+    #[arg(long, env = "OTTER_MAX_LOSS_PERCENT", default_value_t = 20.0)]
+    pub max_loss_percent: f64,
     /// Tunnel keepalive interval in seconds.
     #[arg(long, env = "OTTER_KEEPALIVE_SECS", default_value_t = 5)]
     pub keepalive_secs: u64,
@@ -256,6 +263,7 @@ fn agent_config(cli: &Cli) -> anyhow::Result<AgentConfig> {
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
     config.transport_retry = std::time::Duration::from_secs(cli.transport_retry_secs);
+    config.max_loss = (cli.max_loss_percent / 100.0).clamp(0.0, 1.0);
     config.renew_at = cli.renew_at;
     config.validate()?;
     Ok(config)

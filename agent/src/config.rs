@@ -90,6 +90,11 @@ pub struct AgentConfig {
     /// better ones this often (with jitter) and switch when one works;
     /// zero never tries.
     pub transport_retry: Duration,
+    /// A tunnel that loses more than this share of its packets over a
+    /// window (QUIC counts them) moves to the next transport configured,
+    /// make before break, and is not tried again for a while; zero never
+    /// moves.
+    pub max_loss: f64,
 }
 
 impl AgentConfig {
@@ -115,6 +120,7 @@ impl AgentConfig {
             clock: Clock::default(),
             gauges: Default::default(),
             transport_retry: Duration::from_secs(120),
+            max_loss: 0.2,
         }
     }
 

@@ -141,6 +141,16 @@ impl Gauges {
             ),
             ("dials", "Tunnel dial rounds", status.dials),
             (
+                "switches",
+                "Moves to a better transport while connected",
+                status.switches,
+            ),
+            (
+                "quality_moves",
+                "Moves off a transport that lost too many packets",
+                status.quality_moves,
+            ),
+            (
                 "refusals",
                 "Dials the hub refused with a retry-after hint",
                 status.refusals,

@@ -54,6 +54,8 @@ pub struct AgentStatus {
     pub shortest_wait_after_refusal: Option<Duration>,
     /// Switches to a better transport made while connected.
     pub switches: u32,
+    /// Moves off a transport that lost too many packets.
+    pub quality_moves: u32,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -148,6 +150,7 @@ impl Agent {
             creds: None,
             renew_now: Arc::new(tokio::sync::Notify::new()),
             last_good: None,
+            demoted: None,
             renew_retry_at: None,
             quic: Arc::new(Dialers::default()),
             failed_rounds: 0,
@@ -237,6 +240,9 @@ struct Supervisor {
     renew_now: Arc<tokio::sync::Notify>,
     /// The transport that worked last, tried first on a reconnect.
     last_good: Option<TransportKind>,
+    /// A transport left for losing too many packets, and until when it is
+    /// not probed again.
+    demoted: Option<(TransportKind, tokio::time::Instant)>,
     backoff: Backoff,
     /// Failed renewals are retried after 1 s, doubling to a minute.
     renew_backoff: Backoff,
@@ -591,6 +597,9 @@ struct Session {
     closing: Option<(crate::ended::Ended, tokio::time::Instant)>,
     /// The proxy the tunnel goes through, for how it ended.
     route: Option<String>,
+    /// When the path's losses are next looked at, and the counts then.
+    quality_at: tokio::time::Instant,
+    counted: Option<otter_tunnel::PathCounts>,
 }
 
 impl Session {
@@ -638,6 +647,8 @@ impl Session {
             renew_rx,
             closing: None,
             route,
+            quality_at: tokio::time::Instant::now() + QUALITY_WINDOW,
+            counted: None,
         }
     }
 
@@ -701,9 +712,16 @@ impl Session {
                 }
                 _ = sleep_until_some(self.probe_at), if !self.probing => {
                     let newest = sup.newest(&self.current);
-                    let better = better_than(&sup.config.transports, self.kind);
-                    self.dial_beside(sup, newest, better);
+                    let mut better = better_than(&sup.config.transports, self.kind);
+                    let now = tokio::time::Instant::now();
+                    better.retain(|k| !sup.demoted.is_some_and(|(d, until)| d == *k && now < until));
+                    if better.is_empty() {
+                        self.probe_at = next_probe(&sup.config, self.kind);
+                    } else {
+                        self.dial_beside(sup, newest, better);
+                    }
                 }
+                _ = tokio::time::sleep_until(self.quality_at) => self.check_losses(sup),
                 Some(found) = self.probe_rx.recv() => {
                     self.probing = false;
                     match found {
@@ -744,6 +762,52 @@ impl Session {
         });
     }
 
+    /// Moves to the next transport configured, make before break, when
+    /// the path lost more than `max_loss` of the packets sent over the
+    /// last [`QUALITY_WINDOW`] (at least [`QUALITY_MIN_PACKETS`] of them:
+    /// an idle tunnel's keepalives say too little).
+    fn check_losses(&mut self, sup: &mut Supervisor) {
+        self.quality_at = tokio::time::Instant::now() + QUALITY_WINDOW;
+        let Some(now) = self.acceptor.packets_dyn() else {
+            return;
+        };
+        let Some(before) = self.counted.replace(now) else {
+            return;
+        };
+        let sent = now.sent.saturating_sub(before.sent);
+        let lost = now.lost.saturating_sub(before.lost);
+        let max = sup.config.max_loss;
+        if self.probing
+            || max <= 0.0
+            || sent < QUALITY_MIN_PACKETS
+            || (lost as f64) <= sent as f64 * max
+        {
+            return;
+        }
+        let worse: Vec<TransportKind> = sup
+            .config
+            .transports
+            .iter()
+            .skip_while(|k| **k != self.kind)
+            .skip(1)
+            .copied()
+            .collect();
+        if worse.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            transport = %self.kind,
+            lost,
+            sent,
+            window_secs = QUALITY_WINDOW.as_secs(),
+            "the tunnel loses too many packets: moving to the next transport, make before break"
+        );
+        sup.demoted = Some((self.kind, tokio::time::Instant::now() + DEMOTED_FOR));
+        sup.status.send_modify(|s| s.quality_moves += 1);
+        let newest = sup.newest(&self.current);
+        self.dial_beside(sup, newest, worse);
+    }
+
     /// Sets up a new tunnel over the first of `order` that works, off the
     /// serving loop, so calls keep being served meanwhile.
     fn dial_beside(&mut self, sup: &Supervisor, creds: Credentials, order: Vec<TransportKind>) {
@@ -768,6 +832,7 @@ impl Session {
             setup_started,
         } = better;
         let old = std::mem::replace(&mut self.acceptor, acceptor);
+        self.counted = None;
         let new_kind = self.acceptor.kind_dyn();
         let moved = new_kind != self.kind;
         tracing::info!(from = %self.kind, to = %new_kind, "moved to a new tunnel");
@@ -1003,6 +1068,13 @@ fn dial_order(
     order
 }
 
+/// How often a tunnel's losses are looked at.
+const QUALITY_WINDOW: Duration = Duration::from_secs(10);
+/// Packets a window needs before its losses say anything.
+const QUALITY_MIN_PACKETS: u64 = 200;
+/// How long a transport left for its losses is not probed again.
+const DEMOTED_FOR: Duration = Duration::from_secs(10 * 60);
+
 /// Transports the configuration ranks above `current`.
 fn better_than(configured: &[TransportKind], current: TransportKind) -> Vec<TransportKind> {
     configured
@@ -1236,6 +1308,7 @@ trait AcceptorDyn: Send {
         otter_tunnel::Result<Option<otter_tunnel::TunnelStream>>,
     >;
     fn kind_dyn(&self) -> TransportKind;
+    fn packets_dyn(&self) -> Option<otter_tunnel::PathCounts>;
 }
 
 impl<A: Acceptor> AcceptorDyn for A {
@@ -1249,6 +1322,9 @@ impl<A: Acceptor> AcceptorDyn for A {
     }
     fn kind_dyn(&self) -> TransportKind {
         self.kind()
+    }
+    fn packets_dyn(&self) -> Option<otter_tunnel::PathCounts> {
+        self.packets()
     }
 }
 

@@ -44,7 +44,7 @@ pub use frame::Caller;
 /// the hub batches queued port-forward writes up to it.
 pub const MAX_SESSION_INPUT: usize = 1024 * 1024;
 pub use http::BoxError;
-pub use transport::{Acceptor, Keepalive, Opener, TransportKind, TunnelStream};
+pub use transport::{Acceptor, Keepalive, Opener, PathCounts, TransportKind, TunnelStream};
 
 /// Everything that can go wrong on a tunnel or one of its streams.
 #[derive(Debug, thiserror::Error)]

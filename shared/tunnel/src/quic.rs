@@ -430,6 +430,14 @@ impl Acceptor for QuicAcceptor {
     fn kind(&self) -> TransportKind {
         TransportKind::Quic
     }
+
+    fn packets(&self) -> Option<crate::PathCounts> {
+        let path = self.conn.stats().path;
+        Some(crate::PathCounts {
+            sent: path.sent_packets,
+            lost: path.lost_packets,
+        })
+    }
 }
 
 /// Bytes a stream sends before it counts as bulk.

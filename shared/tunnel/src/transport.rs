@@ -89,6 +89,18 @@ pub trait Acceptor: Send + 'static {
     /// Latest round-trip estimate.
     fn rtt(&self) -> Option<Duration>;
     fn kind(&self) -> TransportKind;
+    /// Packets sent on the path so far and how many of them were lost,
+    /// where the transport sees them (QUIC; TCP keeps its own to itself).
+    fn packets(&self) -> Option<PathCounts> {
+        None
+    }
+}
+
+/// A path's packet counts since the tunnel was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathCounts {
+    pub sent: u64,
+    pub lost: u64,
 }
 
 /// Liveness settings, the same on both ends and on every transport: a

@@ -73,6 +73,8 @@ pub struct WanLink {
     stop: Arc<AtomicBool>,
     /// Loss in millionths, shared by both directions.
     loss_ppm: Arc<AtomicU32>,
+    /// Further loss of UDP packets only.
+    udp_loss_ppm: Arc<AtomicU32>,
     /// Hub → agent, then agent → hub.
     pub counters: [Arc<Counters>; 2],
     // Last: dropped after the threads are joined.
@@ -130,6 +132,7 @@ impl WanLink {
         let agent = Arc::new(device(&pair.agent, AGENT_IP, HUB_IP)?);
         let stop = Arc::new(AtomicBool::new(false));
         let loss_ppm = Arc::new(AtomicU32::new(ppm(impairment.loss)));
+        let udp_loss_ppm = Arc::new(AtomicU32::new(0));
         let counters = [Arc::default(), Arc::default()];
         let mut threads = Vec::new();
         for (from, to, counters) in [
@@ -140,6 +143,7 @@ impl WanLink {
             let dir = Direction {
                 impairment,
                 loss_ppm: loss_ppm.clone(),
+                udp_loss_ppm: udp_loss_ppm.clone(),
                 stop: stop.clone(),
                 counters: Arc::clone(counters),
             };
@@ -151,6 +155,7 @@ impl WanLink {
             threads,
             stop,
             loss_ppm,
+            udp_loss_ppm,
             counters,
             pair,
         })
@@ -165,6 +170,12 @@ impl WanLink {
     /// Changes the random loss of both directions from now on.
     pub fn set_loss(&self, loss: f64) {
         self.loss_ppm.store(ppm(loss), Ordering::Relaxed);
+    }
+
+    /// Drops this fraction of UDP packets besides, each way, from now on:
+    /// a path that polices UDP and lets TCP through.
+    pub fn set_udp_loss(&self, loss: f64) {
+        self.udp_loss_ppm.store(ppm(loss), Ordering::Relaxed);
     }
 }
 
@@ -186,6 +197,7 @@ fn ppm(loss: f64) -> u32 {
 struct Direction {
     impairment: Impairment,
     loss_ppm: Arc<AtomicU32>,
+    udp_loss_ppm: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
 }
@@ -204,7 +216,11 @@ impl Direction {
                 Err(_) => return,
             };
             self.counters.packets.fetch_add(1, Ordering::Relaxed);
-            let loss = self.loss_ppm.load(Ordering::Relaxed);
+            let mut loss = self.loss_ppm.load(Ordering::Relaxed);
+            // IPv4, protocol 17: UDP.
+            if n > 9 && buf[0] >> 4 == 4 && buf[9] == 17 {
+                loss = loss.saturating_add(self.udp_loss_ppm.load(Ordering::Relaxed));
+            }
             if loss > 0 && rand::random::<u32>() % 1_000_000 < loss {
                 self.counters.lost.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -284,6 +300,18 @@ pub struct Scene {
 
 impl Scene {
     pub fn start(transport: &str, link: WanLink) -> Result<Scene, String> {
+        Scene::start_on(&[transport], link)
+    }
+
+    /// An agent's Prometheus sample `name`, read inside its namespace.
+    pub fn agent_metric(&self, name: &str) -> Option<f64> {
+        crate::netns::agent_metrics(&self.link.pair.agent, AGENT_HEALTH, self._dir.path())
+            .and_then(|m| otter_agent::gauges::sample(&m, name))
+    }
+
+    /// Like [`Scene::start`], the hub serving each of `transports` and
+    /// the agent trying them in that order.
+    pub fn start_on(transports: &[&str], link: WanLink) -> Result<Scene, String> {
         use crate::{
             netns::{agent_args, agent_metrics, hub_args, prepare_hub, start_kube_sim},
             procs::{Proc, Role},
@@ -302,10 +330,17 @@ impl Scene {
         sim.send(&format!("source {SOURCE}"));
         sim.send(&format!("sink {SINK}"));
         procs.push(sim);
+        let more: Vec<String> = transports[1..]
+            .iter()
+            .flat_map(|t| ["--tunnel-url".to_owned(), format!("{t}://{HUB_IP}:8444")])
+            .collect();
+        let more: Vec<&str> = more.iter().map(String::as_str).collect();
+        let transport = transports.join(",");
+        let transport = transport.as_str();
         procs.push(Proc::start(
             "hub",
             Role::Otter,
-            &hub_args(&data, transport, &[]),
+            &hub_args(&data, transports[0], &more),
             d,
             Some(&hub_ns),
         ));
