@@ -303,6 +303,11 @@ impl Scene {
         Scene::start_on(&[transport], link)
     }
 
+    /// The last `n` lines the agent logged.
+    pub fn agent_tail(&self, n: usize) -> String {
+        self._procs.last().map(|p| p.tail(n)).unwrap_or_default()
+    }
+
     /// An agent's Prometheus sample `name`, read inside its namespace.
     pub fn agent_metric(&self, name: &str) -> Option<f64> {
         crate::netns::agent_metrics(&self.link.pair.agent, AGENT_HEALTH, self._dir.path())

@@ -225,8 +225,9 @@ fn a_quic_tunnel_on_a_path_that_polices_udp_moves_to_http2() {
     while metric("otter_agent_switches_total") < 1.0 {
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the agent did not move off QUIC: quality moves {}",
-            metric("otter_agent_quality_moves_total")
+            "the agent did not move off QUIC: quality moves {}\n{}",
+            metric("otter_agent_quality_moves_total"),
+            scene.agent_tail(20)
         );
         std::thread::sleep(Duration::from_millis(200));
     }
