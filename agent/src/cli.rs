@@ -263,7 +263,7 @@ fn agent_config(cli: &Cli) -> anyhow::Result<AgentConfig> {
     config.keepalive =
         otter_tunnel::Keepalive::every(std::time::Duration::from_secs(cli.keepalive_secs.max(1)));
     config.transport_retry = std::time::Duration::from_secs(cli.transport_retry_secs);
-    config.max_loss = (cli.max_loss_percent / 100.0).clamp(0.0, 1.0);
+    config.max_loss = cli.max_loss_percent / 100.0;
     config.renew_at = cli.renew_at;
     config.validate()?;
     Ok(config)

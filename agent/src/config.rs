@@ -148,7 +148,31 @@ impl AgentConfig {
                 "renew_at must be between 0.1 and 0.95".into(),
             ));
         }
+        if !(0.0..=1.0).contains(&self.max_loss) {
+            return Err(crate::AgentError::Config(
+                "the loss limit must be between 0 and 100 percent".into(),
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_limit_outside_0_to_100_percent_is_refused() {
+        let url = Url::parse("https://hub.example:8443").expect("url");
+        let ca = otter_pki::CertificateAuthority::generate("test CA").expect("CA");
+        let mut c = AgentConfig::new(url, "edge-1", "agent-0", ca.cert_pem());
+        for bad in [f64::NAN, -0.01, 1.5] {
+            c.max_loss = bad;
+            let e = c.validate().expect_err("refused");
+            assert!(e.to_string().contains("loss limit"), "{e}");
+        }
+        c.max_loss = 0.2;
+        c.validate().expect("a limit of 20 % is fine");
     }
 }
 

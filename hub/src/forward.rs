@@ -181,10 +181,12 @@ async fn route(
         // The replica holding the tunnel audits the call.
         Sent::Peer(resp) => {
             let resp = match resume {
-                Some((resumable, parts)) => resumable.answer(&state, caller, cluster, parts, resp),
+                Some((resumable, parts)) => {
+                    resumable.answer(&state, caller, cluster.clone(), parts, resp)
+                }
                 None => resp,
             };
-            return Ok(ending_uploads(&state, &path, resp));
+            return Ok(ending_uploads(&state, &path, &cluster, resp));
         }
     };
     let hold = crate::credentials::hold_for(&state.live, &caller);
@@ -219,6 +221,7 @@ async fn route(
         timer,
         code,
     });
+    let ends = cluster.clone();
     let resp = resp.map(|body| {
         GrpcTunnelBody {
             inner: body,
@@ -230,19 +233,22 @@ async fn route(
         }
         .boxed_unsync()
     });
-    Ok(ending_uploads(&state, &path, resp))
+    Ok(ending_uploads(&state, &path, &ends, resp))
 }
 
 /// A PortForward's answer closes its session's upload paths as it ends.
 fn ending_uploads(
     state: &Arc<HubState>,
     path: &str,
+    cluster: &str,
     resp: http::Response<HttpBody>,
 ) -> http::Response<HttpBody> {
     if path != PORT_FORWARD {
         return resp;
     }
-    resp.map(|body| crate::uploads::SessionEnd::new(body, state.clone()).boxed_unsync())
+    resp.map(|body| {
+        crate::uploads::SessionEnd::new(body, state.clone(), cluster.to_owned()).boxed_unsync()
+    })
 }
 
 /// Where a call went.

@@ -389,6 +389,8 @@ async fn status_of(resp: http::Response<HttpBody>) -> Result<(), Status> {
 pub(crate) struct SessionEnd {
     inner: HttpBody,
     state: Arc<HubState>,
+    /// The cluster the PortForward went to: only its sessions are ended.
+    cluster: String,
     /// The first message's bytes, until it is whole.
     first: Option<BytesMut>,
     session: Option<String>,
@@ -399,10 +401,11 @@ impl SessionEnd {
     /// data; anything longer is not looked into.
     const MAX_FIRST: usize = 4096;
 
-    pub(crate) fn new(inner: HttpBody, state: Arc<HubState>) -> Self {
+    pub(crate) fn new(inner: HttpBody, state: Arc<HubState>, cluster: String) -> Self {
         SessionEnd {
             inner,
             state,
+            cluster,
             first: Some(BytesMut::new()),
             session: None,
         }
@@ -419,12 +422,19 @@ impl SessionEnd {
         if len > Self::MAX_FIRST || buf[0] != 0 {
             self.first = None;
         } else if buf.len() >= 5 + len {
-            self.session = PortForwardResponse::decode(&buf[5..5 + len])
-                .ok()
-                .and_then(|m| m.session_id);
+            self.session = session_of(&self.cluster, &buf[5..5 + len]);
             self.first = None;
         }
     }
+}
+
+/// The session id a PortForward's first answer names, if it is one of
+/// `cluster`'s (`<cluster>:<random>`). The agent writes that answer: one
+/// that names another cluster's session must not end that session's
+/// upload (and drop bytes its caller was told were queued).
+fn session_of(cluster: &str, first: &[u8]) -> Option<String> {
+    let id = PortForwardResponse::decode(first).ok()?.session_id?;
+    (id.split_once(':').map(|(c, _)| c) == Some(cluster)).then_some(id)
 }
 
 impl Drop for SessionEnd {
@@ -458,5 +468,30 @@ impl Body for SessionEnd {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(id: &str) -> Vec<u8> {
+        PortForwardResponse {
+            session_id: Some(id.to_owned()),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn only_a_session_of_the_cluster_answering_is_ended() {
+        assert_eq!(
+            session_of("edge-1", &answer("edge-1:abc")).as_deref(),
+            Some("edge-1:abc")
+        );
+        // A compromised agent of edge-1 naming a session of edge-2.
+        assert_eq!(session_of("edge-1", &answer("edge-2:abc")), None);
+        assert_eq!(session_of("edge-1", &answer("edge-1")), None);
+        assert_eq!(session_of("edge-1", b"\xff\xff not protobuf"), None);
     }
 }
