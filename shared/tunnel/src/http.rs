@@ -20,17 +20,14 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use http_body::{Body, Frame};
 use prost::Message;
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     sync::{mpsc, oneshot},
 };
-use tokio_util::{
-    codec::{FramedRead, FramedWrite},
-    sync::CancellationToken,
-};
+use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::{
     Result, TunnelError,
@@ -125,8 +122,34 @@ where
         .feed((ChunkKind::Open, head.encode_to_vec().into()))
         .await?;
 
-    let (done_tx, done_rx) = oneshot::channel();
-    tokio::spawn(pump_request(writer, body, done_rx, limits));
+    // What the body has ready goes with the head. A body that is already
+    // whole (a unary call: one message, then its end) leaves in one write
+    // and needs no task to pump it; the response keeps the writer so the
+    // stream stays open until the response is done.
+    let mut body = Box::pin(body);
+    let (ready, whole) = ready_data(body.as_mut())?;
+    // A write that fails here is the pump's failure: the request is cut
+    // short and whatever the agent answered (a refusal of the request,
+    // say) is still read.
+    let written = async {
+        for data in ready {
+            feed_data(&mut writer, data, limits.max_data).await?;
+        }
+        if whole {
+            writer.send((ChunkKind::End, Bytes::new())).await?;
+        }
+        Ok::<_, TunnelError>(())
+    }
+    .await;
+    let (sent, done) = match (written, whole) {
+        (Ok(()), true) => (Some(writer), None),
+        (Ok(()), false) => {
+            let (done_tx, done_rx) = oneshot::channel();
+            tokio::spawn(pump_request(writer, body, done_rx, limits));
+            (None, Some(done_tx))
+        }
+        (Err(_), _) => (None, None),
+    };
 
     let mut reader: Reader = FramedRead::new(stream.recv, codec);
     let (kind, payload) = reader
@@ -141,7 +164,8 @@ where
     let (status, headers) = parse_response_head(payload)?;
     let mut response = http::Response::new(ResponseBody {
         reader,
-        done: Some(done_tx),
+        done,
+        sent,
         finished: false,
         _guard: guard,
     });
@@ -203,6 +227,37 @@ pub fn parse_request_head(payload: Bytes) -> Result<ParsedRequestHead> {
     })
 }
 
+/// The most of a request body [`forward`] takes along with the head; the
+/// rest is pumped.
+const READY_MAX: usize = 64 * 1024;
+
+/// The data `body` has ready now, without waiting (up to about
+/// [`READY_MAX`]), and whether it ended.
+fn ready_data<B>(mut body: Pin<&mut B>) -> Result<(Vec<Bytes>, bool)>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    let (mut ready, mut len) = (Vec::new(), 0);
+    while len < READY_MAX {
+        match body.as_mut().poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    len += data.len();
+                    ready.push(data);
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                return Err(TunnelError::Io(std::io::Error::other(e.into())));
+            }
+            Poll::Ready(None) => return Ok((ready, true)),
+            Poll::Pending => break,
+        }
+    }
+    Ok((ready, false))
+}
+
 /// Streams the request body to the agent, then holds the stream open until
 /// the response is finished (`done` fires) or abandoned (`done` dropped).
 async fn pump_request<B>(
@@ -239,7 +294,11 @@ async fn pump_request<B>(
 /// Response body read straight off the tunnel stream.
 pub struct ResponseBody {
     reader: Reader,
+    /// Tells the request's pump the response is done.
     done: Option<oneshot::Sender<()>>,
+    /// The request side of a request that went out whole, ended with the
+    /// response (dropped unended when the response is abandoned).
+    sent: Option<Writer>,
     finished: bool,
     _guard: Option<Box<dyn Any + Send + Sync>>,
 }
@@ -257,6 +316,15 @@ impl ResponseBody {
         self.finished = true;
         if let Some(done) = self.done.take() {
             let _ = done.send(());
+        }
+        if let Some(mut writer) = self.sent.take() {
+            // Every transport ends a stream without waiting (a FIN, an empty
+            // END_STREAM frame); one that would wait finishes in a task.
+            if writer.close().now_or_never().is_none() {
+                tokio::spawn(async move {
+                    let _ = writer.close().await;
+                });
+            }
         }
     }
 }
@@ -393,48 +461,37 @@ where
     request.extensions_mut().insert(Target(head.target));
 
     // The reader feeds the body, then watches for the hub closing its side,
-    // which means the caller is gone.
-    let abandoned = CancellationToken::new();
-    let finished = CancellationToken::new();
-    let reader_task = {
-        let (abandoned, finished) = (abandoned.clone(), finished.clone());
-        async move {
-            let mut tx = Some(tx);
-            loop {
-                let next = tokio::select! {
-                    n = reader.next() => n,
-                    _ = finished.cancelled() => return,
-                };
-                match (next, &tx) {
-                    (Some(Ok((ChunkKind::Data, data))), Some(sender)) => {
-                        // A service that stopped reading the body just gets no more of it.
-                        if sender.send(Ok(data)).await.is_err() {
-                            tx = None;
-                        }
+    // which means the caller is gone. It runs in this task beside the
+    // exchange, not in one of its own: a unary call's body is in the
+    // reader's buffer already, and a second task cost a hand-off per call.
+    let reading = async move {
+        let mut tx = Some(tx);
+        loop {
+            match (reader.next().await, &tx) {
+                (Some(Ok((ChunkKind::Data, data))), Some(sender)) => {
+                    // A service that stopped reading the body just gets no more of it.
+                    if sender.send(Ok(data)).await.is_err() {
+                        tx = None;
                     }
-                    (Some(Ok((ChunkKind::End, _))), Some(_)) => tx = None,
-                    (next, _) => {
-                        if let (Some(sender), Some(Err(e))) = (&tx, next) {
-                            let _ = sender.send(Err(e)).await;
-                        }
-                        abandoned.cancel();
-                        return;
+                }
+                (Some(Ok((ChunkKind::End, _))), Some(_)) => tx = None,
+                (next, _) => {
+                    if let (Some(sender), Some(Err(e))) = (&tx, next) {
+                        let _ = sender.send(Err(e)).await;
                     }
+                    return;
                 }
             }
         }
     };
-    let reader_handle = tokio::spawn(reader_task);
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     let exchange = respond(service, request, &mut writer, limits);
-    let result = tokio::select! {
+    tokio::select! {
+        biased;
         r = exchange => r,
-        _ = abandoned.cancelled() => Err(TunnelError::Closed("the hub abandoned the call".into())),
-    };
-    finished.cancel();
-    let _ = reader_handle.await;
-    result
+        () = reading => Err(TunnelError::Closed("the hub abandoned the call".into())),
+    }
 }
 
 /// Calls `service` and writes its response: head, data, trailers, end.

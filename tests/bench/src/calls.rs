@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, transport::Channel};
 
 use anyhow::Context;
 
-use crate::common::{Figures, Latency, alternating};
+use crate::common::{Figures, Latency, alternating, cpu_secs};
 
 /// Group of the hub's admin token, allowed everything on the test server.
 const HUB_ADMINS: &str = "otter:default:admins";
@@ -201,6 +201,19 @@ where
         out.push(t.elapsed());
     }
     Ok(out)
+}
+
+/// CPU time (µs) this whole process (client, hub, agent, test server)
+/// spends per call of `call`, over `n` sequential calls: steadier than
+/// latency on a shared machine, and what a hop costs in work, not waiting.
+async fn cpu_per_call<F, Fut>(n: usize, call: F) -> anyhow::Result<f64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let before = cpu_secs("self").unwrap_or(0.0);
+    series(n, call).await?;
+    Ok((cpu_secs("self").unwrap_or(0.0) - before) * 1e6 / n as f64)
 }
 
 struct Setup {
@@ -409,7 +422,12 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         series(warmup, one).await?;
         let d = Latency::of(&series(calls, one).await?);
         add_latency(&mut figs, "direct-agent", d, Some("kube-sim"));
-        eprintln!("bench: direct-agent p50 {:.0} µs", d.p50);
+        let direct_cpu = cpu_per_call(calls, one).await?;
+        figs.add("cpu-per-call.direct-agent", "µs", None, direct_cpu);
+        eprintln!(
+            "bench: direct-agent p50 {:.0} µs, {direct_cpu:.0} µs CPU per call",
+            d.p50
+        );
         // Through the hub and the tunnel, each call beside a direct one:
         // the hub-added figures are the pairs' differences.
         for cluster in ["quic", "h2"] {
@@ -431,6 +449,14 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             for (q, v) in [("p50", added.p50), ("p99", added.p99)] {
                 figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, v);
             }
+            let cpu = cpu_per_call(calls, || hub_get(ch, token, cluster)).await?;
+            figs.add(
+                &format!("cpu-per-call.hub-{cluster}"),
+                "µs",
+                Some("cpu-per-call.direct-agent"),
+                cpu,
+            );
+            eprintln!("bench: hub-{cluster} {cpu:.0} µs CPU per call");
         }
 
         // The agent's real ResourceService (kube-rs, impersonation), without
