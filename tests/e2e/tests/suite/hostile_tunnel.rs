@@ -2,7 +2,8 @@
 //! certificates from another CA, expired ones, and a genuine certificate of
 //! cluster A used to try to serve cluster B. None is admitted for what it
 //! is not, the hub keeps running, and another agent's calls keep working
-//! during and after.
+//! during and after. An admitted agent that lies about another cluster's
+//! session cannot touch that session.
 
 use std::{
     sync::{
@@ -12,9 +13,12 @@ use std::{
     time::Duration,
 };
 
+use futures::StreamExt;
 use otter_e2e::{
     TestHub,
     double::{Double, WAIT, field, get, start_agent, wait_connected},
+    kube::{KubeEnv, sim_config, within},
+    procs::echo_server,
     with_token,
 };
 use otter_pki::{AgentIdentity, CertificateAuthority};
@@ -26,6 +30,7 @@ use otter_proto::{
         resource_service_client::ResourceServiceClient,
         resource_service_server::ResourceServiceServer,
     },
+    runtime::v1 as rt,
 };
 use otter_tunnel::{Acceptor, TransportKind, frame::Limits};
 use tonic::Code;
@@ -749,4 +754,214 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
         set_serials(&hub, "edge-r", &s1, None);
     }
     hub.hub.shutdown().await;
+}
+
+/// A compromised agent's RuntimeService: every PortForward answers with
+/// the session id it was told to name (another cluster's), then ends.
+#[derive(Clone)]
+struct LyingRuntime {
+    names: String,
+}
+
+type Answers<T> =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
+
+fn refused<T>() -> Result<tonic::Response<T>, tonic::Status> {
+    Err(tonic::Status::unimplemented("this agent only lies"))
+}
+
+#[tonic::async_trait]
+impl rt::runtime_service_server::RuntimeService for LyingRuntime {
+    type PodLogStream = Answers<rt::PodLogResponse>;
+    type ExecuteTTYStream = Answers<rt::ExecuteTtyResponse>;
+    type PortForwardStream = Answers<rt::PortForwardResponse>;
+
+    async fn pod_log(
+        &self,
+        _: tonic::Request<rt::PodLogRequest>,
+    ) -> Result<tonic::Response<Self::PodLogStream>, tonic::Status> {
+        refused()
+    }
+    async fn execute_tty(
+        &self,
+        _: tonic::Request<rt::ExecuteTtyRequest>,
+    ) -> Result<tonic::Response<Self::ExecuteTTYStream>, tonic::Status> {
+        refused()
+    }
+    async fn write_tty(
+        &self,
+        _: tonic::Request<rt::WriteTtyRequest>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        refused()
+    }
+    async fn resize_tty(
+        &self,
+        _: tonic::Request<rt::ResizeTtyRequest>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        refused()
+    }
+    async fn port_forward(
+        &self,
+        _: tonic::Request<rt::PortForwardRequest>,
+    ) -> Result<tonic::Response<Self::PortForwardStream>, tonic::Status> {
+        let lie = rt::PortForwardResponse {
+            session_id: Some(self.names.clone()),
+            data: None,
+        };
+        Ok(tonic::Response::new(Box::pin(futures::stream::iter([Ok(
+            lie,
+        )]))))
+    }
+    async fn write_port_forward(
+        &self,
+        _: tonic::Request<rt::WritePortForwardRequest>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        refused()
+    }
+    async fn scale(
+        &self,
+        _: tonic::Request<rt::ScaleRequest>,
+    ) -> Result<tonic::Response<rt::ScaleResponse>, tonic::Status> {
+        refused()
+    }
+    async fn restart(
+        &self,
+        _: tonic::Request<rt::RestartRequest>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        refused()
+    }
+    async fn sub_resource_action(
+        &self,
+        _: tonic::Request<rt::SubResourceActionRequest>,
+    ) -> Result<tonic::Response<rt::SubResourceActionResponse>, tonic::Status> {
+        refused()
+    }
+    async fn show_chart(
+        &self,
+        _: tonic::Request<rt::ShowChartRequest>,
+    ) -> Result<tonic::Response<rt::ShowChartResponse>, tonic::Status> {
+        refused()
+    }
+}
+
+/// The hub closes a port-forward session's upload path when that session's
+/// stream ends, taking the id from the agent's first answer. An agent of
+/// another cluster that answers its own PortForward with the victim's
+/// session id must not end the victim's path: the victim's upload path
+/// stays, and every byte written before and after reaches the pod in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_naming_another_clusters_session_cannot_end_its_uploads() {
+    let env = KubeEnv::start_over(
+        TransportKind::Quic,
+        sim_config().pod("default", "web", &["app"]),
+        |_| {},
+    )
+    .await;
+    let t = env.admin_token().to_owned();
+    env.sim
+        .add_pod_port("default", "web", 8080, echo_server().await);
+    let mut runtime = env.runtime();
+    let pf = rt::PortForwardRequest {
+        cluster: Some(env.cluster.clone()),
+        namespace: Some("default".into()),
+        name: Some("web".into()),
+        port: Some(8080),
+    };
+    let mut victim = within("port-forward", runtime.port_forward(with_token(pf, &t)))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = within("session id", victim.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .session_id
+        .unwrap();
+    let send = |data: &[u8]| rt::WritePortForwardRequest {
+        session_id: Some(id.clone()),
+        data: Some(data.to_vec()),
+    };
+    runtime
+        .write_port_forward(with_token(send(b"before;"), &t))
+        .await
+        .unwrap();
+    let uploads = &env.hub.hub.state.uploads;
+    assert_eq!(
+        uploads.open(),
+        1,
+        "the victim's session has its upload path"
+    );
+
+    // The liar: a genuine agent of cluster "liar", its services replaced.
+    let token = env.hub.hub.mint_join_token("liar").unwrap();
+    let mut config =
+        otter_agent::AgentConfig::new(env.hub.api_url(), "liar", "agent-0", env.hub.hub.ca_pem());
+    config.join_token = otter_agent::config::Secret(token);
+    config.transports = vec![TransportKind::Quic];
+    let routes = tonic::service::Routes::new(
+        rt::runtime_service_server::RuntimeServiceServer::new(LyingRuntime { names: id.clone() }),
+    );
+    let liar = otter_agent::Agent::start(config, routes).unwrap();
+    liar.wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("the liar connects");
+    let lie = rt::PortForwardRequest {
+        cluster: Some("liar".into()),
+        namespace: Some("default".into()),
+        name: Some("any".into()),
+        port: Some(1),
+    };
+    let mut lied = within(
+        "the liar's port-forward",
+        runtime.port_forward(with_token(lie, &t)),
+    )
+    .await
+    .unwrap()
+    .into_inner();
+    let first = within("the liar's answer", lied.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.session_id.as_deref(), Some(id.as_str()));
+    assert!(within("the liar's end", lied.next()).await.is_none());
+    drop(lied);
+    // Its stream is over: had the hub believed it, the path would be gone
+    // within moments.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            uploads.open(),
+            1,
+            "a lying agent ended another cluster's upload path"
+        );
+    }
+
+    let mut expected = b"before;".to_vec();
+    for i in 0..20 {
+        let piece = format!("{i};");
+        runtime
+            .write_port_forward(with_token(send(piece.as_bytes()), &t))
+            .await
+            .unwrap();
+        expected.extend_from_slice(piece.as_bytes());
+    }
+    let mut back = Vec::new();
+    within("every byte echoed", async {
+        while back.len() < expected.len() {
+            back.extend(
+                victim
+                    .next()
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .data
+                    .unwrap_or_default(),
+            );
+        }
+    })
+    .await;
+    assert_eq!(back, expected, "bytes lost or reordered");
+    liar.shutdown().await;
+    drop(victim);
+    env.shutdown().await;
 }
