@@ -265,7 +265,17 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
         "{out}"
     );
 
-    // The proxy goes away, then comes back.
+    // The proxy goes away, then comes back: just after a renewal's move,
+    // not during one (a proxy gone while the agent moves to its renewed
+    // tunnel ends the old one as replaced before the new one is in use, and
+    // the agent rightly names the hub for that).
+    let moves = || {
+        format!("{}{}", agent.stdout(), agent.stderr())
+            .matches("moved to a new tunnel")
+            .count()
+    };
+    let before = moves();
+    until("the next renewal's move", WAIT, || moves() > before);
     drop(proxy.take());
     until("the agent notices the proxy is gone", WAIT, || {
         metric("otter_agent_tunnel_up") == Some(0.0)
