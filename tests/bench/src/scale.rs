@@ -590,8 +590,20 @@ pub async fn footprint(agent_bin: Option<PathBuf>, runs: usize) -> anyhow::Resul
         out.read_line(&mut line)?;
         if line.trim() == "CONNECTED" {
             tokio::time::sleep(Duration::from_secs(3)).await;
-            if let Some(kib) = rss_kib(&child.id().to_string()) {
+            let pid = child.id().to_string();
+            if let Some(kib) = rss_kib(&pid) {
                 figs.add("footprint.agent-idle-rss", "MiB", None, kib as f64 / 1024.0);
+            }
+            // Heap and stacks only: the rest is the binary's pages (here the
+            // whole bench binary's), which grow with its size, not with
+            // what the agent holds.
+            if let Some(kib) = status_kib(&pid, "RssAnon:") {
+                figs.add(
+                    "footprint.agent-idle-rss-anon",
+                    "MiB",
+                    None,
+                    kib as f64 / 1024.0,
+                );
             }
         } else {
             eprintln!("bench: agent child did not connect");
@@ -602,6 +614,10 @@ pub async fn footprint(agent_bin: Option<PathBuf>, runs: usize) -> anyhow::Resul
     figs.note(
         "footprint.agent-idle-rss",
         "the agent library serving the test double, in the bench binary",
+    );
+    figs.note(
+        "footprint.agent-idle-rss-anon",
+        "of which heap and stacks; the rest is pages of the bench binary",
     );
     drop(hub);
     match agent_bin {
