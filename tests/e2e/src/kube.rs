@@ -2,13 +2,16 @@
 //! test server (kube-sim), behind a real hub and tunnel. Each test gets its
 //! own hub, test server and agent.
 
+use futures::StreamExt;
 use std::time::Duration;
 
 use kube_sim::{ADMIN_TOKEN, KubeSim, SimConfig};
 use otter_agent::{Agent, AgentConfig, ServicesConfig, config::Secret};
 use otter_proto::{
     resource::v1::{ListRequest, WatchRequest, resource_service_client::ResourceServiceClient},
-    runtime::v1::runtime_service_client::RuntimeServiceClient,
+    runtime::v1::{
+        PortForwardRequest, PortForwardResponse, runtime_service_client::RuntimeServiceClient,
+    },
 };
 use otter_tunnel::TransportKind;
 use tonic::transport::Channel;
@@ -251,6 +254,37 @@ impl KubeEnv {
         RuntimeServiceClient::new(self.channel.clone())
             .max_decoding_message_size(8 * 1024 * 1024)
             .max_encoding_message_size(8 * 1024 * 1024)
+    }
+
+    /// Opens a PortForward to `port` of pod `name` in `default` as the
+    /// holder of `token`: the stream and the session id its first message
+    /// carries (alone).
+    pub async fn port_forward(
+        &self,
+        runtime: &mut RuntimeServiceClient<Channel>,
+        token: &str,
+        name: &str,
+        port: i32,
+    ) -> (tonic::Streaming<PortForwardResponse>, String) {
+        let request = PortForwardRequest {
+            cluster: Some(self.cluster.clone()),
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            port: Some(port),
+        };
+        let mut stream = within(
+            "port-forward",
+            runtime.port_forward(crate::with_token(request, token)),
+        )
+        .await
+        .expect("port-forward opens")
+        .into_inner();
+        let first = within("session id", stream.next())
+            .await
+            .expect("a first message")
+            .expect("a first message");
+        assert!(first.data.is_none(), "{first:?}");
+        (stream, first.session_id.expect("session id first"))
     }
 
     /// Stops the agent, the hub and the test server.

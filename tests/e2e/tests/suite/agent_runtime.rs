@@ -912,22 +912,7 @@ async fn queued_port_forward_writes(transport: TransportKind) {
     env.sim
         .add_pod_port("default", "web", 8080, echo_server().await);
     let mut rt = env.runtime();
-    let pf = pb::PortForwardRequest {
-        cluster: Some(env.cluster.clone()),
-        namespace: Some("default".into()),
-        name: Some("web".into()),
-        port: Some(8080),
-    };
-    let mut s = within("port-forward", rt.port_forward(with_token(pf, &t)))
-        .await
-        .unwrap()
-        .into_inner();
-    let id = within("session id", s.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .session_id
-        .unwrap();
+    let (mut s, id) = env.port_forward(&mut rt, &t, "web", 8080).await;
     let send = |data: &[u8]| pb::WritePortForwardRequest {
         session_id: Some(id.clone()),
         data: Some(data.to_vec()),

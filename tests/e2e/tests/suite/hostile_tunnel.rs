@@ -861,22 +861,7 @@ async fn an_agent_naming_another_clusters_session_cannot_end_its_uploads() {
     env.sim
         .add_pod_port("default", "web", 8080, echo_server().await);
     let mut runtime = env.runtime();
-    let pf = rt::PortForwardRequest {
-        cluster: Some(env.cluster.clone()),
-        namespace: Some("default".into()),
-        name: Some("web".into()),
-        port: Some(8080),
-    };
-    let mut victim = within("port-forward", runtime.port_forward(with_token(pf, &t)))
-        .await
-        .unwrap()
-        .into_inner();
-    let id = within("session id", victim.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .session_id
-        .unwrap();
+    let (mut victim, id) = env.port_forward(&mut runtime, &t, "web", 8080).await;
     let send = |data: &[u8]| rt::WritePortForwardRequest {
         session_id: Some(id.clone()),
         data: Some(data.to_vec()),
