@@ -642,13 +642,35 @@ async fn bind_tunnel_port(addr: SocketAddr) -> Result<(TcpListener, std::net::Ud
     Err(HubError::from(last_err))
 }
 
+/// Connections the kernel holds for a listener before it accepts them.
+/// Tokio's default (1,024) is less than the agents that come back together
+/// after a restart: past it the kernel drops their SYNs, and each waits out
+/// TCP's retransmission (1, 3, 7, 15 s) while the hub is idle. The kernel
+/// caps this at its `somaxconn` (4,096 on current kernels), as Go's
+/// listeners ask for.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+/// A TCP listener on `addr` with [`LISTEN_BACKLOG`].
+fn listen_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restart may bind while connections of
+    // the old process are still in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds a TCP listener; a fixed port still held by a hub of this process
 /// that is just stopping is waited for, bounded (a new process would find
 /// it free; one restarting in place must wait for the old listener to go).
 async fn bind_tcp(addr: SocketAddr) -> Result<TcpListener> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match TcpListener::bind(addr).await {
+        match listen_tcp(addr) {
             Err(e)
                 if e.kind() == std::io::ErrorKind::AddrInUse
                     && addr.port() != 0

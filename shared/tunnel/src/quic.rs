@@ -152,10 +152,15 @@ pub fn hub_endpoint_on(
     config.cid_generator(move || {
         Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
     });
-    // quinn sends at most one reset per interval (20 ms by default): 50 a
-    // second would take minutes to tell thousands of agents. A reset is
-    // always smaller than the packet that drew it, so it cannot amplify.
-    config.min_reset_interval(Duration::from_micros(100));
+    // quinn sends at most one reset per interval (20 ms by default), and
+    // reads the clock once per pass over the socket, so any interval lets
+    // one reset out of a whole batch of received datagrams: after a crash
+    // under 10,000 agents most keepalives drew none, and half the QUIC
+    // agents noticed only after two to four keepalives (up to the idle
+    // timeout). No interval is needed: a reset is always smaller than the
+    // packet that drew it, so it cannot amplify, and quinn answers only
+    // connection IDs that carry this hub's keyed hash.
+    config.min_reset_interval(Duration::ZERO);
     Ok(Endpoint::new(
         config,
         Some(server),
@@ -182,7 +187,8 @@ pub async fn accept_loop(
 /// only a place among the pacer's pending handshakes
 /// ([`crate::handshakes`]). While handshakes queue up, a source that has
 /// not proved its address is sent a Retry first (stateless: it costs the
-/// hub nothing), so spoofed Initial packets cannot take places.
+/// hub nothing), so spoofed Initial packets cannot take places, nor wait
+/// for one when all are taken.
 pub async fn accept_loop_paced(
     endpoint: Endpoint,
     out: mpsc::Sender<Accepted>,
@@ -209,58 +215,93 @@ pub async fn accept_loop_paced(
             let _ = incoming.retry();
             continue;
         }
-        let place = match handshakes.try_begin(remote.ip()) {
-            crate::handshakes::Verdict::Go(place) => place,
-            // Unlike TCP, waiting here would hold up every other packet's
-            // attempt; the agent's QUIC dial retries or falls back.
-            crate::handshakes::Verdict::Refused | crate::handshakes::Verdict::Full => {
-                incoming.refuse();
-                continue;
+        let (out, shutdown, pacer) = (out.clone(), shutdown.clone(), pacer.clone());
+        match handshakes.try_begin(remote.ip()) {
+            crate::handshakes::Verdict::Go(place) => {
+                handshake(incoming, place, pacer, out, shutdown);
+            }
+            crate::handshakes::Verdict::Refused => incoming.refuse(),
+            // Every place is taken (a reconnect storm): the attempt waits
+            // for one, as a TCP connection waits in the kernel's backlog,
+            // in a task of its own so the loop goes on taking packets.
+            // Refused at once, each agent would count a failed round and
+            // back off for ever longer: in a storm of 10,000 the last QUIC
+            // agents came back 10 s after the HTTP/2 ones. quinn holds at
+            // most `max_incoming` waiting attempts, and the agent's own
+            // retransmissions join the one it has.
+            crate::handshakes::Verdict::Full => {
+                let handshakes = handshakes.clone();
+                tokio::spawn(async move {
+                    let place = tokio::select! {
+                        p = tokio::time::timeout(WAIT_FOR_PLACE, handshakes.begin(remote.ip())) => p.ok().flatten(),
+                        _ = shutdown.cancelled() => None,
+                    };
+                    match place {
+                        Some(place) => handshake(incoming, place, pacer, out, shutdown),
+                        None => incoming.refuse(),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// How long a QUIC attempt waits for a place among the pending handshakes
+/// before it is refused: half the agent's dial bound, so the handshake
+/// still fits in the other half.
+const WAIT_FOR_PLACE: Duration = Duration::from_secs(5);
+
+/// Runs the handshake of `incoming`, which holds `place`, and admits the
+/// verified agent as `pacer` allows.
+fn handshake(
+    incoming: quinn::Incoming,
+    place: crate::handshakes::Handshake,
+    pacer: Arc<crate::pace::Pacer>,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+) {
+    let remote = incoming.remote_address();
+    let evicted = place.evicted();
+    let handshake = async move {
+        let conn = incoming.await?;
+        // The endpoint requires a client certificate: the agent is
+        // verified, and paced like any agent from here on.
+        place.verified();
+        let admission = match pacer.try_enter() {
+            Ok(a) => a,
+            Err(after) => {
+                // Only an established connection can carry a reason.
+                conn.close(
+                    VarInt::from_u32(crate::pace::QUIC_REFUSED),
+                    crate::pace::reason(after).as_bytes(),
+                );
+                return Ok(None);
             }
         };
-        let pacer = pacer.clone();
-        let evicted = place.evicted();
-        let handshake = async move {
-            let conn = incoming.await?;
-            // The endpoint requires a client certificate: the agent is
-            // verified, and paced like any agent from here on.
-            place.verified();
-            let admission = match pacer.try_enter() {
-                Ok(a) => a,
-                Err(after) => {
-                    // Only an established connection can carry a reason.
-                    conn.close(
-                        VarInt::from_u32(crate::pace::QUIC_REFUSED),
-                        crate::pace::reason(after).as_bytes(),
-                    );
-                    return Ok(None);
-                }
-            };
-            let peer_cert = conn
-                .peer_identity()
-                .and_then(|any| {
-                    any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
-                        .ok()
-                })
-                .and_then(|certs| certs.first().cloned());
-            Ok::<_, TunnelError>(Some(Accepted {
-                opener: Arc::new(QuicOpener { conn }),
-                peer_cert,
-                remote,
-                transport: TransportKind::Quic,
-                admission: Some(admission),
-            }))
-        };
-        crate::handshakes::spawn(
-            TransportKind::Quic,
+        let peer_cert = conn
+            .peer_identity()
+            .and_then(|any| {
+                any.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+                    .ok()
+            })
+            .and_then(|certs| certs.first().cloned());
+        Ok::<_, TunnelError>(Some(Accepted {
+            opener: Arc::new(QuicOpener { conn }),
+            peer_cert,
             remote,
-            evicted,
-            HANDSHAKE_TIMEOUT,
-            out.clone(),
-            shutdown.clone(),
-            handshake,
-        );
-    }
+            transport: TransportKind::Quic,
+            admission: Some(admission),
+        }))
+    };
+    crate::handshakes::spawn(
+        TransportKind::Quic,
+        remote,
+        evicted,
+        HANDSHAKE_TIMEOUT,
+        out,
+        shutdown,
+        handshake,
+    );
 }
 
 /// The hub's handle on a QUIC tunnel.

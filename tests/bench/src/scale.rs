@@ -9,7 +9,7 @@ use std::{
     process::{Child, ChildStdout, Command, Stdio},
     sync::{
         Arc,
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -121,7 +121,14 @@ impl HubProc {
                 r.name.clone(),
             ]
         });
-        let mut child = Command::new(std::env::current_exe()?)
+        // OTTER_BENCH_HUB_WRAP runs the hub under a tool (`heaptrack`,
+        // `perf record -g --`), split at spaces, to see where it spends.
+        let wrap = std::env::var("OTTER_BENCH_HUB_WRAP").unwrap_or_default();
+        let mut argv = wrap.split_whitespace().map(std::ffi::OsString::from);
+        let exe = std::env::current_exe()?.into_os_string();
+        let mut child = Command::new(argv.next().unwrap_or_else(|| exe.clone()))
+            .args(argv)
+            .args((!wrap.trim().is_empty()).then_some(exe))
             .arg("hub-child")
             .arg(dir)
             .args([api.to_string(), tunnel.to_string(), clusters.to_string()])
@@ -226,7 +233,7 @@ fn start_agent(
     ca: &str,
     i: usize,
     token: &str,
-) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
+) -> anyhow::Result<(Agent, Arc<Marks>)> {
     start_agent_on(&[hub], ca, i, token)
 }
 
@@ -236,7 +243,7 @@ pub fn start_agent_on(
     ca: &str,
     i: usize,
     token: &str,
-) -> anyhow::Result<(Agent, Arc<AtomicU32>)> {
+) -> anyhow::Result<(Agent, Arc<Marks>)> {
     let mut urls = hubs
         .iter()
         .map(|h| url::Url::parse(&format!("https://localhost:{}", h.api.port())));
@@ -245,15 +252,7 @@ pub fn start_agent_on(
     let mut config = AgentConfig::new(url, &cluster, "agent-0", ca);
     config.more_hub_urls = urls.collect::<Result<_, _>>()?;
     config.join_token = Secret(token.to_owned());
-    // Half the agents on each transport, unless OTTER_BENCH_TRANSPORT names
-    // one (to see what each costs).
-    config.transports = vec![match std::env::var("OTTER_BENCH_TRANSPORT").as_deref() {
-        Ok("quic") => TransportKind::Quic,
-        Ok("h2") => TransportKind::H2,
-        Ok("ws") => TransportKind::Ws,
-        _ if i.is_multiple_of(2) => TransportKind::Quic,
-        _ => TransportKind::H2,
-    }];
+    config.transports = vec![transport_of(i)];
     let double = Double {
         cluster: cluster.clone(),
         agent: "agent-0".into(),
@@ -265,22 +264,66 @@ pub fn start_agent_on(
     // while no tunnel is up); updates that coalesce count once. A paced
     // refusal is left out: the hub answered and said when to return, and
     // the agent waits at least that long rather than backing off.
-    let failures = Arc::new(AtomicU32::new(0));
-    let (mut rx, f) = (agent.status_watch(), failures.clone());
+    let marks = Arc::new(Marks::default());
+    let (mut rx, m) = (agent.status_watch(), marks.clone());
     tokio::spawn(async move {
-        let mut refusals = 0;
+        let (mut refusals, mut up) = (0, false);
         while rx.changed().await.is_ok() {
             let s = rx.borrow_and_update();
+            if s.connected.is_some() != up {
+                up = s.connected.is_some();
+                let at = if up { &m.up_at_ms } else { &m.down_at_ms };
+                at.store(Marks::now_ms(), Ordering::Relaxed);
+            }
             if s.refusals != refusals {
                 refusals = s.refusals;
+                m.refusals.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if s.connected.is_none() && s.attempts.iter().any(|(_, r)| r.is_err()) {
-                f.fetch_add(1, Ordering::Relaxed);
+            if !up && s.attempts.iter().any(|(_, r)| r.is_err()) {
+                m.failures.fetch_add(1, Ordering::Relaxed);
             }
         }
     });
-    Ok((agent, failures))
+    Ok((agent, marks))
+}
+
+/// Agent `i`'s transport: half the agents on each of QUIC and HTTP/2,
+/// unless OTTER_BENCH_TRANSPORT names one (to see what each costs).
+fn transport_of(i: usize) -> TransportKind {
+    match std::env::var("OTTER_BENCH_TRANSPORT").as_deref() {
+        Ok("quic") => TransportKind::Quic,
+        Ok("h2") => TransportKind::H2,
+        Ok("ws") => TransportKind::Ws,
+        _ if i.is_multiple_of(2) => TransportKind::Quic,
+        _ => TransportKind::H2,
+    }
+}
+
+/// What a bench agent went through, from its status updates.
+#[derive(Debug, Default)]
+pub struct Marks {
+    /// Failed connect rounds.
+    failures: AtomicU32,
+    /// Times the hub said when to come back.
+    refusals: AtomicU32,
+    /// When a tunnel last came up, in [`Marks::now_ms`].
+    up_at_ms: AtomicU64,
+    /// When the agent last knew its tunnel was down.
+    down_at_ms: AtomicU64,
+}
+
+impl Marks {
+    /// Milliseconds since this process first asked.
+    fn now_ms() -> u64 {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64
+    }
+
+    fn reset(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        self.refusals.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Connect rounds an agent may make in `outage` under the backoff: the
@@ -390,11 +433,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     let mut hub = Some(hub);
     for mode in ["graceful", "crash"] {
         eprintln!("bench: reconnect storm ({mode}) with {n} agents");
-        for (_, f) in &agents {
-            f.store(0, Ordering::Relaxed);
+        for (_, m) in &agents {
+            m.reset();
         }
         let old = hub.take().context("hub")?;
         let down = Instant::now();
+        let down_ms = Marks::now_ms();
         if mode == "crash" {
             old.kill();
         } else {
@@ -423,11 +467,51 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         let bound = backoff_bound(outage);
         let rounds: Vec<u32> = agents
             .iter()
-            .map(|(_, f)| f.load(Ordering::Relaxed))
+            .map(|(_, m)| m.failures.load(Ordering::Relaxed))
             .collect();
         let max = rounds.iter().copied().max().unwrap_or(0);
         let over = rounds.iter().filter(|r| **r > bound).count();
         figs.add(&name("max-failed-rounds"), "rounds", None, f64::from(max));
+        // By transport, when each agent knew its tunnel was gone and when
+        // it was back: whether the last one is a straggler or the tail of a
+        // slow crowd, and how much of it is noticing.
+        for kind in [TransportKind::Quic, TransportKind::H2, TransportKind::Ws] {
+            let since_down = |at: &AtomicU64| {
+                let at = at.load(Ordering::Relaxed);
+                (at >= down_ms).then(|| Duration::from_millis(at - down_ms))
+            };
+            let ours = || {
+                agents
+                    .iter()
+                    .enumerate()
+                    .filter(move |(i, _)| transport_of(*i) == kind)
+            };
+            let noticed: Vec<Duration> = ours()
+                .filter_map(|(_, (_, m))| since_down(&m.down_at_ms))
+                .collect();
+            let back: Vec<Duration> = ours()
+                .filter_map(|(_, (_, m))| since_down(&m.up_at_ms))
+                .collect();
+            for (what, times) in [("noticed", noticed), ("back", back)] {
+                if times.is_empty() {
+                    continue;
+                }
+                let l = Latency::of(&times);
+                for (q, v) in [
+                    ("p50", l.p50),
+                    ("p90", l.p90),
+                    ("p99", l.p99),
+                    ("max", l.max),
+                ] {
+                    figs.add(&name(&format!("{what}-{kind}-{q}")), "s", None, v / 1e6);
+                }
+            }
+        }
+        let refused = agents
+            .iter()
+            .filter(|(_, m)| m.refusals.load(Ordering::Relaxed) > 0)
+            .count();
+        figs.add(&name("agents-told-to-wait"), "agents", None, refused as f64);
         figs.add(&name("agents-over-backoff"), "agents", None, over as f64);
         figs.note(
             &name("agents-over-backoff"),

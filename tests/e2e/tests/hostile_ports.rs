@@ -200,6 +200,64 @@ async fn stalled_handshakes_from_many_sources_are_evicted_for_an_agent() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_agent_waits_for_a_handshake_place_as_tcp_waits_in_the_backlog() {
+    // Every place taken by handshakes too young to evict: a reconnect
+    // storm as the hub sees it.
+    let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+    let hub = TestHub::start_with(dir, None, |c| {
+        c.tunnel_handshakes = HandshakeLimits {
+            max_pending: 8,
+            per_source: 8,
+            evict_after: Duration::from_secs(60),
+        };
+    })
+    .await;
+    let port = hub.hub.tunnel_addr;
+    let held = stalled(&["127.0.0.2".into()], port, 8, &client_hello()).await;
+    let handshakes = hub.hub.state.pacer.handshakes().clone();
+    let deadline = Instant::now() + WAIT;
+    while handshakes.pending() < 8 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        handshakes.pending(),
+        8,
+        "the stalled handshakes hold every place"
+    );
+
+    let channel = hub.channel().await;
+    let token = hub.hub.mint_join_token("edge-1").expect("token");
+    let agent = start_agent(&hub, "edge-1", "a", &token, TransportKind::Quic);
+    let dialing = agent
+        .agent
+        .wait_for(WAIT, |s| s.dials >= 1)
+        .await
+        .expect("the agent dials");
+    assert!(dialing.connected.is_none());
+    // Longer than the agent's first QUIC retransmission: the attempt is
+    // still waiting, not refused.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let waiting = agent.agent.status();
+    assert!(waiting.connected.is_none(), "no place, no tunnel");
+    assert_eq!(waiting.dials, 1, "refused and dialled again: {waiting:?}");
+
+    drop(held);
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let s = agent.agent.status();
+    assert_eq!(s.connected, Some(TransportKind::Quic));
+    assert_eq!(s.dials, 1, "the first dial got the place: {s:?}");
+    assert!(
+        s.attempts.iter().all(|(_, r)| r.is_ok()),
+        "no failed attempt: {:?}",
+        s.attempts
+    );
+    println!(
+        "QUIC attempt waited for one of 8 taken places and connected on its first dial ({} pending now)",
+        handshakes.pending()
+    );
+}
+
 /// The hub as a process of its own, so its memory is its own.
 struct HubProc {
     proc: Proc,
