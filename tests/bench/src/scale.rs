@@ -507,6 +507,28 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
                 }
             }
         }
+        // The slowest agents' story, for whoever reads the bench's log.
+        let mut by_time: Vec<(u64, usize)> = agents
+            .iter()
+            .enumerate()
+            .map(|(i, (_, m))| (m.up_at_ms.load(Ordering::Relaxed), i))
+            .collect();
+        by_time.sort_unstable();
+        for &(at, i) in by_time.iter().rev().take(3) {
+            let (agent, m) = &agents[i];
+            let s = agent.status();
+            eprintln!(
+                "bench: {mode}: c-{i} over {} back after {:.1} s: {} failed rounds, {} refusals, \
+                 dials {} in all, last error {:?}, last end {:?}",
+                transport_of(i),
+                at.saturating_sub(down_ms) as f64 / 1e3,
+                m.failures.load(Ordering::Relaxed),
+                m.refusals.load(Ordering::Relaxed),
+                s.dials,
+                s.last_error,
+                s.last_tunnel_end.map(|e| e.to_string()),
+            );
+        }
         let refused = agents
             .iter()
             .filter(|(_, m)| m.refusals.load(Ordering::Relaxed) > 0)
