@@ -57,8 +57,10 @@ pub async fn hub_child(
     }
     // Every simulated agent dials from 127.0.0.1: the per-source shares,
     // meant for one attacker among many agents, would make the whole fleet
-    // one source. The totals still bound the hub.
-    config.tunnel_handshakes.per_source = config.tunnel_handshakes.max_pending;
+    // one source. The totals still bound the hub. A share of every place
+    // would still refuse the fleet when the places are all taken, where
+    // agents from many sources wait for one: no share at all.
+    config.tunnel_handshakes.per_source = usize::MAX;
     config.api_connections.per_source = config.api_connections.max_total;
     let hub = otter_hub::Hub::start(config).await?;
     std::fs::write(dir.join("bench-ca.pem"), hub.ca_pem())?;
@@ -133,7 +135,12 @@ impl HubProc {
             .arg(dir)
             .args([api.to_string(), tunnel.to_string(), clusters.to_string()])
             .args(replica_args)
-            .env("RUST_LOG", "error")
+            // OTTER_BENCH_HUB_LOG: the hub's log filter, to see why
+            // (the agents in this process keep OTTER_LOG's).
+            .env(
+                "OTTER_LOG",
+                std::env::var("OTTER_BENCH_HUB_LOG").unwrap_or_else(|_| "error".into()),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
