@@ -1336,9 +1336,10 @@ impl<A: Acceptor> AcceptorDyn for A {
 pub struct Dialers {
     quic: quic::Dialer,
     sessions: std::sync::Mutex<Sessions>,
-    /// Whether the last QUIC dial failed: the next one first checks that
-    /// the hub is there at all (see [`hub_refuses`]).
-    quic_failed: std::sync::atomic::AtomicBool,
+    /// Since when QUIC dials have failed (none while the last one worked):
+    /// the next one first checks that the hub is there at all (see
+    /// [`port_refuses`]), for at most [`QUIC_SKIPS_FOR`].
+    quic_failing_since: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// The TLS of one client certificate and hub trust, per transport, with
@@ -1366,10 +1367,7 @@ impl Dialers {
         kind: TransportKind,
         alpn: &[u8],
     ) -> Result<rustls::ClientConfig> {
-        let mut s = self
-            .sessions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut s = lock(&self.sessions);
         if s.made_for.0 != trust || s.made_for.1 != creds.cert_pem {
             *s = Sessions {
                 made_for: (trust.to_owned(), creds.cert_pem.clone()),
@@ -1434,25 +1432,32 @@ async fn dial(
             };
             // A QUIC try spends a session ticket even when nothing answers,
             // and a client holds only the few the hub sent: while the hub is
-            // down (its API port refuses connections) the try is skipped, so
-            // the ticket is still there to resume with when it is back.
-            if dialers
-                .quic_failed
-                .load(std::sync::atomic::Ordering::Relaxed)
-                && hub_refuses(config).await
+            // down the try is skipped, so the ticket is still there to
+            // resume with when it is back. Down is what the address dialled
+            // says (the hub serves TCP on its tunnel port too), not the API
+            // URL the agent was given first: that one may be a replica gone
+            // for good while this address is another that lives (agents
+            // waited on a dead replica's API port and never dialled the
+            // survivor). And only for a while, so a path where TCP is
+            // refused and UDP is not still gets QUIC tried.
+            let failing_since = *lock(&dialers.quic_failing_since);
+            if failing_since.is_some_and(|t| t.elapsed() < QUIC_SKIPS_FOR)
+                && port_refuses(addr).await
             {
                 return Err(AgentError::Connect(format!(
-                    "QUIC not tried: the hub's API port {} refuses connections (the hub is down?)",
-                    config.hub_url
+                    "QUIC not tried: the hub's tunnel port {addr} refuses TCP connections (the hub is down?)"
                 )));
             }
             let dialed = dialers
                 .quic
                 .dial(addr, &host, client(quic::ALPN)?, &settings)
                 .await;
-            dialers
-                .quic_failed
-                .store(dialed.is_err(), std::sync::atomic::Ordering::Relaxed);
+            let mut since = lock(&dialers.quic_failing_since);
+            *since = match &dialed {
+                Ok(_) => None,
+                Err(_) => Some(since.unwrap_or_else(tokio::time::Instant::now)),
+            };
+            drop(since);
             Ok(Box::new(dialed?))
         }
         TransportKind::H2 => {
@@ -1503,20 +1508,25 @@ async fn api_reachable(config: &AgentConfig) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether the hub's API port refuses TCP connections outright (a reset:
-/// nothing listens there, so the hub is down). A silent port, a name that
-/// does not resolve or a proxy in the way say nothing, and count as no.
-async fn hub_refuses(config: &AgentConfig) -> bool {
-    let Some(host) = config.hub_url.host_str() else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = config.hub_url.port_or_known_default().unwrap_or(443);
-    let connect = tokio::net::TcpStream::connect((host, port));
+/// Whether `addr` refuses TCP connections outright (a reset: nothing
+/// listens there, so the hub is down). A silent port says nothing, and
+/// counts as no.
+async fn port_refuses(addr: std::net::SocketAddr) -> bool {
+    let connect = tokio::net::TcpStream::connect(addr);
     matches!(
         tokio::time::timeout(Duration::from_secs(2), connect).await,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
     )
+}
+
+/// How long after QUIC dials started failing they are skipped while the
+/// hub's tunnel port refuses TCP: a hub's restart, not a path that serves
+/// UDP alone.
+const QUIC_SKIPS_FOR: Duration = Duration::from_secs(60);
+
+/// `m` locked; a panic elsewhere while it was held left nothing half done.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The hub's default tunnel port, when nothing says where to dial.

@@ -11,7 +11,7 @@ use std::{
 
 use otter_e2e::{
     TestHub,
-    double::{TestAgent, start_agent, start_agent_with},
+    double::{TestAgent, WAIT, start_agent, start_agent_with},
     procs::free_port,
     with_token,
 };
@@ -114,30 +114,7 @@ async fn restart_under_200_agents_is_paced() {
     let before: Vec<_> = agents.iter().map(|a| a.agent.status()).collect();
 
     // Restart on the same ports and data, now with a narrow gate.
-    let addrs = (hub.hub.api_addr, hub.hub.tunnel_addr);
-    let stopped = Instant::now();
-    hub.hub.shutdown().await;
-    // A hub stopped inside this process leaves its QUIC endpoint draining
-    // the connections it closed (three probe timeouts each, longer on a
-    // loaded machine); a restarted process would find the port free at once.
-    let stopped_at = Instant::now();
-    // Bounded generously: this waits on the test's in-process stand-in for a
-    // restart, not on anything the hub promises, and the suite's other
-    // tests share the two cores.
-    let deadline = stopped_at + Duration::from_secs(90);
-    while std::net::UdpSocket::bind(addrs.1).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the stopped hub's QUIC port stayed bound"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!(
-        "hub stopped in {:?}; its QUIC port drained {:?} later",
-        stopped_at - stopped,
-        stopped_at.elapsed()
-    );
-    let hub = TestHub::start_with(dir, Some(addrs), paced).await;
+    let (hub, stopped) = restart_in_place(hub, dir, paced).await;
     let started = Instant::now();
     let back = all_connected(&hub, &agents).await;
     let since_stop = stopped.elapsed();
@@ -292,6 +269,91 @@ async fn restart_under_200_agents_is_paced() {
 /// certificates at a time and tells the others when to come back; each
 /// agent registers exactly once, after waiting at least the hint per
 /// refusal.
+/// Stops `hub` and starts it again on the same ports and data with
+/// `configure`; also when it was stopped.
+async fn restart_in_place(
+    hub: TestHub,
+    dir: Arc<tempfile::TempDir>,
+    configure: fn(&mut otter_hub::HubConfig),
+) -> (TestHub, Instant) {
+    let addrs = (hub.hub.api_addr, hub.hub.tunnel_addr);
+    let stopped = Instant::now();
+    hub.hub.shutdown().await;
+    // A hub stopped inside this process leaves its QUIC endpoint draining
+    // the connections it closed (three probe timeouts each, longer on a
+    // loaded machine); a restarted process would find the port free at once.
+    let stopped_at = Instant::now();
+    // Bounded generously: this waits on the test's in-process stand-in for a
+    // restart, not on anything the hub promises, and the suite's other
+    // tests share the two cores.
+    let deadline = stopped_at + Duration::from_secs(90);
+    while std::net::UdpSocket::bind(addrs.1).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped hub's QUIC port stayed bound"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "hub stopped in {:?}; its QUIC port drained {:?} later",
+        stopped_at - stopped,
+        stopped_at.elapsed()
+    );
+    (
+        TestHub::start_with(dir, Some(addrs), configure).await,
+        stopped,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_agent_whose_first_hub_url_is_gone_comes_back_after_a_restart() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let port = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+    let hub = TestHub::start_with(
+        dir.clone(),
+        Some((port(free_port()), port(free_port()))),
+        |_| {},
+    )
+    .await;
+    // The agent's first API URL leads nowhere any more (a replica retired
+    // for good: nothing listens there); it registered through its second.
+    let gone = url::Url::parse(&format!("https://localhost:{}/", free_port())).unwrap();
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a", &token, TransportKind::Quic, |c| {
+        c.more_hub_urls = vec![c.hub_url.clone()];
+        c.hub_url = gone.clone();
+        c.backoff_base = Duration::from_millis(50);
+        c.backoff_cap = Duration::from_millis(500);
+    });
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("connected through the second URL");
+
+    // While the hub is down the agent's QUIC dials fail; once it is back
+    // they must be tried again, though the first URL still refuses.
+    let (_hub, stopped) = restart_in_place(hub, dir, |_| {}).await;
+    let back = agent
+        .agent
+        .wait_for(Duration::from_secs(60), |s| {
+            s.connected.is_some() && s.connects >= 2
+        })
+        .await;
+    let s = agent.agent.status();
+    assert!(
+        back.is_some(),
+        "not back over QUIC: last error {:?}, attempts {:?}",
+        s.last_error,
+        s.attempts
+    );
+    eprintln!(
+        "back over QUIC {:?} after the stop; dials {}",
+        stopped.elapsed(),
+        s.dials
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_registering_at_once_are_paced() {
     const NEW: usize = 100;
