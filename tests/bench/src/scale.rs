@@ -147,8 +147,14 @@ impl HubProc {
             .spawn()?;
         let mut stdout = BufReader::new(child.stdout.take().context("stdout")?);
         let mut line = String::new();
-        // Minting 10,000 tokens takes a while; the child prints READY after.
-        stdout.read_line(&mut line)?;
+        // Minting 10,000 tokens takes a while; the child prints READY after
+        // (a wrapping tool may print a few lines of its own first).
+        for _ in 0..16 {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 || line.starts_with("READY") {
+                break;
+            }
+        }
         let parts: Vec<&str> = line.split_whitespace().collect();
         if parts.len() != 3 || parts[0] != "READY" {
             let _ = child.kill();
