@@ -146,6 +146,11 @@ pub fn spawn<F>(
                 %transport,
                 "no tunnel: paced (told to retry later) or a link connection handed on"
             ),
+            // Closed before a first byte: a port check (an agent's, a load
+            // balancer's), not a refusal worth a line per connection.
+            Ok(Err(crate::TunnelError::Io(e))) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                tracing::debug!(%remote, %transport, "tunnel connection closed before its handshake")
+            }
             Ok(Err(e)) => {
                 tracing::info!(%remote, %transport, error = %e, "tunnel handshake refused")
             }
