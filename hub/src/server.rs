@@ -396,6 +396,7 @@ impl Hub {
             accepted_tx,
             shutdown.clone(),
             pacer,
+            quic::place_wait(&quic_settings),
         ));
         let ops_listeners =
             crate::ops::bind(state.config.metrics_listen, state.config.health_listen).await?;

@@ -176,7 +176,15 @@ pub async fn accept_loop(
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
 ) {
-    accept_loop_paced(endpoint, out, shutdown, crate::pace::Pacer::unlimited()).await;
+    let wait = place_wait(&QuicSettings::default());
+    accept_loop_paced(
+        endpoint,
+        out,
+        shutdown,
+        crate::pace::Pacer::unlimited(),
+        wait,
+    )
+    .await;
 }
 
 /// Like [`accept_loop`], setting up at most what `pacer` allows at once;
@@ -188,12 +196,14 @@ pub async fn accept_loop(
 /// ([`crate::handshakes`]). While handshakes queue up, a source that has
 /// not proved its address is sent a Retry first (stateless: it costs the
 /// hub nothing), so spoofed Initial packets cannot take places, nor wait
-/// for one when all are taken.
+/// for one when all are taken, which an attempt does for up to
+/// `place_wait` (see [`place_wait`]).
 pub async fn accept_loop_paced(
     endpoint: Endpoint,
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
     pacer: Arc<crate::pace::Pacer>,
+    place_wait: Duration,
 ) {
     let handshakes = pacer.handshakes().clone();
     loop {
@@ -233,7 +243,7 @@ pub async fn accept_loop_paced(
                 let handshakes = handshakes.clone();
                 tokio::spawn(async move {
                     let place = tokio::select! {
-                        p = tokio::time::timeout(WAIT_FOR_PLACE, handshakes.begin(remote.ip())) => p.ok().flatten(),
+                        p = tokio::time::timeout(place_wait, handshakes.begin(remote.ip())) => p.ok().flatten(),
                         _ = shutdown.cancelled() => None,
                     };
                     match place {
@@ -250,6 +260,16 @@ pub async fn accept_loop_paced(
 /// before it is refused: half the agent's dial bound, so the handshake
 /// still fits in the other half.
 const WAIT_FOR_PLACE: Duration = Duration::from_secs(5);
+
+/// [`WAIT_FOR_PLACE`], or less when the idle timeout of `settings` is
+/// short: quinn abandons, without a word to the agent, an attempt accepted
+/// an idle timeout after its first packet, and the agent then waits for
+/// its next retransmission (seconds). The agent hears nothing while it
+/// waits either, so its own idle timeout (three keepalives, 15 s by
+/// default) bounds the wait from its side.
+pub fn place_wait(settings: &QuicSettings) -> Duration {
+    WAIT_FOR_PLACE.min(settings.keepalive.timeout / 2)
+}
 
 /// Runs the handshake of `incoming`, which holds `place`, and admits the
 /// verified agent as `pacer` allows.

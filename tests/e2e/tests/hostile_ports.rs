@@ -18,7 +18,7 @@ use std::{
 
 use otter_e2e::{
     TestHub,
-    double::{WAIT, start_agent, start_agent_at, wait_connected},
+    double::{WAIT, start_agent, start_agent_at, start_agent_with, wait_connected},
     procs::{self, Proc, Role},
     with_token,
 };
@@ -201,7 +201,6 @@ async fn stalled_handshakes_from_many_sources_are_evicted_for_an_agent() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky in a clean-clone CI run (its last assertion); kept out of make test until fixed"]
 async fn a_quic_agent_waits_for_a_handshake_place_as_tcp_waits_in_the_backlog() {
     // Every place taken by handshakes too young to evict: a reconnect
     // storm as the hub sees it.
@@ -212,6 +211,9 @@ async fn a_quic_agent_waits_for_a_handshake_place_as_tcp_waits_in_the_backlog() 
             per_source: 8,
             evict_after: Duration::from_secs(60),
         };
+        // The hub's default keepalive, not the suite's 1 s: it bounds how
+        // long an attempt may wait (`quic::place_wait`).
+        c.keepalive = otter_tunnel::Keepalive::default();
     })
     .await;
     let port = hub.hub.tunnel_addr;
@@ -229,7 +231,14 @@ async fn a_quic_agent_waits_for_a_handshake_place_as_tcp_waits_in_the_backlog() 
 
     let channel = hub.channel().await;
     let token = hub.hub.mint_join_token("edge-1").expect("token");
-    let agent = start_agent(&hub, "edge-1", "a", &token, TransportKind::Quic);
+    // The agent's own keepalives, not the suite's 1 s: a QUIC client
+    // gives up a handshake after its idle timeout (three keepalives)
+    // without a packet, and a waiting attempt hears nothing from the hub
+    // after the Retry. With 3 s, a CI machine slow to free the places
+    // timed the attempt out.
+    let agent = start_agent_with(&hub, "edge-1", "a", &token, TransportKind::Quic, |c| {
+        c.keepalive = otter_tunnel::Keepalive::default();
+    });
     let dialing = agent
         .agent
         .wait_for(WAIT, |s| s.dials >= 1)
