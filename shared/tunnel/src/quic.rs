@@ -52,9 +52,18 @@ impl Default for QuicSettings {
 /// How long a stopping hub lets its QUIC close frames leave.
 const CLOSE_FLUSH: Duration = Duration::from_millis(250);
 
-/// Largest UDP payload an agent accepts: an Ethernet MTU less the IP and
-/// UDP headers.
-const MAX_UDP_PAYLOAD: u16 = 1472;
+/// Ceiling of the path MTU search, and the largest UDP payload an agent
+/// accepts. quinn's default (1,452) fits an Ethernet MTU; where the path
+/// carries more (jumbo frames, loopback, a hub beside its agents) larger
+/// datagrams cost less CPU per byte: 19.5 Gbit/s against 11.1 over
+/// loopback, at 0.29 against 0.68 CPU s/GB on the sender. Where it does
+/// not, the search settles lower after a few lost probes. quinn sends up
+/// to 10 datagrams at once with segmentation offload and the kernel
+/// takes at most 64 KiB per send: above 6,550 bytes each batch is refused
+/// whole (in a trial with 8,952, the losses read as a black hole and sent
+/// the MTU down to 1,200).
+const MTU_CEILING: u16 = 6500;
+const MAX_UDP_PAYLOAD: u16 = MTU_CEILING;
 
 pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     let mut t = TransportConfig::default();
@@ -68,6 +77,9 @@ pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     if let Ok(idle) = s.keepalive.timeout.try_into() {
         t.max_idle_timeout(Some(idle));
     }
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(MTU_CEILING);
+    t.mtu_discovery_config(Some(mtu));
     t
 }
 
@@ -439,9 +451,9 @@ impl Dialer {
             .parse()
             .expect("static address");
         // quinn sizes an endpoint's receive buffers from the largest
-        // datagram it accepts (64 KiB by default) times its batch. Internet
-        // paths carry at most about 1,500 bytes, the ceiling of the path
-        // MTU probes, and an agent talks to one hub.
+        // datagram it accepts (64 KiB by default) times its batch; the hub
+        // sends nothing above the path MTU search's ceiling, and an agent
+        // talks to one hub. (Untouched pages of the buffer cost no RSS.)
         let mut endpoint_config = quinn::EndpointConfig::default();
         endpoint_config
             .max_udp_payload_size(MAX_UDP_PAYLOAD)
