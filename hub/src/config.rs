@@ -68,6 +68,17 @@ pub struct HubConfig {
     /// verified: how many at once, each source's share, when the oldest
     /// may be dropped for a newcomer.
     pub tunnel_handshakes: otter_tunnel::handshakes::HandshakeLimits,
+    /// Connections of the API port before their first request head: how
+    /// many at once and each source's share. When all places are taken,
+    /// one waiting for its peer makes room for a newcomer once it is a
+    /// second old, or at once if its source holds more than half its
+    /// share: a user's TLS handshake and request head take milliseconds,
+    /// so under a flood of stalled connections from a few sources it still
+    /// gets through, where waiting for a place would leave it in the
+    /// kernel's backlog behind the flood. (Dropping the oldest at any age,
+    /// as before, made 10,000 agents enrolling at once drop each other's
+    /// handshakes 17,000 times.)
+    pub api_handshakes: otter_tunnel::handshakes::HandshakeLimits,
     /// Connections of the API port, in total and per source address.
     pub api_connections: crate::limits::ApiConnectionLimits,
     /// The hint refused agents get: they wait at least this long, plus jitter.
@@ -182,6 +193,10 @@ impl HubConfig {
             max_concurrent_admissions: DEFAULT_MAX_ADMISSIONS,
             admission_retry_after: Duration::from_secs(1),
             tunnel_handshakes: Default::default(),
+            api_handshakes: otter_tunnel::handshakes::HandshakeLimits {
+                evict_after: Duration::from_secs(1),
+                ..Default::default()
+            },
             api_connections: Default::default(),
             max_concurrent_registrations: DEFAULT_MAX_REGISTRATIONS,
             reconnect_drain_timeout: Duration::from_secs(15 * 60),

@@ -321,6 +321,7 @@ impl Hub {
                 .max_total
                 .min(usize::try_from(n / 2).unwrap_or(usize::MAX));
         }
+        let api_pending = otter_tunnel::handshakes::Handshakes::new(config.api_handshakes);
         let register_pacer = otter_tunnel::pace::Pacer::new(
             config.max_concurrent_registrations,
             config.admission_retry_after,
@@ -355,20 +356,10 @@ impl Hub {
             charts,
             serving: Default::default(),
             store_writable: std::sync::atomic::AtomicBool::new(true),
-            // The oldest pending connection always makes room for a new
-            // one: a user's TLS handshake and request head take
-            // milliseconds, so under a flood of stalled connections it
-            // still gets through, where waiting for a place would leave it
-            // in the kernel's backlog behind the flood.
             tickets,
             fan_outs: Default::default(),
             uploads: Default::default(),
-            api_pending: otter_tunnel::handshakes::Handshakes::new(
-                otter_tunnel::handshakes::HandshakeLimits {
-                    evict_after: Duration::ZERO,
-                    ..Default::default()
-                },
-            ),
+            api_pending,
         });
         let shutdown = CancellationToken::new();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
@@ -927,11 +918,13 @@ async fn serve_api(
         state.tasks.spawn(async move {
             let _place = place;
             let evicted = pending.evicted();
+            let _ = tcp.set_nodelay(true);
+            // Not dropped for a newcomer while its bytes wait for the hub.
+            let tcp = pending.watch(tcp);
             let first = FirstRequest {
                 accepted: tokio::time::Instant::now(),
                 pending: Arc::new(std::sync::Mutex::new(Some(pending))),
             };
-            let _ = tcp.set_nodelay(true);
             let serve = async move {
             match acceptor {
                 Some(acceptor) => {

@@ -665,10 +665,11 @@ pub struct HubArgs {
     /// The URL other replicas dial for --peer-listen (default: from its address).
     #[arg(long, env = "OTTER_PEER_URL")]
     pub peer_url: Option<Url>,
-    /// TLS and QUIC handshakes on the tunnel port before a client certificate is verified.
+    /// TLS and QUIC handshakes on the tunnel port before a client certificate is verified;
+    /// as many API connections before their first request head (a set of their own).
     #[arg(long, default_value_t = 1024)]
     pub max_pending_handshakes: usize,
-    /// Of those, what one source address (IPv6: /64) may hold once half are taken.
+    /// Of each set, what one source address (IPv6: /64) may hold once half are taken.
     #[arg(long, default_value_t = 32)]
     pub pending_handshakes_per_source: usize,
     /// Connections to the API port, all sources together (also at most half the open-file limit).
@@ -840,6 +841,11 @@ impl HubArgs {
             max_pending: self.max_pending_handshakes,
             per_source: self.pending_handshakes_per_source,
             ..Default::default()
+        };
+        c.api_handshakes = otter_tunnel::handshakes::HandshakeLimits {
+            max_pending: self.max_pending_handshakes,
+            per_source: self.pending_handshakes_per_source,
+            ..c.api_handshakes
         };
         c.api_connections = crate::limits::ApiConnectionLimits {
             max_total: self.max_api_connections,

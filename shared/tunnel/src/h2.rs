@@ -300,6 +300,8 @@ pub async fn accept_loop_paced(
         let evicted = place.evicted();
         let handshake = async move {
             let _ = tcp.set_nodelay(true);
+            // Not dropped for a newcomer while its bytes wait for the hub.
+            let tcp = place.watch(tcp);
             let mut tls = acceptor.accept(tcp).await?;
             // The listener requires a client certificate, so a finished
             // handshake is a verified agent: it leaves the pending set

@@ -12,11 +12,17 @@
 //!   address (an IPv6 /64) holding more than its share is refused at once,
 //!   so one machine can never hold more than half;
 //! - **eviction of the oldest**: when every place is taken, the oldest
-//!   handshake is dropped if it has been pending longer than a genuine
-//!   agent needs ([`HandshakeLimits::evict_after`]), so many sources
-//!   stalling on purpose cannot keep an agent out for the whole deadline.
-//!   When every pending handshake is younger than that (a real reconnect
-//!   storm), new connections wait in the kernel's backlog instead.
+//!   handshake is dropped if it is waiting for its peer and has been
+//!   pending longer than a genuine agent needs
+//!   ([`HandshakeLimits::evict_after`]), or comes from a source holding
+//!   more than half its share, so many sources stalling on purpose cannot
+//!   keep an agent out for the whole deadline. A connection whose next move is the hub's
+//!   (its bytes came and wait for a busy CPU) is never dropped: that work
+//!   would be lost, and its agent would come back for more. When no
+//!   pending handshake may go (a real reconnect storm), new connections
+//!   wait in the kernel's backlog instead. Whose move it is, is known
+//!   only where the connection's reads are [`watched`](Handshake::watch);
+//!   a connection not watched counts as waiting for its peer.
 //!
 //! A handshake leaves the pending set as soon as the client certificate is
 //! verified; from then on the agent is paced by admission as before.
@@ -24,9 +30,16 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
-    sync::{Arc, Mutex},
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -78,6 +91,8 @@ struct Pending {
     started: Instant,
     source: IpAddr,
     evict: CancellationToken,
+    /// Set while the hub owes the connection its next move.
+    hubs_move: Arc<AtomicBool>,
 }
 
 /// What a new connection gets.
@@ -97,9 +112,21 @@ pub struct Handshake {
     gate: Arc<Handshakes>,
     id: u64,
     evict: CancellationToken,
+    hubs_move: Arc<AtomicBool>,
 }
 
 impl Handshake {
+    /// `io` with its reads watched: from its accept until a read finds no
+    /// bytes waiting, and again whenever bytes come, the next move is the
+    /// hub's and this handshake is not dropped for a newcomer.
+    pub fn watch<S>(&self, io: S) -> Watched<S> {
+        self.hubs_move.store(true, Ordering::Relaxed);
+        Watched {
+            io,
+            hubs_move: self.hubs_move.clone(),
+        }
+    }
+
     /// Cancelled when this handshake is dropped for a newcomer: the
     /// connection should be closed then.
     pub fn evicted(&self) -> CancellationToken {
@@ -165,6 +192,59 @@ impl Drop for Handshake {
     }
 }
 
+/// A connection whose reads tell its [`Handshake`] whose move it is (see
+/// [`Handshake::watch`]). Writes pass through.
+#[derive(Debug)]
+pub struct Watched<S> {
+    io: S,
+    hubs_move: Arc<AtomicBool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        // Bytes (or an end) mean the hub has work; nothing waiting means
+        // the peer has the move.
+        this.hubs_move.store(r.is_ready(), Ordering::Relaxed);
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 /// The key a source is counted under: an IPv4 address, or an IPv6 /64
 /// (one host can use all of its /64).
 pub fn source_key(ip: IpAddr) -> IpAddr {
@@ -211,25 +291,39 @@ impl Handshakes {
             return Verdict::Refused;
         }
         if s.pending.len() >= self.limits.max_pending {
-            let oldest = s.pending.first_key_value().map(|(id, p)| (*id, p.started));
-            match oldest {
-                Some((id, started)) if started.elapsed() >= self.limits.evict_after => {
-                    let gone = s.remove(id).expect("oldest is pending");
-                    gone.evict.cancel();
-                    s.evicted += 1;
-                }
-                _ => return Verdict::Full,
-            }
+            // The oldest whose peer has the move and that is old enough,
+            // or (at any age) comes from a source holding more than half
+            // its share: a few sources flooding on purpose make room for
+            // anyone else at once, while a storm of genuine agents (one or
+            // two handshakes a source) waits its turn.
+            let heavy = self.limits.per_source / 2;
+            let victim = s
+                .pending
+                .iter()
+                .filter(|(_, p)| !p.hubs_move.load(Ordering::Relaxed))
+                .find(|(_, p)| {
+                    p.started.elapsed() >= self.limits.evict_after
+                        || s.by_source.get(&p.source).is_some_and(|n| *n > heavy)
+                })
+                .map(|(id, _)| *id);
+            let Some(id) = victim else {
+                return Verdict::Full;
+            };
+            let gone = s.remove(id).expect("the victim is pending");
+            gone.evict.cancel();
+            s.evicted += 1;
         }
         let id = s.next_id;
         s.next_id += 1;
         let evict = CancellationToken::new();
+        let hubs_move = Arc::new(AtomicBool::new(false));
         s.pending.insert(
             id,
             Pending {
                 started: Instant::now(),
                 source,
                 evict: evict.clone(),
+                hubs_move: hubs_move.clone(),
             },
         );
         *s.by_source.entry(source).or_default() += 1;
@@ -237,6 +331,7 @@ impl Handshakes {
             gate: self.clone(),
             id,
             evict,
+            hubs_move,
         })
     }
 
@@ -363,6 +458,54 @@ mod tests {
         c.verified();
         drop(b);
         assert_eq!(gate.pending(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_handshake_waiting_for_the_hub_is_not_dropped() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 2,
+            per_source: 8,
+            evict_after: Duration::ZERO,
+        });
+        let a = go(gate.try_begin(ip("10.0.0.1")));
+        let b = go(gate.try_begin(ip("10.0.0.2")));
+        // Accepted and not read yet: the hub's move, for both.
+        let (a_io, mut a_peer) = tokio::io::duplex(64);
+        let (b_io, _b_peer) = tokio::io::duplex(64);
+        let mut a_io = a.watch(a_io);
+        let _b_io = b.watch(b_io);
+        assert!(matches!(gate.try_begin(ip("10.0.0.3")), Verdict::Full));
+        // Bytes came and were read: still the hub's move.
+        a_peer.write_all(b"hello").await.unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(a_io.read(&mut buf).await.unwrap(), 5);
+        assert!(matches!(gate.try_begin(ip("10.0.0.3")), Verdict::Full));
+        // A read finds nothing: the peer's move, and `a` may go.
+        let nothing = tokio::time::timeout(Duration::from_millis(10), a_io.read(&mut buf)).await;
+        assert!(nothing.is_err());
+        let _c = go(gate.try_begin(ip("10.0.0.3")));
+        assert!(a.evicted().is_cancelled());
+        assert!(!b.evicted().is_cancelled());
+        assert_eq!(gate.evicted(), 1);
+    }
+
+    #[test]
+    fn a_source_over_half_its_share_makes_room_at_once() {
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 4,
+            per_source: 4,
+            evict_after: Duration::from_secs(60),
+        });
+        let light = go(gate.try_begin(ip("10.0.0.1")));
+        let heavy: Vec<_> = (0..3).map(|_| go(gate.try_begin(ip("10.0.0.2")))).collect();
+        // Young, but their source holds 3 of a share of 4: its oldest goes.
+        let _newcomer = go(gate.try_begin(ip("10.0.0.3")));
+        assert!(heavy[0].evicted().is_cancelled());
+        assert!(!light.evicted().is_cancelled());
+        // Holding 2 (half) is no longer more than half: the next waits.
+        assert!(matches!(gate.try_begin(ip("10.0.0.4")), Verdict::Full));
+        assert_eq!(gate.evicted(), 1);
     }
 
     #[tokio::test]

@@ -61,6 +61,7 @@ pub async fn hub_child(
     // would still refuse the fleet when the places are all taken, where
     // agents from many sources wait for one: no share at all.
     config.tunnel_handshakes.per_source = usize::MAX;
+    config.api_handshakes.per_source = usize::MAX;
     config.api_connections.per_source = config.api_connections.max_total;
     let hub = otter_hub::Hub::start(config).await?;
     std::fs::write(dir.join("bench-ca.pem"), hub.ca_pem())?;

@@ -217,7 +217,9 @@ async fn a_quic_agent_waits_for_a_handshake_place_as_tcp_waits_in_the_backlog() 
     })
     .await;
     let port = hub.hub.tunnel_addr;
-    let held = stalled(&["127.0.0.2".into()], port, 8, &client_hello()).await;
+    // One each from 8 sources, as agents reconnecting: a source holding
+    // more than half its share would be dropped for the newcomer at once.
+    let held = stalled(&sources("127.0.4", 8), port, 8, &client_hello()).await;
     let handshakes = hub.hub.state.pacer.handshakes().clone();
     let deadline = Instant::now() + WAIT;
     while handshakes.pending() < 8 && Instant::now() < deadline {
