@@ -287,8 +287,12 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
     });
 
     // A cut link ends a kubectl port-forward through the hub.
+    // The link stays cut until the agent has noticed on its own: lifted
+    // earlier, the hub's close reaches it through the proxy first and it
+    // rightly names the proxy instead.
     let forward = kubectl_port_forward_across_a_cut(&pair, d, &mut sim);
     names(&agent, "network");
+    pair.cut(false);
 
     let output = format!("{}{}", agent.stdout(), agent.stderr());
     assert!(!output.contains(PASSWORD), "the password leaked:\n{output}");
@@ -302,10 +306,12 @@ fn an_agent_whose_only_way_out_is_an_authenticating_proxy() {
 
 /// `kubectl port-forward` through the hub (beside it) to the simulated
 /// pod, then the link cut: kubectl must exit with an error within the
-/// dead-path interval. Returns what happened, for the summary line.
+/// dead-path interval. Returns what happened, for the summary line, and
+/// leaves the link cut.
 fn kubectl_port_forward_across_a_cut(pair: &NetPair, d: &Path, sim: &mut Proc) -> String {
     let Some(kubectl) = otter_e2e::kubectl_133() else {
         tool_missing("kubectl 1.33");
+        pair.cut(true);
         return "kubectl 1.33 absent: port-forward part skipped".into();
     };
     sim.send("echo 8080");
@@ -359,7 +365,6 @@ fn kubectl_port_forward_across_a_cut(pair: &NetPair, d: &Path, sim: &mut Proc) -
         std::thread::sleep(Duration::from_millis(50));
     };
     let took = cut.elapsed();
-    pair.cut(false);
     assert_ne!(code, Some(0), "kubectl reports the lost connection");
     // The promise: the tunnel is called dead after three unanswered
     // keepalives, the first leaving up to one interval after the cut; the
