@@ -151,6 +151,11 @@ impl Gauges {
                 status.quality_moves,
             ),
             (
+                "quiet_probes",
+                "New tunnels dialled beside one whose path went quiet",
+                status.quiet_probes,
+            ),
+            (
                 "refusals",
                 "Dials the hub refused with a retry-after hint",
                 status.refusals,

@@ -11,7 +11,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use otter_pki::tls;
 use otter_tunnel::{
-    Acceptor, TransportKind,
+    Acceptor, Keepalive, TransportKind,
     frame::Limits,
     h2::{self, H2Settings},
     quic::{self, QuicSettings},
@@ -56,6 +56,9 @@ pub struct AgentStatus {
     pub switches: u32,
     /// Moves off a transport that lost too many packets.
     pub quality_moves: u32,
+    /// New tunnels dialled beside one whose path went quiet (see
+    /// [`quiet_after`]).
+    pub quiet_probes: u32,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -600,6 +603,12 @@ struct Session {
     /// When the path's losses are next looked at, and the counts then.
     quality_at: tokio::time::Instant,
     counted: Option<otter_tunnel::PathCounts>,
+    /// When the path's datagrams are next counted, and the count with
+    /// the moment it last grew.
+    quiet_at: tokio::time::Instant,
+    heard: Option<(u64, tokio::time::Instant)>,
+    /// The dial beside a quiet tunnel, while it runs.
+    quiet_probe: Option<tokio::task::AbortHandle>,
 }
 
 impl Session {
@@ -649,6 +658,9 @@ impl Session {
             route,
             quality_at: tokio::time::Instant::now() + QUALITY_WINDOW,
             counted: None,
+            quiet_at: tokio::time::Instant::now() + quiet_tick(config.keepalive),
+            heard: None,
+            quiet_probe: None,
         }
     }
 
@@ -675,6 +687,12 @@ impl Session {
                             crate::ended::classify(&end, said, self.route.as_deref())
                         }
                     };
+                    // A quiet tunnel that ends was dead: reconnect as after
+                    // any end, without waiting out the dial beside it.
+                    if let Some(probe) = self.quiet_probe.take() {
+                        probe.abort();
+                        return Some(why);
+                    }
                     // The hub closes a replaced tunnel once it admitted the
                     // new one (a better transport, a renewed certificate),
                     // which can be before the new one reaches this loop:
@@ -722,8 +740,10 @@ impl Session {
                     }
                 }
                 _ = tokio::time::sleep_until(self.quality_at) => self.check_losses(sup),
+                _ = tokio::time::sleep_until(self.quiet_at) => self.check_quiet(sup),
                 Some(found) = self.probe_rx.recv() => {
                     self.probing = false;
+                    self.quiet_probe = None;
                     match found {
                         Some(better) => self.move_to(sup, better),
                         None => {
@@ -808,17 +828,65 @@ impl Session {
         self.dial_beside(sup, newest, worse);
     }
 
+    /// Dials a new tunnel beside this one, make before break, once its path
+    /// has been quiet for [`quiet_after`]. Both ends keep alive, so a live
+    /// path is heard from every interval; one quiet for longer has lost
+    /// the hub, most often to a restart whose stateless reset never reached
+    /// this agent, and the keepalive timeout would call it dead only at
+    /// three intervals. If the hub answers the new dial, calls move to it
+    /// (the hub drains the old tunnel, if it still knows it); if not, the
+    /// old tunnel stays until its keepalive timeout.
+    fn check_quiet(&mut self, sup: &mut Supervisor) {
+        let now = tokio::time::Instant::now();
+        let keepalive = sup.config.keepalive;
+        self.quiet_at = now + quiet_tick(keepalive);
+        let Some(counts) = self.acceptor.packets_dyn() else {
+            // TCP keeps its counts to itself (and a restarted hub's
+            // kernel answers it with a reset at once).
+            self.quiet_at = now + NOT_COUNTED;
+            return;
+        };
+        let since = match self.heard {
+            Some((n, since)) if n == counts.received => since,
+            _ => {
+                self.heard = Some((counts.received, now));
+                return;
+            }
+        };
+        if self.probing || now.duration_since(since) < quiet_after(keepalive) {
+            return;
+        }
+        tracing::info!(
+            transport = %self.kind,
+            quiet_ms = now.duration_since(since).as_millis() as u64,
+            "nothing heard from the hub: dialling a new tunnel beside this one"
+        );
+        // Not again for this count until another quiet spell has passed.
+        self.heard = Some((counts.received, now));
+        sup.status.send_modify(|s| s.quiet_probes += 1);
+        let newest = sup.newest(&self.current);
+        let order = dial_order(&sup.config.transports, Some(self.kind));
+        self.quiet_probe = Some(self.dial_beside(sup, newest, order));
+    }
+
     /// Sets up a new tunnel over the first of `order` that works, off the
     /// serving loop, so calls keep being served meanwhile.
-    fn dial_beside(&mut self, sup: &Supervisor, creds: Credentials, order: Vec<TransportKind>) {
+    fn dial_beside(
+        &mut self,
+        sup: &Supervisor,
+        creds: Credentials,
+        order: Vec<TransportKind>,
+    ) -> tokio::task::AbortHandle {
         self.probing = true;
-        sup.tasks.spawn(dial_new_tunnel(
-            sup.config.clone(),
-            creds,
-            order,
-            sup.quic.clone(),
-            self.probe_tx.clone(),
-        ));
+        sup.tasks
+            .spawn(dial_new_tunnel(
+                sup.config.clone(),
+                creds,
+                order,
+                sup.quic.clone(),
+                self.probe_tx.clone(),
+            ))
+            .abort_handle()
     }
 
     /// Make before break: the hub routes new calls to the newest tunnel of
@@ -833,6 +901,8 @@ impl Session {
         } = better;
         let old = std::mem::replace(&mut self.acceptor, acceptor);
         self.counted = None;
+        self.heard = None;
+        self.quiet_at = tokio::time::Instant::now() + quiet_tick(sup.config.keepalive);
         let new_kind = self.acceptor.kind_dyn();
         let moved = new_kind != self.kind;
         tracing::info!(from = %self.kind, to = %new_kind, "moved to a new tunnel");
@@ -1074,6 +1144,23 @@ const QUALITY_WINDOW: Duration = Duration::from_secs(10);
 const QUALITY_MIN_PACKETS: u64 = 200;
 /// How long a transport left for its losses is not probed again.
 const DEMOTED_FOR: Duration = Duration::from_secs(10 * 60);
+
+/// How long a path may go unheard before a new tunnel is dialled beside
+/// it: one keepalive interval and a half (the hub's keepalive or the
+/// answer to the agent's own is due within one), well inside the
+/// keepalive timeout.
+fn quiet_after(keepalive: Keepalive) -> Duration {
+    (keepalive.interval * 3 / 2).min(keepalive.timeout / 2)
+}
+
+/// When a path's datagrams are looked at again on a transport that does
+/// not count them (until a move to one that does).
+const NOT_COUNTED: Duration = Duration::from_secs(24 * 3600);
+
+/// How often the path's datagrams are counted for [`quiet_after`].
+fn quiet_tick(keepalive: Keepalive) -> Duration {
+    (keepalive.interval / 4).max(Duration::from_millis(50))
+}
 
 /// Transports the configuration ranks above `current`.
 fn better_than(configured: &[TransportKind], current: TransportKind) -> Vec<TransportKind> {

@@ -505,10 +505,11 @@ impl Acceptor for QuicAcceptor {
     }
 
     fn packets(&self) -> Option<crate::PathCounts> {
-        let path = self.conn.stats().path;
+        let stats = self.conn.stats();
         Some(crate::PathCounts {
-            sent: path.sent_packets,
-            lost: path.lost_packets,
+            sent: stats.path.sent_packets,
+            lost: stats.path.lost_packets,
+            received: stats.udp_rx.datagrams,
         })
     }
 }

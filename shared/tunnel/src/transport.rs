@@ -101,6 +101,9 @@ pub trait Acceptor: Send + 'static {
 pub struct PathCounts {
     pub sent: u64,
     pub lost: u64,
+    /// Datagrams received: both ends keep alive, so on a live path this
+    /// grows at least once per keepalive interval however idle the tunnel.
+    pub received: u64,
 }
 
 /// Liveness settings, the same on both ends and on every transport: a

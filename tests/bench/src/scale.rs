@@ -548,6 +548,15 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             .filter(|(_, m)| m.refusals.load(Ordering::Relaxed) > 0)
             .count();
         figs.add(&name("agents-told-to-wait"), "agents", None, refused as f64);
+        // New tunnels dialled beside a quiet one (a restarted hub's reset
+        // that never arrived), over the bench so far.
+        let quiet: u32 = agents.iter().map(|(a, _)| a.status().quiet_probes).sum();
+        figs.add(
+            &name("quiet-probes-so-far"),
+            "tunnels",
+            None,
+            f64::from(quiet),
+        );
         figs.add(&name("agents-over-backoff"), "agents", None, over as f64);
         figs.note(
             &name("agents-over-backoff"),

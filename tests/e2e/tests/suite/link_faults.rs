@@ -404,6 +404,78 @@ async fn falls_back_to_h2_when_udp_is_blocked() {
     hub.hub.shutdown().await;
 }
 
+/// A hub that comes back without a word the agent understands (its
+/// goodbye lost behind a frozen path, its stateless reset keyed anew): the
+/// QUIC tunnel goes quiet, and the agent dials a new one beside it after
+/// one and a half keepalive intervals, make before break, instead of
+/// waiting out the keepalive timeout (three intervals) and reconnecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_quic_tunnel_is_replaced_before_its_keepalive_timeout() {
+    use otter_hub::store::{SledStore, Store, tree};
+    let relay = Relay::start().await;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    // Long enough that the hub's restart fits well inside the quiet spell
+    // (6 s) and the move well inside the keepalive timeout (12 s).
+    let keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(4));
+    let port = relay.addr.port();
+    let tweak = move |c: &mut otter_hub::config::HubConfig| {
+        c.keepalive = keepalive;
+        c.tunnel_urls = vec![url::Url::parse(&format!("quic://localhost:{port}")).unwrap()];
+    };
+    let hub = TestHub::start_with(dir.clone(), None, tweak).await;
+    relay.set_target(hub.hub.tunnel_addr);
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.keepalive = keepalive;
+    });
+    wait_connected(&hub.channel().await, &hub.admin_token, 1).await;
+    let before = agent.agent.status();
+    assert_eq!(before.quiet_probes, 0, "{before:?}");
+
+    relay.freeze(true);
+    let frozen = tokio::time::Instant::now();
+    let ports = (hub.hub.api_addr, hub.hub.tunnel_addr);
+    hub.hub.shutdown().await;
+    // The store's lock is released a moment after the hub stops.
+    let store = loop {
+        match SledStore::open(dir.path()) {
+            Ok(store) => break store,
+            Err(e) => {
+                assert!(frozen.elapsed() < WAIT, "the store stays locked: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    store.delete(tree::META, "quic-reset-key").unwrap();
+    drop(store);
+    let hub = TestHub::start_with(dir, Some(ports), tweak).await;
+    relay.freeze(false);
+    let restarted = frozen.elapsed();
+
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.redials > before.redials)
+        .await
+        .expect("the agent moves to a new tunnel");
+    let moved = frozen.elapsed();
+    println!("hub back {restarted:?} after the path froze; the agent moved after {moved:?}");
+    assert_eq!(s.quiet_probes, 1, "{s:?}");
+    assert_eq!(
+        s.connects, before.connects,
+        "the agent moved, make before break, without reconnecting: {s:?}"
+    );
+    assert_eq!(s.connected, Some(TransportKind::Quic));
+    let channel = hub.channel().await;
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let r = ResourceServiceClient::new(channel)
+        .get(with_token(get("edge-1", "moved"), &hub.admin_token))
+        .await
+        .unwrap();
+    assert_eq!(field(r.get_ref(), "name"), "moved");
+    agent.agent.shutdown().await;
+    hub.hub.shutdown().await;
+}
+
 /// The agent dies mid-stream and does not come back within the hub's
 /// grace for Watches: the caller's stream ends with Unavailable naming the
 /// cluster, not a hang or a bare reset.
