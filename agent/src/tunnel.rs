@@ -428,6 +428,7 @@ impl Supervisor {
         let mut attempts = Vec::new();
         let mut hint = None;
         for kind in &dial_order(&self.config.transports, self.last_good) {
+            let started = tokio::time::Instant::now();
             match dial_admitted(&self.config, current, *kind, &self.quic).await {
                 Ok(admitted) => {
                     attempts.push((*kind, Ok(())));
@@ -438,7 +439,13 @@ impl Supervisor {
                     return Ok(admitted);
                 }
                 Err(e) => {
-                    tracing::info!(transport = %kind, error = %e, "transport failed");
+                    tracing::info!(
+                        transport = %kind,
+                        cluster = %self.config.cluster,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        error = %e,
+                        "transport failed"
+                    );
                     attempts.push((*kind, Err(e.to_string())));
                     if let Some(after) = e.retry_after() {
                         hint = Some(after);

@@ -256,7 +256,13 @@ async fn a_quic_agent_waits_for_a_handshake_place_as_tcp_waits_in_the_backlog() 
 
     drop(held);
     wait_connected(&channel, &hub.admin_token, 1).await;
-    let s = agent.agent.status();
+    // The hub lists the link as it admits the tunnel, a moment before the
+    // agent hears it was admitted.
+    let s = agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("the agent sees its tunnel up");
     assert_eq!(s.connected, Some(TransportKind::Quic));
     assert_eq!(s.dials, 1, "the first dial got the place: {s:?}");
     assert!(
