@@ -614,8 +614,8 @@ struct Session {
     /// the moment it last grew.
     quiet_at: tokio::time::Instant,
     heard: Option<(u64, tokio::time::Instant)>,
-    /// The dial beside a quiet tunnel, while it runs.
-    quiet_probe: Option<tokio::task::AbortHandle>,
+    /// The dial beside a quiet tunnel while it runs, and the site it dials.
+    quiet_probe: Option<(tokio::task::AbortHandle, usize)>,
 }
 
 impl Session {
@@ -696,7 +696,7 @@ impl Session {
                     };
                     // A quiet tunnel that ends was dead: reconnect as after
                     // any end, without waiting out the dial beside it.
-                    if let Some(probe) = self.quiet_probe.take() {
+                    if let Some((probe, _)) = self.quiet_probe.take() {
                         probe.abort();
                         return Some(why);
                     }
@@ -750,9 +750,14 @@ impl Session {
                 _ = tokio::time::sleep_until(self.quiet_at) => self.check_quiet(sup),
                 Some(found) = self.probe_rx.recv() => {
                     self.probing = false;
-                    self.quiet_probe = None;
+                    let quiet = self.quiet_probe.take();
                     match found {
-                        Some(better) => self.move_to(sup, better),
+                        Some(better) => {
+                            if let Some((_, site)) = quiet {
+                                sup.site = site;
+                            }
+                            self.move_to(sup, better);
+                        }
                         None => {
                             if let Some((why, _)) = self.closing.take() {
                                 return Some(why);
@@ -838,11 +843,11 @@ impl Session {
     /// Dials a new tunnel beside this one, make before break, once its path
     /// has been quiet for [`quiet_after`]. Both ends keep alive, so a live
     /// path is heard from every interval; one quiet for longer has lost
-    /// the hub, most often to a restart whose stateless reset never reached
-    /// this agent, and the keepalive timeout would call it dead only at
-    /// three intervals. If the hub answers the new dial, calls move to it
-    /// (the hub drains the old tunnel, if it still knows it); if not, the
-    /// old tunnel stays until its keepalive timeout.
+    /// the hub (a restart whose stateless reset never reached this agent,
+    /// a replica gone), and the keepalive timeout would call it dead only
+    /// at three intervals. If the hub answers the new dial, calls move to
+    /// it (the hub drains the old tunnel, if it still knows it); if not,
+    /// the old tunnel stays until its keepalive timeout.
     fn check_quiet(&mut self, sup: &mut Supervisor) {
         let now = tokio::time::Instant::now();
         let keepalive = sup.config.keepalive;
@@ -871,9 +876,17 @@ impl Session {
         // Not again for this count until another quiet spell has passed.
         self.heard = Some((counts.received, now));
         sup.status.send_modify(|s| s.quiet_probes += 1);
-        let newest = sup.newest(&self.current);
+        // The next site's URLs, as after a tunnel that went silent: with
+        // replicas and no load balancer the quiet one is likely gone (with
+        // one hub, or a load balancer, the same URLs).
+        let site = sup.site.wrapping_add(1);
+        let creds = sup
+            .creds
+            .as_ref()
+            .map_or_else(|| self.current.clone(), |c| at_site(c, site));
         let order = dial_order(&sup.config.transports, Some(self.kind));
-        self.quiet_probe = Some(self.dial_beside(sup, newest, order));
+        let probe = self.dial_beside(sup, creds, order);
+        self.quiet_probe = Some((probe, site));
     }
 
     /// Sets up a new tunnel over the first of `order` that works, off the
