@@ -27,6 +27,7 @@
 pub mod frame;
 pub mod h2;
 pub mod handshakes;
+pub mod heap;
 pub mod http;
 pub mod logging;
 pub mod mem;
@@ -35,6 +36,7 @@ pub mod proxy;
 pub mod quic;
 pub mod reach;
 pub mod transport;
+mod udp;
 pub mod ws;
 
 pub use frame::Caller;

@@ -53,16 +53,17 @@ impl Default for QuicSettings {
 const CLOSE_FLUSH: Duration = Duration::from_millis(250);
 
 /// Ceiling of the path MTU search, and the largest UDP payload an agent
-/// accepts. quinn's default (1,452) fits an Ethernet MTU; where the path
-/// carries more (jumbo frames, loopback, a hub beside its agents) larger
-/// datagrams cost less CPU per byte: 19.5 Gbit/s against 11.1 over
-/// loopback, at 0.29 against 0.68 CPU s/GB on the sender. Where it does
-/// not, the search settles lower after a few lost probes. quinn sends up
-/// to 10 datagrams at once with segmentation offload and the kernel
-/// takes at most 64 KiB per send: above 6,550 bytes each batch is refused
-/// whole (in a trial with 8,952, the losses read as a black hole and sent
-/// the MTU down to 1,200).
-const MTU_CEILING: u16 = 6500;
+/// accepts: what a 9,000-byte jumbo frame carries over IPv6. quinn's
+/// default (1,452) fits an Ethernet MTU; where the path carries more
+/// (jumbo frames, loopback, a hub beside its agents) larger datagrams cost
+/// less CPU per byte: over loopback, 1,452 moved 11.1 Gbit/s, 6,500 19.5.
+/// Where the path carries less, the search settles lower after a few lost
+/// probes, and a probe larger than the local interface's MTU is refused
+/// by the kernel, never sent. A batch of datagrams larger than one send
+/// takes is split (see `udp`). Higher would be faster still over loopback
+/// only, and every tunnel keeps a send buffer of one probe's size: an
+/// idle tunnel's memory grows by about what the ceiling does.
+pub const MTU_CEILING: u16 = 8952;
 const MAX_UDP_PAYLOAD: u16 = MTU_CEILING;
 
 pub fn transport_config(s: &QuicSettings) -> TransportConfig {
@@ -159,6 +160,13 @@ pub fn hub_endpoint_on(
     let tag = ring::hmac::sign(&reset_key, b"otter-link quic connection ids");
     let cid_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, tag.as_ref());
     let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    // quinn's default (1,472) is what the hub tells agents it accepts, and
+    // so the most an agent's search may reach: bytes from the cluster (a
+    // Watch, logs, a port-forward's download) went in Ethernet-sized
+    // datagrams over any path, while the hub's own went in jumbo ones.
+    config
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
     config.cid_generator(move || {
         Box::new(KeyedCids {
             key: cid_key.clone(),
@@ -174,10 +182,10 @@ pub fn hub_endpoint_on(
     // packet that drew it, so it cannot amplify, and quinn answers only
     // connection IDs that carry this hub's keyed hash.
     config.min_reset_interval(Duration::ZERO);
-    Ok(Endpoint::new(
+    Ok(Endpoint::new_with_abstract_socket(
         config,
         Some(server),
-        socket,
+        crate::udp::wrap(socket)?,
         Arc::new(quinn::TokioRuntime),
     )?)
 }
@@ -540,7 +548,12 @@ impl Dialer {
             .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
         let socket = std::net::UdpSocket::bind(bind)?;
         size_buffers(&socket);
-        let endpoint = Endpoint::new(endpoint_config, None, socket, Arc::new(quinn::TokioRuntime))?;
+        let endpoint = Endpoint::new_with_abstract_socket(
+            endpoint_config,
+            None,
+            crate::udp::wrap(socket)?,
+            Arc::new(quinn::TokioRuntime),
+        )?;
         *slot = Some(endpoint.clone());
         Ok(endpoint)
     }
@@ -590,6 +603,7 @@ impl Acceptor for QuicAcceptor {
             sent: stats.path.sent_packets,
             lost: stats.path.lost_packets,
             received: stats.udp_rx.datagrams,
+            mtu: stats.path.current_mtu,
         })
     }
 }

@@ -104,6 +104,9 @@ pub struct PathCounts {
     /// Datagrams received: both ends keep alive, so on a live path this
     /// grows at least once per keepalive interval however idle the tunnel.
     pub received: u64,
+    /// The largest datagram this side sends now, as the path MTU search
+    /// has found it.
+    pub mtu: u16,
 }
 
 /// Liveness settings, the same on both ends and on every transport: a

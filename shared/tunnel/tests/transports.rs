@@ -432,6 +432,78 @@ async fn quic_restarted_hub_resets_old_connections_when_it_keeps_its_secret() {
     }
 }
 
+/// Where the path carries jumbo datagrams (loopback does), the MTU search
+/// reaches the ceiling and stays there under a bulk transfer: quinn sends
+/// 10 datagrams at once, 89 KiB at this size, more than the kernel takes in
+/// one send. Were such a batch refused, its datagrams would count as lost
+/// and the search would take the path for a black hole and fall to 1,200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tls::install_default_provider();
+    let p = pki();
+    let server = tls::server_config(
+        &p.server.0,
+        &p.server.1,
+        p.ca.cert_pem(),
+        tls::ClientAuth::Required,
+        &[quic::ALPN],
+    )
+    .unwrap();
+    let client = tls::client_config(
+        p.ca.cert_pem(),
+        Some((&p.client.0, &p.client.1)),
+        &[quic::ALPN],
+    )
+    .unwrap();
+    let settings = QuicSettings::default();
+    let endpoint = quic::hub_endpoint("127.0.0.1:0".parse().unwrap(), server, &settings).unwrap();
+    let addr = endpoint.local_addr().unwrap();
+    let (tx, mut rx) = mpsc::channel::<Accepted>(4);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(quic::accept_loop(endpoint, tx, shutdown.clone()));
+    let mut acceptor = quic::dial(addr, "localhost", client, &settings)
+        .await
+        .unwrap();
+    let tunnel = rx.recv().await.expect("tunnel accepted");
+
+    // The agent answers the hub's stream with 64 MiB.
+    const BULK: usize = 64 * 1024 * 1024;
+    let hub = async {
+        let mut stream = tunnel.opener.open().await.unwrap();
+        stream.send.write_all(b"go").await.unwrap();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut got = 0;
+        loop {
+            match stream.recv.read(&mut buf).await.unwrap() {
+                0 => break got,
+                n => got += n,
+            }
+        }
+    };
+    let agent = async {
+        let mut stream = acceptor.accept().await.unwrap().expect("a stream");
+        let mut go = [0u8; 2];
+        stream.recv.read_exact(&mut go).await.unwrap();
+        let chunk = vec![0x5au8; 64 * 1024];
+        for _ in 0..BULK / chunk.len() {
+            stream.send.write_all(&chunk).await.unwrap();
+        }
+        stream.send.shutdown().await.unwrap();
+    };
+    let (got, ()) =
+        tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(hub, agent) })
+            .await
+            .expect("64 MiB over loopback within a minute");
+    assert_eq!(got, BULK);
+
+    let counts = acceptor.packets().expect("QUIC counts packets");
+    assert_eq!(counts.mtu, quic::MTU_CEILING, "{counts:?}");
+    // A refused batch would be 10 datagrams lost at once, again and again.
+    assert!(counts.lost * 100 <= counts.sent, "{counts:?}");
+    shutdown.cancel();
+}
+
 /// Each exchange ends with a race: the side that has what it needs drops
 /// the stream while the other's end is still on the way. HTTP/2 answers a
 /// frame for a stream it has already forgotten with a reset of its own and,

@@ -49,6 +49,8 @@ fn tokio_rt() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The heap as the binaries keep it (the hub and agents run in here).
+    otter_tunnel::heap::keep_freed_memory();
     // The hub, agent and test server of the `wan` scenario are this binary
     // started again in a network namespace (see otter_e2e::procs).
     if std::env::var_os(otter_e2e::procs::ROLE_ENV).is_some() {

@@ -514,6 +514,11 @@ pub fn run(secs: Duration, runs: usize, rathole: Option<PathBuf>) -> anyhow::Res
         if let Ok(only) = std::env::var("OTTER_BENCH_ONLY") {
             let r = run_transport(&roles, &only, secs)?;
             figs.add(&format!("throughput.{only}"), "Gbit/s", None, r.gbit);
+            for (role, c) in [("hub", r.hub_cpu_per_gb), ("agent", r.agent_cpu_per_gb)] {
+                if let Some(c) = c {
+                    figs.add(&format!("cpu-{role}.{only}"), "CPU s/GB", None, c);
+                }
+            }
             continue;
         }
         let mut rows: Vec<(&str, anyhow::Result<Sample>)> = vec![
