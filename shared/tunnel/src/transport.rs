@@ -79,6 +79,10 @@ pub trait Opener: Send + Sync + 'static {
     /// `None` when the transport cannot tell.
     fn heard(&self) -> Option<u64>;
     fn kind(&self) -> TransportKind;
+    /// The hub's side of the path's counts (see [`Acceptor::packets`]).
+    fn packets(&self) -> Option<PathCounts> {
+        None
+    }
 }
 
 /// The agent's side of a tunnel connection.
