@@ -936,6 +936,19 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
 async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
     let Some(etcd) = Etcd::start() else { return };
     let (a, b, root) = two_replicas(&etcd, true).await;
+    // b is live once a reads its record from the store: only then do a's
+    // Register answer and tunnel name b's URLs (in a loaded run, a had not
+    // yet read it when the agent came, and the next telling is minutes on).
+    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
+    wait_until(
+        async || {
+            otter_hub::peers::tunnel_urls_for_agents(&a.hub.state)
+                .iter()
+                .any(|u| u.as_str().ends_with(&b_port))
+        },
+        "a to know b's tunnel URLs",
+    )
+    .await;
     let token = a.hub.mint_join_token("edge-1").unwrap();
     let agent = otter_e2e::double::start_agent_at(
         a.api_url(),
@@ -949,7 +962,6 @@ async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
             c.backoff_cap = Duration::from_secs(2);
         },
     );
-    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
     let first = agent
         .agent
         .wait_for(WAIT, |s| {
