@@ -769,7 +769,7 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
 
 /// A link as ListLinks shows it to a caller with `role` in its tenant: the
 /// agent, its address, certificate serial and diagnosis to admins only.
-pub fn link_view(state: &HubState, r: LinkRecord, role: crate::tenancy::Role) -> Link {
+pub fn link_view(state: &Arc<HubState>, r: LinkRecord, role: crate::tenancy::Role) -> Link {
     let admin = role == crate::tenancy::Role::Admin;
     let live = state
         .registry

@@ -205,16 +205,32 @@ const TUNNEL_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Closes this replica's tunnels whose link was deleted, or taken by
 /// another agent, on another replica, and lets go of those another
 /// replica took over (a newer tunnel of the same cluster): one cluster is
-/// served by one replica. Woken by the store's watch; reads the store's
-/// local copy only.
+/// served by one replica. Tells every connected agent when the replicas'
+/// tunnel URLs change (one came or went), so an agent knows where to turn
+/// when its replica stops, not only from the next diagnosis refresh.
+/// Woken by the store's watch; reads the store's local copy only.
 pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationToken) {
     let mut follower =
         crate::store::Follower::new(&*state.store, TUNNEL_CHECK_GAP, TUNNEL_CHECK_EVERY);
+    let mut told = tunnel_urls_for_agents(&state);
+    // Tunnels still to be told the change: those with a fetch under way
+    // (which may carry the list from before it) are tried on the next wake.
+    let mut untold: Vec<Arc<crate::registry::TunnelEntry>> = Vec::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             () = follower.next() => {}
         }
+        let urls = tunnel_urls_for_agents(&state);
+        if urls != told {
+            tracing::info!(tunnel_urls = ?urls.iter().map(Url::as_str).collect::<Vec<_>>(), "the replicas' tunnel URLs changed; telling connected agents");
+            told = urls;
+            untold = state.registry.all();
+        }
+        untold.retain(|t| {
+            let live = state.registry.get(&t.cluster).is_some_and(|e| e.id == t.id);
+            live && !crate::tunnels::retell_tunnel_urls(&state, t)
+        });
         for t in state.registry.all() {
             let link = state
                 .store

@@ -248,22 +248,42 @@ fn touch(state: &HubState, cluster: &str, transport: &str) {
 
 /// Fetches `entry`'s diagnosis again, off the caller's task, if the one
 /// kept is older than the hub's `diagnosis_max_age` (a few at a time).
-pub fn refresh_diagnosis(state: &HubState, entry: &Arc<TunnelEntry>) {
-    if !entry
-        .diagnosis
-        .claim_refresh(state.config.diagnosis_max_age)
-    {
-        return;
+pub fn refresh_diagnosis(state: &Arc<HubState>, entry: &Arc<TunnelEntry>) {
+    refresh_diagnosis_older_than(state, entry, state.config.diagnosis_max_age);
+}
+
+/// Tells `entry`'s agent where the hub serves tunnels now (with a new
+/// diagnosis), whatever the age of the one kept. Whether a fetch was
+/// started: not while another is under way, whose telling may predate
+/// the caller's news.
+pub fn retell_tunnel_urls(state: &Arc<HubState>, entry: &Arc<TunnelEntry>) -> bool {
+    refresh_diagnosis_older_than(state, entry, std::time::Duration::ZERO)
+}
+
+fn refresh_diagnosis_older_than(
+    state: &Arc<HubState>,
+    entry: &Arc<TunnelEntry>,
+    max_age: std::time::Duration,
+) -> bool {
+    if !entry.diagnosis.claim_refresh(max_age) {
+        return false;
     }
-    let (entry, limit) = (entry.clone(), state.registry.diagnosing.clone());
-    let urls = crate::peers::tunnel_urls_for_agents(state);
+    let (entry, limit, state2) = (
+        entry.clone(),
+        state.registry.diagnosing.clone(),
+        state.clone(),
+    );
     state.tasks.spawn(async move {
         if let Ok(_slot) = limit.acquire_owned().await {
+            // Read once the slot is ours: a fetch queued behind a
+            // thousand others tells what is true when it goes.
+            let urls = crate::peers::tunnel_urls_for_agents(&state2);
             fetch_diagnosis(&urls, &entry).await;
         } else {
             entry.diagnosis.fetched();
         }
     });
+    true
 }
 
 /// Asks the agent, on a stream of its own, how it got through (transports

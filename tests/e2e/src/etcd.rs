@@ -217,21 +217,10 @@ pub async fn start_replicas_on(store: &str, n: usize, peers: bool) -> (Vec<TestH
         .collect();
     // Read by every replica at its start only.
     let key = store_key(dirs[0].path());
-    let configs = dirs.iter().enumerate().map(|(i, dir)| {
-        let mut c = otter_hub::HubConfig::new(dir.path().join("hub"));
-        c.api_listen = "127.0.0.1:0".parse().expect("address");
-        c.tunnel_listen = "127.0.0.1:0".parse().expect("address");
-        c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
-        c.drain_timeout = Duration::from_secs(2);
-        c.store = Some(otter_hub::etcd::EtcdOptions::from_url(store).expect("store URL"));
-        c.store_key_file = Some(key.clone());
-        c.recheck_tokens_every = Duration::from_millis(300);
-        c.replica = format!("r{i}");
-        if peers {
-            c.peer_listen = Some("127.0.0.1:0".parse().expect("address"));
-        }
-        c
-    });
+    let configs = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| replica_config(store, &key, dir.path(), i, peers));
     let started = futures::future::join_all(configs.map(otter_hub::Hub::start)).await;
     let hubs: Vec<otter_hub::Hub> = started
         .into_iter()
@@ -256,6 +245,43 @@ pub async fn start_replicas_on(store: &str, n: usize, peers: bool) -> (Vec<TestH
         })
         .collect();
     (hubs, root)
+}
+
+/// The configuration of replica `r{i}` with its data under `dir`.
+fn replica_config(
+    store: &str,
+    key: &std::path::Path,
+    dir: &std::path::Path,
+    i: usize,
+    peers: bool,
+) -> otter_hub::HubConfig {
+    let mut c = otter_hub::HubConfig::new(dir.join("hub"));
+    c.api_listen = "127.0.0.1:0".parse().expect("address");
+    c.tunnel_listen = "127.0.0.1:0".parse().expect("address");
+    c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(1));
+    c.drain_timeout = Duration::from_secs(2);
+    c.store = Some(otter_hub::etcd::EtcdOptions::from_url(store).expect("store URL"));
+    c.store_key_file = Some(key.to_owned());
+    c.recheck_tokens_every = Duration::from_millis(300);
+    c.replica = format!("r{i}");
+    if peers {
+        c.peer_listen = Some("127.0.0.1:0".parse().expect("address"));
+    }
+    c
+}
+
+/// Replica `r{i}` started later on the store the replicas of
+/// [`start_replicas_on`] run on (`first` is the first of them, whose data
+/// dir holds the store key).
+pub async fn add_replica(store: &str, first: &TestHub, i: usize, peers: bool) -> TestHub {
+    let dir = std::sync::Arc::new(tempfile::tempdir().expect("data dir"));
+    let key = first.dir.path().join("store.key");
+    let config = replica_config(store, &key, dir.path(), i, peers);
+    TestHub {
+        hub: otter_hub::Hub::start(config).await.expect("replica starts"),
+        dir,
+        admin_token: first.admin_token.clone(),
+    }
 }
 
 /// The ports of a replica run as a process: API, tunnel, peer.

@@ -938,7 +938,8 @@ async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
     let (a, b, root) = two_replicas(&etcd, true).await;
     // b is live once a reads its record from the store: only then do a's
     // Register answer and tunnel name b's URLs (in a loaded run, a had not
-    // yet read it when the agent came, and the next telling is minutes on).
+    // yet read it when the agent came; a tells its agents when it does,
+    // which the test below shows, but this one starts from a known list).
     let b_port = format!(":{}/", b.hub.tunnel_addr.port());
     wait_until(
         async || {
@@ -1005,4 +1006,80 @@ async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
     );
     agent.agent.shutdown().await;
     b.hub.shutdown().await;
+}
+
+/// A replica that starts after an agent connected is named to that agent
+/// as soon as the agent's replica reads its record (the store's watch), not
+/// at some later diagnosis; one that stops is dropped again. Otherwise an
+/// agent connected before a scale-up knows no replica to turn to when its
+/// own stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connected_agents_learn_of_replicas_that_come_and_go() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (hubs, _root) = otter_e2e::etcd::start_replicas(&etcd, 1, false).await;
+    let a = hubs.into_iter().next().expect("one replica");
+    let token = a.hub.mint_join_token("edge-late").unwrap();
+    let agent = otter_e2e::double::start_agent_at(
+        a.api_url(),
+        a.hub.ca_pem(),
+        "edge-late",
+        "a1",
+        &token,
+        TransportKind::Quic,
+        |_| {},
+    );
+    let first = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some() && !s.advertised_urls.is_empty()
+        })
+        .await
+        .expect("connected through a, and told its URLs");
+    let a_only = first.advertised_urls.clone();
+
+    let b = otter_e2e::etcd::add_replica(&etcd.url(), &a, 1, false).await;
+    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
+    assert!(
+        !a_only.iter().any(|u| u.as_str().ends_with(&b_port)),
+        "{a_only:?}"
+    );
+    let started = std::time::Instant::now();
+    let told = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.advertised_urls
+                .iter()
+                .any(|u| u.as_str().ends_with(&b_port))
+        })
+        .await
+        .expect("the connected agent told of the new replica");
+    eprintln!(
+        "told of the new replica {:?} after it started: {}",
+        started.elapsed(),
+        told.advertised_urls
+            .iter()
+            .map(url::Url::as_str)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    assert!(
+        a_only.iter().all(|u| told.advertised_urls.contains(u)),
+        "a's own URLs first and still there: {:?}",
+        told.advertised_urls
+    );
+    assert_eq!(told.connects, first.connects, "the same tunnel: {told:?}");
+
+    b.hub.shutdown().await;
+    let after = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            !s.advertised_urls
+                .iter()
+                .any(|u| u.as_str().ends_with(&b_port))
+        })
+        .await
+        .expect("the stopped replica dropped from what the agent is told");
+    assert_eq!(after.advertised_urls, a_only);
+    agent.agent.shutdown().await;
+    a.hub.shutdown().await;
 }
