@@ -36,10 +36,15 @@ pub(crate) struct PodRoots {
     pub private_tmp: bool,
 }
 
+/// Prefix of the pods' folders, followed by the server's pid.
+const ROOT_PREFIX: &str = "kube-sim-pods-";
+
 impl PodRoots {
     pub fn create() -> io::Result<PodRoots> {
-        let root = std::env::temp_dir().join(format!(
-            "kube-sim-pods-{}-{:016x}",
+        let temp = std::env::temp_dir();
+        sweep_stale(&temp);
+        let root = temp.join(format!(
+            "{ROOT_PREFIX}{}-{:016x}",
             std::process::id(),
             rand::random::<u64>()
         ));
@@ -85,6 +90,29 @@ impl PodRoots {
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
+    }
+}
+
+/// Removes the pods' folders of servers whose process is gone. A server
+/// removes its own when dropped, but a process that exits without
+/// dropping it (killed, or ended by `exit`) cannot.
+fn sweep_stale(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(ROOT_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -284,4 +312,30 @@ fn open_pty() -> io::Result<(OwnedFd, OwnedFd)> {
         .into();
     tcsetwinsize(&slave, winsize(80, 24))?;
     Ok((master, slave))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gone_servers_pod_folders_are_swept_and_a_live_ones_kept() {
+        let temp = tempfile::tempdir().unwrap();
+        // No process has this pid: above any pid_max Linux allows.
+        let gone = temp
+            .path()
+            .join(format!("{ROOT_PREFIX}4294967295-00000000000000aa"));
+        let live = temp.path().join(format!(
+            "{ROOT_PREFIX}{}-00000000000000bb",
+            std::process::id()
+        ));
+        let other = temp.path().join("kube-sim-pods-not-a-pid");
+        for d in [&gone, &live, &other] {
+            std::fs::create_dir_all(d.join("default/web/tmp")).unwrap();
+        }
+        sweep_stale(temp.path());
+        assert!(!gone.exists(), "the gone server's folder stays");
+        assert!(live.exists(), "a live server's folder was removed");
+        assert!(other.exists(), "a folder not named by a pid was removed");
+    }
 }
