@@ -45,6 +45,7 @@ pub mod identity;
 pub mod impersonation;
 pub mod kube;
 pub mod kube_proxy;
+pub mod ordered;
 pub mod resource;
 pub mod runtime;
 pub mod sessions;

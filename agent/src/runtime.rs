@@ -81,6 +81,8 @@ struct Handle {
     /// Cancelled when the session is reaped.
     reaped: CancellationToken,
     tty: bool,
+    /// Where the hub's ordered writes of a port-forward upload stand.
+    order: Arc<crate::ordered::Order>,
 }
 
 type Table = Arc<Mutex<SessionTable<Handle>>>;
@@ -161,6 +163,7 @@ impl Runtime {
             budget: Arc::new(tokio::sync::Semaphore::new(INPUT_BUDGET)),
             reaped: reaped.clone(),
             tty,
+            order: Arc::default(),
         };
         let id = self
             .lock()
@@ -645,6 +648,18 @@ impl RuntimeService for Runtime {
         request: Request<pb::WritePortForwardRequest>,
     ) -> Result<Response<()>, Status> {
         let who = caller(&request)?;
+        let place = match request
+            .metadata()
+            .get(otter_tunnel::frame::UPLOAD_ORDER_HEADER)
+        {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(crate::ordered::Place::parse)
+                    .ok_or_else(|| Status::invalid_argument("bad upload order header"))?,
+            ),
+        };
         let r = request.into_inner();
         let handle = self.session(&r.session_id, Kind::PortForward, &who.user)?;
         let data = r.data.unwrap_or_default();
@@ -654,9 +669,18 @@ impl RuntimeService for Runtime {
                 data.len()
             )));
         }
-        if !data.is_empty() {
-            Self::deliver_data(&handle, data).await?;
+        let turn = match place {
+            Some(place) => Some(handle.order.turn(place, INPUT_WAIT).await?),
+            None => None,
+        };
+        let delivered = match data.is_empty() {
+            true => Ok(()),
+            false => Self::deliver_data(&handle, data).await,
+        };
+        if let Some(turn) = turn {
+            turn.finish(delivered.is_ok());
         }
+        delivered?;
         Ok(Response::new(()))
     }
 

@@ -277,7 +277,25 @@ pub(crate) async fn send(
         .registry
         .open_call(caller, cluster, &*state.store, &state.config.replica)
         .await;
+    // A write of an upload path, sent on by the replica that runs the
+    // path: the only place-in-order header an agent sees.
+    if parts.extensions.get::<crate::peers::FromPeer>().is_some()
+        && let Some(place) = parts
+            .headers
+            .get(otter_tunnel::frame::UPLOAD_ORDER_HEADER)
+            .and_then(|v| v.to_str().ok())
+    {
+        let place = crate::uploads::Ordered(place.to_owned());
+        parts.extensions.insert(place);
+    }
     strip_client_headers(&mut parts.headers);
+    if let Some(crate::uploads::Ordered(place)) = parts.extensions.get()
+        && let Ok(v) = http::HeaderValue::from_str(place)
+    {
+        parts
+            .headers
+            .insert(otter_tunnel::frame::UPLOAD_ORDER_HEADER, v);
+    }
     let metrics = state.metrics.clone();
     let body = PrefixedBody {
         prefix: Some(prefix),

@@ -223,6 +223,13 @@ pub const HUB_TIME_HEADER: &str = "otter-hub-time";
 /// every connect, not only when it registers.
 pub const TUNNEL_URLS_HEADER: &str = "otter-tunnel-urls";
 
+/// Header of a port-forward write the hub sends on: its upload path and
+/// its place on it, `<upload>/<seq>` in hexadecimal. The hub sends a few
+/// writes of one upload at once, and the agent hands each to the pod only
+/// after the one before. The hub drops this header (as every `x-otter-`
+/// one) from what clients send, and sets it itself.
+pub const UPLOAD_ORDER_HEADER: &str = "x-otter-upload-order";
+
 /// First chunk from the agent.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseHead {

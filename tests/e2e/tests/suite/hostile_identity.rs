@@ -234,10 +234,21 @@ async fn a_port_forward_belongs_to_its_opener() {
         "{e:?}"
     );
 
-    // Alice's own bytes come back, and nothing of Bob's ever did.
-    rt.write_port_forward(with_token(write(b"alice"), &alice))
-        .await
-        .unwrap();
+    // Alice's own bytes come back, and nothing of Bob's ever did. Her
+    // write claims a place on an upload path the hub never opened: were the
+    // claim to reach the agent, it would hold the bytes for a write 6 that
+    // never comes (30 s) and then fail them.
+    let mut placed = with_token(write(b"alice"), &alice);
+    placed.metadata_mut().insert(
+        otter_tunnel::frame::UPLOAD_ORDER_HEADER,
+        "ffff/7".parse().unwrap(),
+    );
+    within(
+        "a write with a claimed upload place",
+        rt.write_port_forward(placed),
+    )
+    .await
+    .unwrap();
     let mut back = Vec::new();
     within("echo", async {
         while back.len() < 5 {

@@ -1083,3 +1083,99 @@ async fn connected_agents_learn_of_replicas_that_come_and_go() {
     agent.agent.shutdown().await;
     a.hub.shutdown().await;
 }
+
+/// A port-forward's upload through a replica that does not hold the
+/// cluster's tunnel: the upload path on that replica sends its batches on
+/// through the replica that does, several at once, each with its place on
+/// the path, and every byte reaches the pod once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_forward_upload_through_another_replica_keeps_its_order() {
+    use otter_proto::runtime::v1::{
+        PortForwardRequest, WritePortForwardRequest, runtime_service_client::RuntimeServiceClient,
+    };
+    let Some(etcd) = Etcd::start() else { return };
+    let (a, b, root) = two_replicas(&etcd, true).await;
+    let sim =
+        kube_sim::KubeSim::start(otter_e2e::kube::sim_config().pod("default", "web", &["app"]))
+            .await
+            .expect("test server");
+    sim.add_pod_port(
+        "default",
+        "web",
+        8080,
+        otter_e2e::procs::echo_server().await,
+    );
+    let join = b.hub.mint_join_token_in("edge-pf", "default").unwrap();
+    let agent =
+        otter_e2e::kube::kube_agent(&b, &sim, "edge-pf", &join, TransportKind::Quic, |_| {}).await;
+    let ca = a.channel().await;
+    wait_until(
+        async || {
+            otter_hub::peers::owner(&*a.hub.state.store, "edge-pf", "r0").is_ok_and(|o| o.is_some())
+        },
+        "replica a to see edge-pf's tunnel on b",
+    )
+    .await;
+    let mut rt = RuntimeServiceClient::new(ca)
+        .max_decoding_message_size(8 * 1024 * 1024)
+        .max_encoding_message_size(8 * 1024 * 1024);
+    let mut stream = rt
+        .port_forward(with_token(
+            PortForwardRequest {
+                cluster: Some("edge-pf".into()),
+                namespace: Some("default".into()),
+                name: Some("web".into()),
+                port: Some(8080),
+            },
+            &root,
+        ))
+        .await
+        .expect("port-forward through a")
+        .into_inner();
+    let id = stream
+        .next()
+        .await
+        .expect("a first message")
+        .expect("a first message")
+        .session_id
+        .expect("session id first");
+    // Pieces of many sizes, each telling its place, so that a batch out of
+    // order shows.
+    let mut expected = Vec::new();
+    for i in 0..120usize {
+        let mut piece = format!("<{i}>").into_bytes();
+        piece.resize(piece.len() + (i * 7919) % 96_000, b'a' + (i % 26) as u8);
+        rt.write_port_forward(with_token(
+            WritePortForwardRequest {
+                session_id: Some(id.clone()),
+                data: Some(piece.clone()),
+            },
+            &root,
+        ))
+        .await
+        .expect("a write through a");
+        expected.extend_from_slice(&piece);
+    }
+    let mut back = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while back.len() < expected.len() {
+            let m = stream
+                .next()
+                .await
+                .expect("the stream goes on")
+                .expect("data");
+            back.extend(m.data.unwrap_or_default());
+        }
+    })
+    .await
+    .expect("every byte echoed");
+    assert!(back == expected, "bytes arrived out of order or changed");
+    eprintln!(
+        "{} bytes in 120 writes through replica a reached the pod on b's tunnel in order",
+        expected.len()
+    );
+    drop(stream);
+    agent.shutdown().await;
+    a.hub.shutdown().await;
+    b.hub.shutdown().await;
+}
