@@ -81,6 +81,14 @@ async fn dead_path_is_noticed(transport: TransportKind) {
     let agent = start_agent(&hub, "edge-1", "a1", &token, transport);
     let channel = hub.channel().await;
     wait_connected(&channel, &hub.admin_token, 1).await;
+    // The hub lists the tunnel before the agent's own status says so: a
+    // freeze in between made the wait for the agent's notice below return
+    // at once (a loaded CI run read no tunnel end yet).
+    agent
+        .agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("the agent's side of the tunnel is up");
 
     relay.freeze(true);
     let frozen_at = tokio::time::Instant::now();
