@@ -296,7 +296,8 @@ async fn setup() -> anyhow::Result<Setup> {
     };
     let direct_real = serve_plain(real.clone(), Some(admin)).await?;
 
-    // One cluster per transport, each with its own agent.
+    // One cluster per transport, each with its own agent, and a neighbour
+    // of each transport: the head-of-line series' second control.
     let hub = TestHub::start_with(Arc::new(tempfile::tempdir()?), None, |c| {
         c.keepalive = otter_tunnel::Keepalive::default()
     })
@@ -306,6 +307,8 @@ async fn setup() -> anyhow::Result<Setup> {
         ("quic", TransportKind::Quic),
         ("h2", TransportKind::H2),
         ("real", TransportKind::Quic),
+        ("quic-neighbour", TransportKind::Quic),
+        ("h2-neighbour", TransportKind::H2),
     ] {
         let token = hub.hub.mint_join_token(cluster)?;
         let mut config =
@@ -324,7 +327,7 @@ async fn setup() -> anyhow::Result<Setup> {
         agents.push(agent);
     }
     let via_hub = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
-    otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 3).await;
+    otter_e2e::double::wait_connected(&via_hub, &hub.admin_token, 5).await;
     let bulk = hub_channel(hub.hub.api_addr, hub.hub.ca_pem()).await?;
     hub.hub.create_tenant("outsiders")?;
     let outsider = hub.hub.mint_token(&otter_hub::tokens::TokenSpec::member(
@@ -567,6 +570,20 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             let (control, busy) =
                 alternating(0, hol_calls, one, || hub_get(ch, token, cluster)).await?;
             let (control, busy) = (Latency::of(&control), Latency::of(&busy));
+            // The same Gets beside a control that takes the same path
+            // (client, hub, a tunnel of the same kind, an agent) to a
+            // neighbour cluster whose tunnel carries no bulk stream: the
+            // hops cost the same on the shared cores, so what remains is
+            // the wait behind bulk bytes on the shared tunnel.
+            let neighbour = format!("{cluster}-neighbour");
+            let (beside, shared) = alternating(
+                0,
+                hol_calls,
+                || hub_get(ch, token, &neighbour),
+                || hub_get(ch, token, cluster),
+            )
+            .await?;
+            let (beside, shared) = (Latency::of(&beside), Latency::of(&shared));
             let rate = (bulk_bytes.load(std::sync::atomic::Ordering::Relaxed) - b0) as f64 * 8.0
                 / 1e9
                 / t.elapsed().as_secs_f64();
@@ -599,6 +616,14 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 "µs",
                 Some(&format!("hol.{cluster}.bulk-direct-p99")),
                 busy.p99,
+            );
+            let neighbour_name = format!("hol.{cluster}.bulk-neighbour-p99");
+            figs.add(&neighbour_name, "µs", None, beside.p99);
+            figs.add(
+                &format!("hol.{cluster}.bulk-p99-vs-neighbour"),
+                "µs",
+                Some(&neighbour_name),
+                shared.p99,
             );
             figs.add(&format!("hol.{cluster}.bulk-rate"), "Gbit/s", None, rate);
         }
