@@ -224,6 +224,8 @@ struct Setup {
     direct: Channel,
     /// The agent's real services (kube-rs, impersonating), no hub.
     direct_real: Channel,
+    /// [`serve_bare_proxy`] in front of `direct`.
+    bare_proxy: Channel,
     via_hub: Channel,
     bulk: Channel,
     /// A member of a tenant that holds none of the bench's clusters.
@@ -263,6 +265,45 @@ async fn serve_plain(
         .await?)
 }
 
+/// The least one TLS gRPC hop costs here: a proxy that terminates TLS and
+/// HTTP/2 as the hub's API port does (rustls, hyper) and hands every call
+/// as it is to `direct`, with no token, routing or tunnel. The hub's added
+/// time set against this hop's says how much of it is the machine's.
+async fn serve_bare_proxy(direct: Channel) -> anyhow::Result<Channel> {
+    let ca = otter_pki::CertificateAuthority::generate("bench proxy")?;
+    let (cert, key) = ca.issue_server_cert(&["localhost".to_owned()])?;
+    let tls = otter_pki::tls::server_config(
+        &cert,
+        &key,
+        ca.cert_pem(),
+        otter_pki::tls::ClientAuth::None,
+        &[b"h2"],
+    )?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, direct) = (acceptor.clone(), direct.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let direct = direct.clone();
+                        tower::ServiceExt::oneshot(direct, req.map(tonic::body::Body::new))
+                    });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    hub_channel(addr, ca.cert_pem()).await
+}
+
 async fn setup() -> anyhow::Result<Setup> {
     otter_pki::tls::install_default_provider();
     let sim = KubeSim::start(
@@ -295,6 +336,7 @@ async fn setup() -> anyhow::Result<Setup> {
         ..Default::default()
     };
     let direct_real = serve_plain(real.clone(), Some(admin)).await?;
+    let bare_proxy = serve_bare_proxy(direct.clone()).await?;
 
     // One cluster per transport, each with its own agent, and a neighbour
     // of each transport: the head-of-line series' second control.
@@ -342,6 +384,7 @@ async fn setup() -> anyhow::Result<Setup> {
         _agents: agents,
         direct,
         direct_real,
+        bare_proxy,
         via_hub,
         bulk,
         outsider,
@@ -433,6 +476,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         );
         // Through the hub and the tunnel, each call beside a direct one:
         // the hub-added figures are the pairs' differences.
+        let mut hub_added = Vec::new();
         for cluster in ["quic", "h2"] {
             let (ch, token) = (&s.via_hub, token.as_str());
             let (direct, via) =
@@ -452,6 +496,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             for (q, v) in [("p50", added.p50), ("p99", added.p99)] {
                 figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, v);
             }
+            hub_added.push((cluster, added));
             let cpu = cpu_per_call(calls, || hub_get(ch, token, cluster)).await?;
             figs.add(
                 &format!("cpu-per-call.hub-{cluster}"),
@@ -461,6 +506,33 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             );
             eprintln!("bench: hub-{cluster} {cpu:.0} µs CPU per call");
         }
+
+        // One bare TLS gRPC hop in front of the direct service, each call
+        // beside a direct one: the floor a hop costs on this machine.
+        let proxy = s.bare_proxy.clone();
+        let via_proxy = || {
+            let mut c = ResourceServiceClient::new(proxy.clone());
+            async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
+        };
+        let (direct, via) = alternating(warmup, calls, one, via_proxy).await?;
+        let added = Latency::added(&direct, &via);
+        for (q, v) in [("p50", added.p50), ("p99", added.p99)] {
+            figs.add(&format!("bare-tls-hop-added.{q}"), "µs", None, v);
+        }
+        for (cluster, hub) in &hub_added {
+            for (q, v) in [("p50", hub.p50), ("p99", hub.p99)] {
+                figs.add(
+                    &format!("hub-added-vs-bare-hop.{cluster}.{q}"),
+                    "µs",
+                    Some(&format!("bare-tls-hop-added.{q}")),
+                    v,
+                );
+            }
+        }
+        eprintln!(
+            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it",
+            added.p50
+        );
 
         // The agent's real ResourceService (kube-rs, impersonation), without
         // and with the hub.
