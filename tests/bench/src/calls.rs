@@ -529,8 +529,15 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 );
             }
         }
+        let cpu = cpu_per_call(calls, via_proxy).await?;
+        figs.add(
+            "cpu-per-call.bare-tls-hop",
+            "µs",
+            Some("cpu-per-call.direct-agent"),
+            cpu,
+        );
         eprintln!(
-            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it",
+            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it, {cpu:.0} µs CPU per call",
             added.p50
         );
 
