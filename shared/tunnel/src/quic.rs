@@ -81,8 +81,27 @@ pub fn transport_config(s: &QuicSettings) -> TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(MTU_CEILING);
     t.mtu_discovery_config(Some(mtu));
+    let mut acks = quinn::AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(VarInt::from_u32(ACK_ELICITING_THRESHOLD))
+        .max_ack_delay(Some(ACK_DELAY_BOUND));
+    t.ack_frequency_config(Some(acks));
     t
 }
+
+/// Packets that need an acknowledgement a peer may receive before it must
+/// acknowledge them at once (asked of the peer with QUIC's ACK frequency
+/// extension, which quinn speaks on both ends), and how long it may hold
+/// back an acknowledgement below that count. quinn's default (at once
+/// after every second packet) took five UDP sends for a unary call: the
+/// request, the agent's bare acknowledgement, the answer, the hub's bare
+/// acknowledgement and the reset that ends the stream. Held back, each
+/// acknowledgement rides on the next packet the other way, and the call
+/// takes three. The 1 ms bound keeps a sender whose window is full from
+/// waiting for the acknowledgements it needs: with quinn's 25 ms, small
+/// calls on a tunnel carrying a bulk stream waited 27 ms at p99 instead of
+/// 11.
+const ACK_ELICITING_THRESHOLD: u32 = 3;
+const ACK_DELAY_BOUND: Duration = Duration::from_millis(1);
 
 /// Kernel buffer asked for each way of a QUIC socket.
 const SOCKET_BUFFER: usize = 4 * 1024 * 1024;

@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, transport::Channel};
 
 use anyhow::Context;
 
-use crate::common::{Figures, Latency, alternating, cpu_secs};
+use crate::common::{Figures, Latency, alternating, cpu_secs, packets_sent};
 
 /// Group of the hub's admin token, allowed everything on the test server.
 const HUB_ADMINS: &str = "otter:default:admins";
@@ -203,17 +203,47 @@ where
     Ok(out)
 }
 
-/// CPU time (µs) this whole process (client, hub, agent, test server)
-/// spends per call of `call`, over `n` sequential calls: steadier than
-/// latency on a shared machine, and what a hop costs in work, not waiting.
-async fn cpu_per_call<F, Fut>(n: usize, call: F) -> anyhow::Result<f64>
+/// What a call costs in work, over `n` sequential calls of `call`: CPU
+/// time (µs) of this whole process (client, hub, agent, test server),
+/// steadier than latency on a shared machine, and the packets sent on
+/// loopback, UDP and TCP (each a system call, a wakeup and a pass through
+/// a protocol stack).
+struct Work {
+    cpu: f64,
+    udp: f64,
+    tcp: f64,
+}
+
+async fn work_per_call<F, Fut>(n: usize, call: F) -> anyhow::Result<Work>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     let before = cpu_secs("self").unwrap_or(0.0);
+    let sent = packets_sent();
     series(n, call).await?;
-    Ok((cpu_secs("self").unwrap_or(0.0) - before) * 1e6 / n as f64)
+    let cpu = (cpu_secs("self").unwrap_or(0.0) - before) * 1e6 / n as f64;
+    let (udp, tcp) = match (sent, packets_sent()) {
+        (Some((u0, t0)), Some((u1, t1))) => {
+            ((u1 - u0) as f64 / n as f64, (t1 - t0) as f64 / n as f64)
+        }
+        _ => (f64::NAN, f64::NAN),
+    };
+    Ok(Work { cpu, udp, tcp })
+}
+
+impl Work {
+    /// Adds the figures of path `path`, against `baseline`'s.
+    fn add_to(&self, figs: &mut Figures, path: &str, baseline: Option<&str>) {
+        for (what, unit, v) in [
+            ("cpu-per-call", "µs", self.cpu),
+            ("udp-sends-per-call", "sends", self.udp),
+            ("tcp-segments-per-call", "segments", self.tcp),
+        ] {
+            let base = baseline.map(|b| format!("{what}.{b}"));
+            figs.add(&format!("{what}.{path}"), unit, base.as_deref(), v);
+        }
+    }
 }
 
 struct Setup {
@@ -468,11 +498,11 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         series(warmup, one).await?;
         let d = Latency::of(&series(calls, one).await?);
         add_latency(&mut figs, "direct-agent", d, Some("kube-sim"));
-        let direct_cpu = cpu_per_call(calls, one).await?;
-        figs.add("cpu-per-call.direct-agent", "µs", None, direct_cpu);
+        let work = work_per_call(calls, one).await?;
+        work.add_to(&mut figs, "direct-agent", None);
         eprintln!(
-            "bench: direct-agent p50 {:.0} µs, {direct_cpu:.0} µs CPU per call",
-            d.p50
+            "bench: direct-agent p50 {:.0} µs, {:.0} µs CPU per call",
+            d.p50, work.cpu
         );
         // Through the hub and the tunnel, each call beside a direct one:
         // the hub-added figures are the pairs' differences.
@@ -497,14 +527,12 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 figs.add(&format!("hub-added.{cluster}.{q}"), "µs", None, v);
             }
             hub_added.push((cluster, added));
-            let cpu = cpu_per_call(calls, || hub_get(ch, token, cluster)).await?;
-            figs.add(
-                &format!("cpu-per-call.hub-{cluster}"),
-                "µs",
-                Some("cpu-per-call.direct-agent"),
-                cpu,
+            let work = work_per_call(calls, || hub_get(ch, token, cluster)).await?;
+            work.add_to(&mut figs, &format!("hub-{cluster}"), Some("direct-agent"));
+            eprintln!(
+                "bench: hub-{cluster} {:.0} µs CPU, {:.1} UDP sends, {:.1} TCP segments per call",
+                work.cpu, work.udp, work.tcp
             );
-            eprintln!("bench: hub-{cluster} {cpu:.0} µs CPU per call");
         }
 
         // One bare TLS gRPC hop in front of the direct service, each call
@@ -529,16 +557,11 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 );
             }
         }
-        let cpu = cpu_per_call(calls, via_proxy).await?;
-        figs.add(
-            "cpu-per-call.bare-tls-hop",
-            "µs",
-            Some("cpu-per-call.direct-agent"),
-            cpu,
-        );
+        let work = work_per_call(calls, via_proxy).await?;
+        work.add_to(&mut figs, "bare-tls-hop", Some("direct-agent"));
         eprintln!(
-            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it, {cpu:.0} µs CPU per call",
-            added.p50
+            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it, {:.0} µs CPU per call",
+            added.p50, work.cpu
         );
 
         // The agent's real ResourceService (kube-rs, impersonation), without

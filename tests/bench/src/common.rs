@@ -211,6 +211,19 @@ fn parse_stat(text: &str) -> Option<(String, f64)> {
 }
 
 /// CPU seconds used by process `pid` so far.
+/// Packets this machine has sent so far: UDP datagrams (a segmentation
+/// offload send counts once) and TCP segments, from `/proc/net/snmp`.
+pub fn packets_sent() -> Option<(u64, u64)> {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").ok()?;
+    let field = |proto: &str, name: &str| -> Option<u64> {
+        let mut lines = snmp.lines().filter(|l| l.starts_with(proto));
+        let (names, values) = (lines.next()?, lines.next()?);
+        let i = names.split_whitespace().position(|n| n == name)?;
+        values.split_whitespace().nth(i)?.parse().ok()
+    };
+    Some((field("Udp:", "OutDatagrams")?, field("Tcp:", "OutSegs")?))
+}
+
 pub fn cpu_secs(pid: &str) -> Option<f64> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?).map(|(_, s)| s)
 }
