@@ -450,6 +450,13 @@ async fn hub_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// A Get without a token, as the direct and bare-proxy paths take it.
+fn plain_get(ch: &Channel, cluster: &str) -> impl Future<Output = anyhow::Result<()>> + use<> {
+    let mut client = ResourceServiceClient::new(ch.clone());
+    let request = get(cluster);
+    async move { client.get(request).await.map(drop).map_err(Into::into) }
+}
+
 /// A Get the hub must refuse as for an absent cluster.
 async fn refused_get(ch: &Channel, token: &str, cluster: &str) -> anyhow::Result<()> {
     let mut client = ResourceServiceClient::new(ch.clone());
@@ -490,11 +497,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         add_latency(&mut figs, "kube-sim", k, None);
         eprintln!("bench: kube-sim p50 {:.0} µs", k.p50);
         // Straight to the agent's service, no hub.
-        let direct = s.direct.clone();
-        let one = || {
-            let mut c = ResourceServiceClient::new(direct.clone());
-            async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
-        };
+        let one = || plain_get(&s.direct, "direct");
         series(warmup, one).await?;
         let d = Latency::of(&series(calls, one).await?);
         add_latency(&mut figs, "direct-agent", d, Some("kube-sim"));
@@ -537,11 +540,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
 
         // One bare TLS gRPC hop in front of the direct service, each call
         // beside a direct one: the floor a hop costs on this machine.
-        let proxy = s.bare_proxy.clone();
-        let via_proxy = || {
-            let mut c = ResourceServiceClient::new(proxy.clone());
-            async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
-        };
+        let via_proxy = || plain_get(&s.bare_proxy, "direct");
         let (direct, via) = alternating(warmup, calls, one, via_proxy).await?;
         let added = Latency::added(&direct, &via);
         for (q, v) in [("p50", added.p50), ("p99", added.p99)] {
@@ -566,11 +565,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
 
         // The agent's real ResourceService (kube-rs, impersonation), without
         // and with the hub.
-        let direct_real = s.direct_real.clone();
-        let one = || {
-            let mut c = ResourceServiceClient::new(direct_real.clone());
-            async move { c.get(get("real")).await.map(drop).map_err(Into::into) }
-        };
+        let one = || plain_get(&s.direct_real, "real");
         series(warmup, one).await?;
         let dr = Latency::of(&series(calls, one).await?);
         add_latency(&mut figs, "direct-real-agent", dr, Some("kube-sim"));
@@ -662,11 +657,7 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             // Get that bypasses both (same client, same moment of the bulk
             // stream): what the control grows by is CPU contention on this
             // machine, not queueing in the tunnel.
-            let direct = s.direct.clone();
-            let one = || {
-                let mut c = ResourceServiceClient::new(direct.clone());
-                async move { c.get(get("direct")).await.map(drop).map_err(Into::into) }
-            };
+            let one = || plain_get(&s.direct, "direct");
             let t = Instant::now();
             let b0 = bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
             let (control, busy) =
