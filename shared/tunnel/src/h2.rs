@@ -181,10 +181,7 @@ impl Opener for H2Opener {
                 .expect("static request is valid");
             let (response, stream) = send.send_request(request, false)?;
             Ok(TunnelStream {
-                send: Box::new(H2Send {
-                    stream,
-                    closed: false,
-                }),
+                send: Box::new(H2Send::open(stream)),
                 recv: reader(RecvState::Waiting(response)),
             })
         })
@@ -565,26 +562,19 @@ impl Acceptor for H2Acceptor {
                         return Err(TunnelError::Closed(why));
                     }
                 };
-                let (request, mut respond) = match next {
+                let (request, respond) = match next {
                     None => return Ok(None),
                     Some(Err(e)) => return Err(e.into()),
                     Some(Ok(pair)) => pair,
                 };
-                // A stream the peer reset before we took it (its caller
-                // left while the request was on the way) cannot be
-                // answered: that ends the stream, not the connection.
-                let send = match respond.send_response(http::Response::new(()), false) {
-                    Ok(send) => send,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "a stream was reset before it was accepted");
-                        continue;
-                    }
-                };
+                // The response's HEADERS wait for its first bytes, so they
+                // leave in one write: sent here, they went out alone and
+                // woke the hub's call for nothing, a write and a wake-up
+                // more per call. A stream the peer reset before it is
+                // answered fails its first write, which ends the stream,
+                // not the connection.
                 return Ok(Some(TunnelStream {
-                    send: Box::new(H2Send {
-                        stream: send,
-                        closed: false,
-                    }),
+                    send: Box::new(H2Send::unanswered(respond)),
                     recv: reader(RecvState::Ready(request.into_body())),
                 }));
             }
@@ -655,8 +645,46 @@ fn h2_io_error(e: h2::Error) -> io::Error {
 
 /// Write half of an HTTP/2 stream as `AsyncWrite`.
 struct H2Send {
-    stream: SendStream<Bytes>,
-    closed: bool,
+    /// The agent's side before its first byte: the response is not sent
+    /// yet (see [`H2Acceptor::accept`]).
+    respond: Option<server::SendResponse<Bytes>>,
+    stream: Option<SendStream<Bytes>>,
+    /// END_STREAM went out. The stream is kept: dropped early, h2 could
+    /// reset a stream whose other half still reads.
+    ended: bool,
+}
+
+impl H2Send {
+    fn open(stream: SendStream<Bytes>) -> Self {
+        Self {
+            respond: None,
+            stream: Some(stream),
+            ended: false,
+        }
+    }
+
+    fn unanswered(respond: server::SendResponse<Bytes>) -> Self {
+        Self {
+            respond: Some(respond),
+            stream: None,
+            ended: false,
+        }
+    }
+
+    /// The stream to write on, answering the request first where that is
+    /// still to do (with `end`, the answer ends the stream at once).
+    fn stream(&mut self, end: bool) -> io::Result<&mut SendStream<Bytes>> {
+        if let Some(mut respond) = self.respond.take() {
+            let stream = respond
+                .send_response(http::Response::new(()), end)
+                .map_err(h2_io_error)?;
+            self.stream = Some(stream);
+            self.ended = end;
+        }
+        self.stream
+            .as_mut()
+            .ok_or_else(|| io::ErrorKind::BrokenPipe.into())
+    }
 }
 
 impl AsyncWrite for H2Send {
@@ -668,15 +696,19 @@ impl AsyncWrite for H2Send {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        self.stream.reserve_capacity(buf.len());
+        if self.ended {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let stream = self.stream(false)?;
+        stream.reserve_capacity(buf.len());
         loop {
-            match ready!(self.stream.poll_capacity(cx)) {
+            match ready!(stream.poll_capacity(cx)) {
                 None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
                 Some(Err(e)) => return Poll::Ready(Err(h2_io_error(e))),
                 Some(Ok(0)) => continue,
                 Some(Ok(n)) => {
                     let n = n.min(buf.len());
-                    self.stream
+                    stream
                         .send_data(Bytes::copy_from_slice(&buf[..n]), false)
                         .map_err(h2_io_error)?;
                     return Poll::Ready(Ok(n));
@@ -691,11 +723,17 @@ impl AsyncWrite for H2Send {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.closed {
-            self.closed = true;
-            self.stream
+        if self.ended {
+            return Poll::Ready(Ok(()));
+        }
+        if self.respond.is_some() {
+            // An answer without a byte: its HEADERS end the stream.
+            self.stream(true)?;
+        } else {
+            self.stream(false)?
                 .send_data(Bytes::new(), true)
                 .map_err(h2_io_error)?;
+            self.ended = true;
         }
         Poll::Ready(Ok(()))
     }
