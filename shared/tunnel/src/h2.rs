@@ -554,30 +554,27 @@ impl Drop for H2Acceptor {
 impl Acceptor for H2Acceptor {
     fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
         Box::pin(async move {
-            loop {
-                let next = tokio::select! {
-                    n = self.conn.accept() => n,
-                    _ = self.dead.cancelled() => {
-                        let why = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-                        return Err(TunnelError::Closed(why));
-                    }
-                };
-                let (request, respond) = match next {
-                    None => return Ok(None),
-                    Some(Err(e)) => return Err(e.into()),
-                    Some(Ok(pair)) => pair,
-                };
-                // The response's HEADERS wait for its first bytes, so they
-                // leave in one write: sent here, they went out alone and
-                // woke the hub's call for nothing, a write and a wake-up
-                // more per call. A stream the peer reset before it is
-                // answered fails its first write, which ends the stream,
-                // not the connection.
-                return Ok(Some(TunnelStream {
-                    send: Box::new(H2Send::unanswered(respond)),
-                    recv: reader(RecvState::Ready(request.into_body())),
-                }));
-            }
+            let next = tokio::select! {
+                n = self.conn.accept() => n,
+                _ = self.dead.cancelled() => {
+                    let why = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+                    return Err(TunnelError::Closed(why));
+                }
+            };
+            let (request, respond) = match next {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(pair)) => pair,
+            };
+            // The response's HEADERS wait for its first bytes, so they
+            // leave in one write: sent here, they went out alone and woke
+            // the hub's call for nothing, a write and a wake-up more per
+            // call. A stream the peer reset before it is answered fails
+            // its first write, which ends the stream, not the connection.
+            Ok(Some(TunnelStream {
+                send: Box::new(H2Send::unanswered(respond)),
+                recv: reader(RecvState::Ready(request.into_body())),
+            }))
         })
     }
 
@@ -649,6 +646,11 @@ struct H2Send {
     /// yet (see [`H2Acceptor::accept`]).
     respond: Option<server::SendResponse<Bytes>>,
     stream: Option<SendStream<Bytes>>,
+    /// The last bytes written, not handed to h2 until the next write, a
+    /// flush or the end: written and then ended, they leave as one DATA
+    /// frame carrying END_STREAM (h2 writes a frame after a large one in a
+    /// write of its own, so a separate empty END_STREAM cost a write).
+    held: Option<Bytes>,
     /// END_STREAM went out. The stream is kept: dropped early, h2 could
     /// reset a stream whose other half still reads.
     ended: bool,
@@ -659,6 +661,7 @@ impl H2Send {
         Self {
             respond: None,
             stream: Some(stream),
+            held: None,
             ended: false,
         }
     }
@@ -667,6 +670,7 @@ impl H2Send {
         Self {
             respond: Some(respond),
             stream: None,
+            held: None,
             ended: false,
         }
     }
@@ -685,6 +689,19 @@ impl H2Send {
             .as_mut()
             .ok_or_else(|| io::ErrorKind::BrokenPipe.into())
     }
+
+    /// Hands the held bytes to h2, with END_STREAM if `end`.
+    fn send_held(&mut self, end: bool) -> io::Result<()> {
+        let data = self.held.take().unwrap_or_default();
+        if data.is_empty() && !end {
+            return Ok(());
+        }
+        self.stream(false)?
+            .send_data(data, end)
+            .map_err(h2_io_error)?;
+        self.ended = end;
+        Ok(())
+    }
 }
 
 impl AsyncWrite for H2Send {
@@ -699,6 +716,7 @@ impl AsyncWrite for H2Send {
         if self.ended {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
+        self.send_held(false)?;
         let stream = self.stream(false)?;
         stream.reserve_capacity(buf.len());
         loop {
@@ -707,19 +725,18 @@ impl AsyncWrite for H2Send {
                 Some(Err(e)) => return Poll::Ready(Err(h2_io_error(e))),
                 Some(Ok(0)) => continue,
                 Some(Ok(n)) => {
+                    // The capacity stays reserved for the held bytes.
                     let n = n.min(buf.len());
-                    stream
-                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                        .map_err(h2_io_error)?;
+                    self.held = Some(Bytes::copy_from_slice(&buf[..n]));
                     return Poll::Ready(Ok(n));
                 }
             }
         }
     }
 
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // h2 sends as soon as the connection task runs; nothing is held here.
-        Poll::Ready(Ok(()))
+    fn poll_flush(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // h2 sends as soon as the connection task runs.
+        Poll::Ready(self.send_held(false))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -729,13 +746,9 @@ impl AsyncWrite for H2Send {
         if self.respond.is_some() {
             // An answer without a byte: its HEADERS end the stream.
             self.stream(true)?;
-        } else {
-            self.stream(false)?
-                .send_data(Bytes::new(), true)
-                .map_err(h2_io_error)?;
-            self.ended = true;
+            return Poll::Ready(Ok(()));
         }
-        Poll::Ready(Ok(()))
+        Poll::Ready(self.send_held(true))
     }
 }
 

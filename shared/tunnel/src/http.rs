@@ -24,7 +24,7 @@ use futures::{FutureExt, SinkExt, StreamExt};
 use http_body::{Body, Frame};
 use prost::Message;
 use tokio::{
-    io::{AsyncRead, AsyncWrite},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     sync::{mpsc, oneshot},
 };
 use tokio_util::codec::{FramedRead, FramedWrite};
@@ -464,7 +464,10 @@ where
     // which means the caller is gone. It runs in this task beside the
     // exchange, not in one of its own: a unary call's body is in the
     // reader's buffer already, and a second task cost a hand-off per call.
-    let reading = async move {
+    // Set once the whole request is read: then the stream is worth
+    // keeping open for the hub's end (see below).
+    let whole = std::sync::atomic::AtomicBool::new(false);
+    let reading = async {
         let mut tx = Some(tx);
         loop {
             match (reader.next().await, &tx) {
@@ -474,7 +477,10 @@ where
                         tx = None;
                     }
                 }
-                (Some(Ok((ChunkKind::End, _))), Some(_)) => tx = None,
+                (Some(Ok((ChunkKind::End, _))), Some(_)) => {
+                    whole.store(true, std::sync::atomic::Ordering::Relaxed);
+                    tx = None;
+                }
                 (next, _) => {
                     if let (Some(sender), Some(Err(e))) = (&tx, next) {
                         let _ = sender.send(Err(e)).await;
@@ -487,12 +493,25 @@ where
 
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     let exchange = respond(service, request, &mut writer, limits);
+    let mut reading = std::pin::pin!(reading);
     tokio::select! {
         biased;
-        r = exchange => r,
-        () = reading => Err(TunnelError::Closed("the hub abandoned the call".into())),
+        r = exchange => r?,
+        () = &mut reading => return Err(TunnelError::Closed("the hub abandoned the call".into())),
     }
+    // The hub ends its side once it has read the answer. Waiting for that
+    // (briefly) closes the stream with no frame more: dropped now, with
+    // the hub's side still open, the stream would be reset (one more
+    // frame, in a write of its own over HTTP/2). A request still coming
+    // is not waited for: the reset stops it.
+    if whole.load(std::sync::atomic::Ordering::Relaxed) {
+        let _ = tokio::time::timeout(LINGER, reading).await;
+    }
+    Ok(())
 }
+
+/// How long an answered stream waits for the hub to end its side.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// Calls `service` and writes its response: head, data, trailers, end.
 async fn respond<S, B>(
@@ -539,6 +558,11 @@ where
             }
         }
     }
-    // Flushes what is queued, then ends the stream.
-    writer.close().await
+    // What is queued goes out and ends the stream in one write, not a
+    // flush and then an end (over HTTP/2, one DATA frame with END_STREAM).
+    let last = writer.write_buffer_mut().split();
+    let io = writer.get_mut();
+    io.write_all(&last).await?;
+    io.shutdown().await?;
+    Ok(())
 }

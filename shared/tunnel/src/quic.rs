@@ -490,6 +490,8 @@ fn path_counts(conn: &quinn::Connection) -> crate::PathCounts {
         lost: stats.path.lost_packets,
         received: stats.udp_rx.datagrams,
         mtu: stats.path.current_mtu,
+        resets_sent: stats.frame_tx.reset_stream + stats.frame_tx.stop_sending,
+        resets_received: stats.frame_rx.reset_stream + stats.frame_rx.stop_sending,
     }
 }
 

@@ -111,6 +111,12 @@ pub struct PathCounts {
     /// The largest datagram this side sends now, as the path MTU search
     /// has found it.
     pub mtu: u16,
+    /// Streams this side cut short: the RESET_STREAM and STOP_SENDING
+    /// frames it sent. A call that runs to its end closes its stream with
+    /// a FIN each way and adds none.
+    pub resets_sent: u64,
+    /// The same frames, received from the peer.
+    pub resets_received: u64,
 }
 
 /// Liveness settings, the same on both ends and on every transport: a

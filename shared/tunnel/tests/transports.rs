@@ -308,6 +308,42 @@ async fn ws_transport() {
     scenarios("ws").await;
 }
 
+/// A call that ran to its end closes its QUIC stream with a FIN each way:
+/// the agent sends its last bytes with its FIN and then waits for the hub's,
+/// so neither side stops or resets the stream. Before, the agent let go of
+/// the stream as soon as it had answered, which cost each call a
+/// STOP_SENDING from the agent and a RESET_STREAM from the hub (and over
+/// HTTP/2 a reset in a write of its own). A call whose caller leaves
+/// mid-answer is the control: that stream is reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_quic_calls_end_without_resets() {
+    tls::install_default_provider();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let opener = connect("quic", dropped.clone()).await;
+    for _ in 0..50 {
+        let resp = call(&*opener, "/echo", b"hello tunnel").await;
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"hello tunnel");
+    }
+    let counts = opener.packets().expect("QUIC counts packets");
+    assert_eq!(
+        (counts.resets_sent, counts.resets_received),
+        (0, 0),
+        "{counts:?}"
+    );
+
+    let resp = call(&*opener, "/hang", b"").await;
+    drop(resp);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while opener.packets().expect("QUIC counts packets").resets_sent == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an abandoned call was not reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A UDP relay whose upstream can be switched: what an agent sees when the
 /// hub behind a fixed address is replaced by a new process. Packets from any
 /// other than the current upstream (the old hub) are dropped.
