@@ -30,7 +30,7 @@ use tonic::{Request, Response, Status, transport::Channel};
 
 use anyhow::Context;
 
-use crate::common::{Figures, Latency, alternating, cpu_secs, packets_sent};
+use crate::common::{Figures, Latency, alternating, cpu_secs, packets_sent, thread_sleeps};
 
 /// Group of the hub's admin token, allowed everything on the test server.
 const HUB_ADMINS: &str = "otter:default:admins";
@@ -207,11 +207,13 @@ where
 /// time (µs) of this whole process (client, hub, agent, test server),
 /// steadier than latency on a shared machine, and the packets sent on
 /// loopback, UDP and TCP (each a system call, a wakeup and a pass through
-/// a protocol stack).
+/// a protocol stack), and how often a thread of this process went to
+/// sleep (a hand-off that had to wake a thread).
 struct Work {
     cpu: f64,
     udp: f64,
     tcp: f64,
+    sleeps: f64,
 }
 
 async fn work_per_call<F, Fut>(n: usize, call: F) -> anyhow::Result<Work>
@@ -221,15 +223,25 @@ where
 {
     let before = cpu_secs("self").unwrap_or(0.0);
     let sent = packets_sent();
+    let slept = thread_sleeps();
     series(n, call).await?;
     let cpu = (cpu_secs("self").unwrap_or(0.0) - before) * 1e6 / n as f64;
+    let sleeps = match (slept, thread_sleeps()) {
+        (Some(s0), Some(s1)) => s1.saturating_sub(s0) as f64 / n as f64,
+        _ => f64::NAN,
+    };
     let (udp, tcp) = match (sent, packets_sent()) {
         (Some((u0, t0)), Some((u1, t1))) => {
             ((u1 - u0) as f64 / n as f64, (t1 - t0) as f64 / n as f64)
         }
         _ => (f64::NAN, f64::NAN),
     };
-    Ok(Work { cpu, udp, tcp })
+    Ok(Work {
+        cpu,
+        udp,
+        tcp,
+        sleeps,
+    })
 }
 
 impl Work {
@@ -239,6 +251,7 @@ impl Work {
             ("cpu-per-call", "µs", self.cpu),
             ("udp-sends-per-call", "sends", self.udp),
             ("tcp-segments-per-call", "segments", self.tcp),
+            ("thread-sleeps-per-call", "sleeps", self.sleeps),
         ] {
             let base = baseline.map(|b| format!("{what}.{b}"));
             figs.add(&format!("{what}.{path}"), unit, base.as_deref(), v);
@@ -504,8 +517,8 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         let work = work_per_call(calls, one).await?;
         work.add_to(&mut figs, "direct-agent", None);
         eprintln!(
-            "bench: direct-agent p50 {:.0} µs, {:.0} µs CPU per call",
-            d.p50, work.cpu
+            "bench: direct-agent p50 {:.0} µs, {:.0} µs CPU, {:.1} thread sleeps per call",
+            d.p50, work.cpu, work.sleeps
         );
         // Through the hub and the tunnel, each call beside a direct one:
         // the hub-added figures are the pairs' differences.
@@ -533,8 +546,8 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
             let work = work_per_call(calls, || hub_get(ch, token, cluster)).await?;
             work.add_to(&mut figs, &format!("hub-{cluster}"), Some("direct-agent"));
             eprintln!(
-                "bench: hub-{cluster} {:.0} µs CPU, {:.1} UDP sends, {:.1} TCP segments per call",
-                work.cpu, work.udp, work.tcp
+                "bench: hub-{cluster} {:.0} µs CPU, {:.1} UDP sends, {:.1} TCP segments, {:.1} thread sleeps per call",
+                work.cpu, work.udp, work.tcp, work.sleeps
             );
         }
 
@@ -559,8 +572,8 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
         let work = work_per_call(calls, via_proxy).await?;
         work.add_to(&mut figs, "bare-tls-hop", Some("direct-agent"));
         eprintln!(
-            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it, {:.0} µs CPU per call",
-            added.p50, work.cpu
+            "bench: a bare TLS gRPC hop adds {:.0} µs at p50 to the direct call beside it, {:.0} µs CPU, {:.1} thread sleeps per call",
+            added.p50, work.cpu, work.sleeps
         );
 
         // The agent's real ResourceService (kube-rs, impersonation), without

@@ -210,7 +210,6 @@ fn parse_stat(text: &str) -> Option<(String, f64)> {
     Some((comm, (utime + stime) / TICKS))
 }
 
-/// CPU seconds used by process `pid` so far.
 /// Packets this machine has sent so far: UDP datagrams (a segmentation
 /// offload send counts once) and TCP segments, from `/proc/net/snmp`.
 pub fn packets_sent() -> Option<(u64, u64)> {
@@ -224,8 +223,34 @@ pub fn packets_sent() -> Option<(u64, u64)> {
     Some((field("Udp:", "OutDatagrams")?, field("Tcp:", "OutSegs")?))
 }
 
+/// CPU seconds used by process `pid` so far.
 pub fn cpu_secs(pid: &str) -> Option<f64> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?).map(|(_, s)| s)
+}
+
+/// How often this process's threads have gone to sleep so far (voluntary
+/// context switches, summed over threads): each is a runtime worker with
+/// nothing left to run, parked until a socket or another thread wakes it,
+/// so per call it counts the hand-offs that cost a wake-up.
+pub fn thread_sleeps() -> Option<u64> {
+    let dir = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut total = 0;
+    for task in dir.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue; // a thread that ended meanwhile
+        };
+        total += voluntary_switches(&status)?;
+    }
+    Some(total)
+}
+
+fn voluntary_switches(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// CPU seconds used so far by this process's threads whose name starts
@@ -252,6 +277,13 @@ mod tests {
         let (comm, secs) = parse_stat(line).unwrap();
         assert_eq!(comm, "a b");
         assert!((secs - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn voluntary_switches_of_a_status_file() {
+        let status = "Name:\tw\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t7\n";
+        assert_eq!(voluntary_switches(status), Some(1234));
+        assert_eq!(voluntary_switches("Name:\tw\n"), None);
     }
 
     #[test]
