@@ -496,7 +496,7 @@ where
         };
         let _ = tx.send(tokio::time::timeout(timeout, attempts).await);
     });
-    match rx.recv() {
+    match wait_off_the_runtime(|| rx.recv()) {
         Ok(Ok(Ok(v))) => Ok(v),
         Ok(Ok(Err(e))) => Err(etcd_err(e)),
         Ok(Err(_)) => Err(HubError::StoreUnavailable(format!(
@@ -505,6 +505,23 @@ where
         Err(_) => Err(HubError::StoreUnavailable(
             "etcd: the client has stopped".into(),
         )),
+    }
+}
+
+/// Runs `wait`, which blocks (on the store, up to its bound), without
+/// holding a worker of a multi-threaded runtime: the store's callers are
+/// request handlers on the hub's runtime, and without a quorum each write
+/// waits out the bound, so a few writes at once would hold every worker
+/// (and the tasks queued behind them): tunnels would go unanswered until
+/// their agents called them dead. Elsewhere (a blocking thread, a runtime
+/// of one thread, no runtime) it just blocks.
+fn wait_off_the_runtime<R>(wait: impl FnOnce() -> R) -> R {
+    let on_worker = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if on_worker {
+        tokio::task::block_in_place(wait)
+    } else {
+        wait()
     }
 }
 

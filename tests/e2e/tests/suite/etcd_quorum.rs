@@ -115,6 +115,37 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
             .await
             .expect("a call to a connected cluster without quorum");
     }
+    // Writes waiting out the store's bound must not hold the hub's
+    // threads: four at once, on a runtime of two threads that also runs
+    // both replicas and the agent, and a call to the cluster sent while
+    // they wait is answered before any of them is refused (a write waits
+    // out the store's bound, seconds; a held thread would hold the call
+    // until a write gave up).
+    let tunnel = a.hub.state.registry.get("edge-1").map(|t| t.id);
+    let refused_any = std::sync::atomic::AtomicBool::new(false);
+    let waiting = futures::future::join_all((0..4).map(|i| {
+        let (root, refused_any) = (root.clone(), &refused_any);
+        async move {
+            let r = manifest_via(a, &root, &format!("edge-w{i}")).await;
+            refused_any.store(true, Ordering::Release);
+            r
+        }
+    }));
+    let (waited, answered_first) = tokio::join!(waiting, async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        get_via(a, &root, "while-writes-wait")
+            .await
+            .expect("a call to the cluster while writes wait on the store");
+        !refused_any.load(Ordering::Acquire)
+    });
+    for w in waited {
+        assert_eq!(w.unwrap_err().code(), Code::Unavailable);
+    }
+    assert!(
+        answered_first,
+        "the call waited for a write to be refused: writes waiting on the store held the hub's threads"
+    );
+
     // Writes are refused, saying so.
     let refused = tokio::time::Instant::now();
     let e = manifest_via(a, &root, "edge-4").await.unwrap_err();
@@ -125,6 +156,11 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
     let (code, body) = mint_token(b, &root, "bob").await;
     assert_eq!(code, 503, "{body}");
     let refusals = refused.elapsed();
+    assert_eq!(
+        a.hub.state.registry.get("edge-1").map(|t| t.id),
+        tunnel,
+        "the tunnel a held was dropped while writes waited on the store"
+    );
 
     // Quorum back: writes work again, readiness with them.
     members[1].restart();
@@ -138,8 +174,21 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
     register_via(b, "edge-3", &join)
         .await
         .expect("the agent's retry with its join token, once the quorum is back");
-    for hub in [a, b] {
-        get_via(hub, &root, "after").await.expect("a call after");
+    for (name, hub) in [("a", a), ("b", b)] {
+        if let Err(e) = get_via(hub, &root, "after").await {
+            // What each replica knew then, so a failure says which side
+            // lost the cluster: a's tunnel, or b's view of who holds it.
+            let held = |h: &TestHub| h.hub.state.registry.get("edge-1").is_some();
+            let owner = |h: &TestHub| otter_hub::peers::owner(&*h.hub.state.store, "edge-1", "");
+            panic!(
+                "a call after, through {name}: {e:?}; tunnel held by a: {}, by b: {}; \
+                 owner as a reads it: {:?}, as b reads it: {:?}",
+                held(a),
+                held(b),
+                owner(a),
+                owner(b)
+            );
+        }
     }
     eprintln!(
         "etcd quorum lost: both replicas not ready within {noticed:?}; calls to the connected \
