@@ -16,7 +16,7 @@
 //! answer there, bounded, like a sled write waits for its disk.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
@@ -37,7 +37,9 @@ use crate::{
 /// and tenants are used right after they are made, possibly on another
 /// replica (a script, an agent joining through a load balancer). Nowhere
 /// else: a round trip only for absent keys would let the time of an answer
-/// tell an absent cluster from another tenant's.
+/// tell an absent cluster from another tenant's. Anyone can name such a
+/// key (a made-up bearer token), so these lookups are batched and bounded
+/// ([`look_up`]).
 const READ_THROUGH: [&str; 3] = [tree::API_TOKENS, tree::JOIN_TOKENS, tree::TENANTS];
 
 /// Keys of the hub under etcd, unless `--store-prefix` says otherwise.
@@ -202,6 +204,8 @@ pub struct EtcdStore {
     timeout: Duration,
     /// Ticked by the watch after it brought changes.
     changed: tokio::sync::watch::Sender<u64>,
+    /// Keys the copy lacks, for [`look_up`] to ask etcd.
+    lookups: tokio::sync::mpsc::Sender<Lookup>,
     /// Dropped with the store: ends the client's thread.
     _stop: oneshot::Sender<()>,
 }
@@ -313,14 +317,24 @@ impl EtcdStore {
             .id
             .store(granted.id(), std::sync::atomic::Ordering::Relaxed);
         runtime.spawn(keep_lease(client.clone(), lease.clone()));
+        let copy = Arc::<Mutex<Copy>>::default();
+        let (lookups, waiting) = tokio::sync::mpsc::channel(LOOKUPS_WAITING);
+        runtime.spawn(look_up(
+            client.clone(),
+            options.prefix.clone(),
+            copy.clone(),
+            timeout,
+            waiting,
+        ));
         let store = EtcdStore {
             client,
             prefix: options.prefix.clone(),
-            copy: Arc::default(),
+            copy,
             lease,
             runtime,
             timeout,
             changed: tokio::sync::watch::Sender::new(0),
+            lookups,
             _stop: stop,
         };
         let revision = store.reload()?;
@@ -461,6 +475,78 @@ impl EtcdStore {
     }
 }
 
+/// A key the copy lacks (`tree/key`) and where its value goes.
+struct Lookup {
+    name: String,
+    answer: std::sync::mpsc::SyncSender<Result<Option<Vec<u8>>>>,
+}
+
+/// Keys asked of etcd in one transaction (etcd takes 128 by default).
+const LOOKUP_BATCH: usize = 64;
+
+/// Lookups that may wait behind the transaction in flight; one more is
+/// refused at once ([`HubError::Busy`]).
+const LOOKUPS_WAITING: usize = 64;
+
+/// Asks etcd for the keys the copy lacks, one transaction at a time, each
+/// for every lookup waiting then. Anyone who can reach the API port can
+/// make a lookup (a bearer token names the key it is kept under), so the
+/// work it costs etcd is one request per round trip however many callers
+/// there are, and while etcd does not answer (no quorum: the whole bound)
+/// at most the batch and the queue wait, each holding a thread.
+async fn look_up(
+    client: Client,
+    prefix: String,
+    copy: Arc<Mutex<Copy>>,
+    timeout: Duration,
+    mut waiting: tokio::sync::mpsc::Receiver<Lookup>,
+) {
+    let mut batch = Vec::with_capacity(LOOKUP_BATCH);
+    while waiting.recv_many(&mut batch, LOOKUP_BATCH).await > 0 {
+        let mut names: Vec<&str> = batch.iter().map(|l: &Lookup| l.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let gets: Vec<TxnOp> = names
+            .iter()
+            .map(|n| TxnOp::get(format!("{prefix}{n}"), None))
+            .collect();
+        let txn = Txn::new().and_then(gets);
+        let c = client.clone();
+        let answer = retrying(timeout, move || {
+            let (mut c, txn) = (c.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await;
+        let found = answer.map(|resp| {
+            let mut copy = copy
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut found = HashMap::new();
+            for op in resp.op_responses() {
+                let TxnOpResponse::Get(get) = op else {
+                    continue;
+                };
+                for kv in get.kvs() {
+                    let Some(name) = kv.key().strip_prefix(prefix.as_bytes()) else {
+                        continue;
+                    };
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    copy.apply(name.clone(), Some(kv.value().to_vec()), kv.mod_revision());
+                    found.insert(name, kv.value().to_vec());
+                }
+            }
+            found
+        });
+        for Lookup { name, answer } in batch.drain(..) {
+            let _ = answer.send(match &found {
+                Ok(found) => Ok(found.get(&name).cloned()),
+                Err(HubError::StoreUnavailable(e)) => Err(HubError::StoreUnavailable(e.clone())),
+                Err(e) => Err(crate::store::StoreError::Lookup(e.to_string()).into()),
+            });
+        }
+    }
+}
+
 /// Bound of the readiness probe's write.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -472,47 +558,63 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 fn wait_on<T: Send + 'static, F>(
     runtime: &tokio::runtime::Handle,
     timeout: Duration,
-    mut call: impl FnMut() -> F + Send + 'static,
+    call: impl FnMut() -> F + Send + 'static,
 ) -> Result<T>
 where
     F: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
 {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     runtime.spawn(async move {
-        // Until the bound: a member's loss can cost an election (a second
-        // or two without a leader) before the others take writes again.
-        let attempts = async {
-            let mut pause = RETRY_PAUSE;
-            loop {
-                match call().await {
-                    Err(e) if matches!(etcd_err_ref(&e), Transient::Yes) => {
-                        tracing::debug!(error = %e, ?pause, "etcd call failed; again");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_PAUSE_MAX);
-                    }
-                    other => return other,
-                }
-            }
-        };
-        let _ = tx.send(tokio::time::timeout(timeout, attempts).await);
+        let _ = tx.send(retrying(timeout, call).await);
     });
-    // Most answers come within a millisecond or two: waited for here. A
-    // longer wait (no quorum: the whole bound) lets the worker go first.
+    receive(&rx)
+}
+
+/// `call`, made again while it fails in a way a retry may cure, until
+/// `timeout` in all.
+async fn retrying<T, F>(timeout: Duration, mut call: impl FnMut() -> F) -> Result<T>
+where
+    F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    // Until the bound: a member's loss can cost an election (a second or
+    // two without a leader) before the others take writes again.
+    let attempts = async {
+        let mut pause = RETRY_PAUSE;
+        loop {
+            match call().await {
+                Err(e) if matches!(etcd_err_ref(&e), Transient::Yes) => {
+                    tracing::debug!(error = %e, ?pause, "etcd call failed; again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                }
+                other => return other,
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, attempts).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(etcd_err(e)),
+        Err(_) => Err(HubError::StoreUnavailable(format!(
+            "etcd: no answer within {timeout:?}"
+        ))),
+    }
+}
+
+/// The answer of a store call made on the client's thread, waited for on
+/// the caller's. Most answers come within a millisecond or two: waited
+/// for in place. A longer wait (no quorum: the whole bound) lets the
+/// worker go first.
+fn receive<T>(rx: &std::sync::mpsc::Receiver<Result<T>>) -> Result<T> {
     let answer = match rx.recv_timeout(QUICK_ANSWER) {
         Ok(answer) => Ok(answer),
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => wait_off_the_runtime(|| rx.recv()),
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(std::sync::mpsc::RecvError),
     };
-    match answer {
-        Ok(Ok(Ok(v))) => Ok(v),
-        Ok(Ok(Err(e))) => Err(etcd_err(e)),
-        Ok(Err(_)) => Err(HubError::StoreUnavailable(format!(
-            "etcd: no answer within {timeout:?}"
-        ))),
-        Err(_) => Err(HubError::StoreUnavailable(
+    answer.unwrap_or_else(|_| {
+        Err(HubError::StoreUnavailable(
             "etcd: the client has stopped".into(),
-        )),
-    }
+        ))
+    })
 }
 
 /// How long a store call holds the worker it was made on before the
@@ -756,19 +858,19 @@ impl Store for EtcdStore {
         }
         // A token minted on another replica a moment ago, used here at
         // once (a script, an agent joining through a load balancer).
-        let (client, k) = (self.client.clone(), self.key(tree, key));
-        let resp = self.wait(move || {
-            let (mut client, k) = (client.clone(), k.clone());
-            async move { client.get(k, None).await }
-        })?;
-        Ok(resp.kvs().first().map(|kv| {
-            let value = kv.value().to_vec();
-            self.copy
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .apply(name, Some(value.clone()), kv.mod_revision());
-            value
-        }))
+        let (answer, rx) = std::sync::mpsc::sync_channel(1);
+        self.lookups
+            .try_send(Lookup { name, answer })
+            .map_err(|e| match e {
+                tokio::sync::mpsc::error::TrySendError::Full(_) => HubError::Busy(
+                    "the hub is looking up too many unknown credentials at once; retry this later"
+                        .into(),
+                ),
+                tokio::sync::mpsc::error::TrySendError::Closed(_) => {
+                    HubError::StoreUnavailable("etcd: the client has stopped".into())
+                }
+            })?;
+        receive(&rx)
     }
 
     fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {

@@ -75,6 +75,10 @@ pub enum HubError {
     /// member reachable): worth retrying, unlike [`HubError::Store`].
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),
+    /// Too many callers wait on the store for the same kind of answer (a
+    /// flood of unknown tokens): refused at once, without a log line each.
+    #[error("busy: {0}")]
+    Busy(String),
     /// Another store user (a hub still running, or one of this process
     /// still letting go) holds the data directory's lock.
     #[error("store: the data directory {0} is in use by another hub (its lock is held)")]
@@ -127,6 +131,7 @@ impl HubError {
                      cannot be reached); calls to connected clusters still work: retry this later",
                 )
             }
+            HubError::Busy(e) => tonic::Status::unavailable(e),
             other => {
                 tracing::error!(error = %other, "internal error");
                 tonic::Status::internal("internal error in the hub; see its log")

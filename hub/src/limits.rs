@@ -14,7 +14,11 @@
 //! - **bytes**: every protocol authenticates from the headers before it
 //!   reads a body byte (see `server::route`), and the endpoints that need
 //!   no token (Register, health, reflection) take messages of at most
-//!   [`MAX_PUBLIC_MESSAGE`].
+//!   [`MAX_PUBLIC_MESSAGE`];
+//! - **store lookups**: a token the replica's copy of etcd lacks is asked
+//!   of etcd in one transaction at a time for every lookup waiting, with a
+//!   bounded queue behind it (see `etcd::look_up`), so made-up tokens cost
+//!   etcd one request per round trip, however many arrive.
 //!
 //! The process's open-file limit is raised to its hard limit at start, and
 //! the API port may use at most half of it, so the tunnel port still

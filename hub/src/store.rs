@@ -20,6 +20,10 @@ pub enum StoreError {
     /// etcd refused or failed a request, and retrying will not help.
     #[error("etcd: {0}")]
     Etcd(#[from] etcd_client::Error),
+    /// etcd failed a lookup made for several callers at once (each gets
+    /// its message).
+    #[error("etcd: {0}")]
+    Lookup(String),
     /// A record did not convert to or from JSON (`at`: tree/key).
     #[error("{at}: {source}")]
     Json {

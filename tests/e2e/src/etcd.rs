@@ -194,6 +194,26 @@ impl Etcd {
     }
 }
 
+impl Etcd {
+    /// Key-value requests (reads and transactions) this member has taken
+    /// so far, from its own metrics.
+    pub fn kv_requests(&self) -> u64 {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return 0;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.lines()
+            .filter(|l| l.starts_with("grpc_server_started_total{"))
+            .filter(|l| l.contains("grpc_method=\"Range\"") || l.contains("grpc_method=\"Txn\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+}
+
 /// A new random store key (`--store-key-file`) in `dir`.
 pub fn store_key(dir: &std::path::Path) -> std::path::PathBuf {
     let key = dir.join("store.key");

@@ -24,6 +24,7 @@ mod fleet_fanout;
 mod hostile_api;
 mod hostile_enrollment;
 mod hostile_identity;
+mod hostile_lookups;
 mod hostile_tunnel;
 mod hub_api;
 mod hub_resume;
