@@ -609,15 +609,42 @@ pub fn open_for_reenrollment(
 pub fn update_link(
     store: &dyn crate::store::Store,
     cluster: &str,
-    mut change: impl FnMut(&mut LinkRecord) -> bool,
+    change: impl FnMut(&mut LinkRecord) -> bool,
 ) -> crate::Result<bool> {
+    let wrote = change_link(store, cluster, change)?;
+    if wrote == Some(true) {
+        store.flush()?;
+    }
+    Ok(wrote.is_some())
+}
+
+/// [`update_link`] without making the write durable, for a caller that
+/// writes many links and then flushes once.
+pub fn update_link_unflushed(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+    change: impl FnMut(&mut LinkRecord) -> bool,
+) -> crate::Result<bool> {
+    Ok(change_link(store, cluster, change)?.is_some())
+}
+
+/// Whether the link was written (none: there is no link).
+fn change_link(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+    mut change: impl FnMut(&mut LinkRecord) -> bool,
+) -> crate::Result<Option<bool>> {
     loop {
         let Some(raw) = store.get_raw(tree::LINKS, cluster)? else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut link: LinkRecord = crate::store::decode(tree::LINKS, cluster, &raw)?;
-        if !change(&mut link) || store.replace(tree::LINKS, cluster, &raw, &link)? {
-            return Ok(true);
+        if !change(&mut link) {
+            return Ok(Some(false));
+        }
+        let new = crate::store::encode(tree::LINKS, cluster, &link)?;
+        if store.compare_and_swap_raw(tree::LINKS, cluster, Some(&raw), Some(&new))? {
+            return Ok(Some(true));
         }
     }
 }
@@ -873,11 +900,12 @@ fn refusal_logged() -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::{SledStore, Store, StoreExt};
 
-    fn link() -> LinkRecord {
+    /// A link of cluster `edge-1`, agent `a1`, with no tunnel yet.
+    pub(crate) fn link() -> LinkRecord {
         serde_json::from_value(serde_json::json!({
             "cluster": "edge-1",
             "agent_id": "a1",

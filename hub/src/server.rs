@@ -98,6 +98,8 @@ pub struct HubState {
     pub fan_outs: crate::fleet::FanOuts,
     /// Port-forward writes queued for their agents.
     pub uploads: crate::uploads::Uploads,
+    /// Links' last-seen times, written off the tunnels' paths.
+    pub last_seen: crate::tunnels::LastSeen,
 }
 
 impl std::fmt::Debug for HubState {
@@ -143,6 +145,9 @@ pub struct Hub {
     pub ops_addrs: Vec<(SocketAddr, crate::ops::Roles)>,
     initial_ca_pem: String,
     shutdown: CancellationToken,
+    /// Stops the last-seen writer, which outlives the other tasks: tunnels
+    /// closing at shutdown record their times to the end.
+    last_seen_writer: (CancellationToken, tokio::task::JoinHandle<()>),
 }
 
 impl Hub {
@@ -359,6 +364,7 @@ impl Hub {
             tickets,
             fan_outs: Default::default(),
             uploads: Default::default(),
+            last_seen: Default::default(),
             api_pending,
         });
         let shutdown = CancellationToken::new();
@@ -441,6 +447,11 @@ impl Hub {
             tasks.spawn(reload_api_cert(cert, files.reload_every, shutdown.clone()));
         }
         tasks.spawn(watch_health(state.clone(), shutdown.clone()));
+        let stop_writer = CancellationToken::new();
+        let last_seen_writer = (
+            stop_writer.clone(),
+            tokio::spawn(crate::tunnels::write_last_seen(state.clone(), stop_writer)),
+        );
         tasks.spawn(prune_periodically(state.clone(), shutdown.clone()));
         tasks.spawn(crate::tickets::roll_periodically(
             state.clone(),
@@ -464,6 +475,7 @@ impl Hub {
             admin_token,
             ops_addrs,
             shutdown,
+            last_seen_writer,
         })
     }
 
@@ -562,6 +574,11 @@ impl Hub {
         {
             tracing::warn!("some hub tasks did not stop within 10 s");
         }
+        // The tunnels, all closed now, recorded when they were last seen:
+        // written while they closed, the rest now.
+        let (stop_writer, writer) = self.last_seen_writer;
+        stop_writer.cancel();
+        let _ = writer.await;
         let _ = self.state.store.flush();
         // Connection tasks the HTTP server spawned for in-flight streams may
         // still hold the state (and with it the store's file lock) for a

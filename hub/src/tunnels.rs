@@ -145,7 +145,14 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
             "replaced by a newer tunnel from the same agent",
         );
     }
-    touch(state, &cluster, a.transport.as_str());
+    if link.last_transport.is_empty() {
+        // The link's first tunnel, written before the tunnel counts:
+        // until then Register takes the same agent's join token again (a
+        // retried Register whose answer was lost).
+        first_tunnel(state, &cluster, a.transport.as_str());
+    } else {
+        touch(state, &cluster, a.transport.as_str());
+    }
     crate::peers::claim(state, &entry);
     let gauge = state
         .metrics
@@ -231,18 +238,107 @@ fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
 }
 
 /// Records that the cluster was seen now (and on which transport).
-fn touch(state: &HubState, cluster: &str, transport: &str) {
-    // A compare-and-swap: the close of a tunnel must not undo a renewal or
-    // a re-enrollment written meanwhile.
-    let touched = crate::link_service::update_link(&*state.store, cluster, |link| {
+fn first_tunnel(state: &HubState, cluster: &str, transport: &str) {
+    let written = crate::link_service::update_link(&*state.store, cluster, |link| {
         link.last_seen = unix_now();
-        if !transport.is_empty() {
-            link.last_transport = transport.to_owned();
-        }
+        link.last_transport = transport.to_owned();
         true
     });
-    if let Err(e) = touched {
-        tracing::warn!(%cluster, error = %e, "could not record last seen");
+    if let Err(e) = written {
+        tracing::warn!(%cluster, error = %e, "could not record the first tunnel");
+    }
+}
+
+/// Records when a cluster was last seen (and over which transport, unless
+/// `transport` is empty), for [`write_last_seen`] to write.
+fn touch(state: &HubState, cluster: &str, transport: &str) {
+    state.last_seen.record(cluster, transport);
+}
+
+/// When links were last seen, waiting to be written. A tunnel coming up or
+/// going down records the time, but does not wait for the write: in a
+/// reconnect storm each would hold its admission (and, while the store
+/// answers slowly, a thread) for a store round trip, an fsync or an etcd
+/// transaction, and for one cluster only the latest time matters.
+#[derive(Debug, Default)]
+pub struct LastSeen {
+    pending: std::sync::Mutex<std::collections::HashMap<String, Seen>>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+struct Seen {
+    at: i64,
+    /// Empty: the transport is left as it was (a tunnel that closed).
+    transport: String,
+}
+
+impl LastSeen {
+    fn record(&self, cluster: &str, transport: &str) {
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = pending.entry(cluster.to_owned()).or_insert(Seen {
+            at: 0,
+            transport: String::new(),
+        });
+        seen.at = unix_now();
+        if !transport.is_empty() {
+            seen.transport = transport.to_owned();
+        }
+        drop(pending);
+        self.wake.notify_one();
+    }
+
+    /// Writes every time recorded so far, then flushes once. Blocks on the
+    /// store.
+    pub fn write_pending(&self, store: &dyn crate::store::Store) {
+        let pending = std::mem::take(
+            &mut *self
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if pending.is_empty() {
+            return;
+        }
+        // A compare-and-swap each: the close of a tunnel must not undo a
+        // renewal or a re-enrollment written meanwhile.
+        for (cluster, seen) in &pending {
+            let touched = crate::link_service::update_link_unflushed(store, cluster, |link| {
+                link.last_seen = link.last_seen.max(seen.at);
+                if !seen.transport.is_empty() {
+                    link.last_transport.clone_from(&seen.transport);
+                }
+                true
+            });
+            if let Err(e) = touched {
+                tracing::warn!(%cluster, error = %e, "could not record last seen");
+            }
+        }
+        if let Err(e) = store.flush() {
+            tracing::warn!(links = pending.len(), error = %e, "could not flush last-seen times");
+        }
+    }
+}
+
+/// Writes the last-seen times tunnels record, a batch at a time (what came
+/// in while one batch was written is the next), until `stop`; then what is
+/// left. The hub stops it once every tunnel has closed.
+pub async fn write_last_seen(state: Arc<HubState>, stop: CancellationToken) {
+    loop {
+        let stopping = tokio::select! {
+            () = state.last_seen.wake.notified() => false,
+            () = stop.cancelled() => true,
+        };
+        // In place: one batch holds the worker for a flush (or for the
+        // store's first 20 ms, on etcd), as each tunnel did before; a
+        // thread of its own would cost a malloc arena.
+        state.last_seen.write_pending(&*state.store);
+        if stopping {
+            return;
+        }
     }
 }
 
@@ -326,4 +422,59 @@ async fn fetch_diagnosis(tunnel_urls: &[url::Url], entry: &TunnelEntry) {
         entry.diagnosis.set(diag);
     }
     entry.diagnosis.fetched();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{SledStore, Store};
+
+    fn read(store: &SledStore, cluster: &str) -> Option<LinkRecord> {
+        store.get(tree::LINKS, cluster).unwrap()
+    }
+
+    #[test]
+    fn last_seen_times_are_written_together_keeping_other_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let mut link = crate::link_service::tests::link();
+        link.last_transport = "h2".into();
+        store.put(tree::LINKS, "edge-1", &link).unwrap();
+        link.cluster = "edge-2".into();
+        store.put(tree::LINKS, "edge-2", &link).unwrap();
+
+        let seen = LastSeen::default();
+        // edge-1's tunnel came up over QUIC and went down again; edge-2's
+        // went down; a cluster with no link is seen too (deleted meanwhile).
+        seen.record("edge-1", "quic");
+        seen.record("edge-1", "");
+        seen.record("edge-2", "");
+        seen.record("gone", "quic");
+        // A renewal written after the times were recorded stays.
+        crate::link_service::update_link(&store, "edge-1", |l| {
+            l.cert_serial = "02".into();
+            true
+        })
+        .unwrap();
+        assert_eq!(
+            read(&store, "edge-1").unwrap().last_seen,
+            1,
+            "nothing written yet"
+        );
+
+        seen.write_pending(&store);
+        let edge1 = read(&store, "edge-1").unwrap();
+        assert_eq!(
+            edge1.last_transport, "quic",
+            "the transport of the last tunnel up"
+        );
+        assert!(edge1.last_seen > 1);
+        assert_eq!(edge1.cert_serial, "02", "the renewal kept");
+        let edge2 = read(&store, "edge-2").unwrap();
+        assert_eq!(edge2.last_transport, "h2", "a close leaves the transport");
+        assert!(edge2.last_seen > 1);
+        assert!(read(&store, "gone").is_none(), "no link made for it");
+        assert!(seen.pending.lock().unwrap().is_empty());
+        let _ = store.flush();
+    }
 }

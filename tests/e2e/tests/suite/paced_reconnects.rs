@@ -278,7 +278,29 @@ async fn restart_in_place(
 ) -> (TestHub, Instant) {
     let addrs = (hub.hub.api_addr, hub.hub.tunnel_addr);
     let stopped = Instant::now();
+    let stopped_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
     hub.hub.shutdown().await;
+    // Every tunnel the stop closed recorded when it was last seen, and the
+    // hub wrote it before it let go of its store.
+    {
+        use otter_hub::store::StoreExt;
+        let store = otter_hub::store::SledStore::open(dir.path()).expect("the stopped hub's store");
+        let links: Vec<otter_hub::link_service::LinkRecord> =
+            store.scan(otter_hub::store::tree::LINKS).unwrap();
+        let stale: Vec<_> = links
+            .iter()
+            .filter(|l| !l.last_transport.is_empty() && l.last_seen < stopped_unix)
+            .map(|l| (&l.cluster, l.last_seen))
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "links last seen before the stop at {stopped_unix}: {stale:?}"
+        );
+        eprintln!("{} links last seen at the stop", links.len());
+    }
     // A hub stopped inside this process leaves its QUIC endpoint draining
     // the connections it closed (three probe timeouts each, longer on a
     // loaded machine); a restarted process would find the port free at once.
