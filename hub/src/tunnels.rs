@@ -332,10 +332,11 @@ pub async fn write_last_seen(state: Arc<HubState>, stop: CancellationToken) {
             () = state.last_seen.wake.notified() => false,
             () = stop.cancelled() => true,
         };
-        // In place: one batch holds the worker for a flush (or for the
-        // store's first 20 ms, on etcd), as each tunnel did before; a
-        // thread of its own would cost a malloc arena.
-        state.last_seen.write_pending(&*state.store);
+        // Off the workers: on etcd a batch is a transaction per link, and
+        // a thousand of them would hold a worker for a second. One batch
+        // at a time, so this takes one blocking thread at most.
+        let s = state.clone();
+        let _ = tokio::task::spawn_blocking(move || s.last_seen.write_pending(&*s.store)).await;
         if stopping {
             return;
         }
