@@ -541,6 +541,9 @@ async fn look_up(
             let _ = answer.send(match &found {
                 Ok(found) => Ok(found.get(&name).cloned()),
                 Err(HubError::StoreUnavailable(e)) => Err(HubError::StoreUnavailable(e.clone())),
+                Err(HubError::Store(e)) => {
+                    Err(crate::store::StoreError::Lookup(e.to_string()).into())
+                }
                 Err(e) => Err(crate::store::StoreError::Lookup(e.to_string()).into()),
             });
         }

@@ -21,8 +21,8 @@ pub enum StoreError {
     #[error("etcd: {0}")]
     Etcd(#[from] etcd_client::Error),
     /// etcd failed a lookup made for several callers at once (each gets
-    /// its message).
-    #[error("etcd: {0}")]
+    /// the failure's message).
+    #[error("{0}")]
     Lookup(String),
     /// A record did not convert to or from JSON (`at`: tree/key).
     #[error("{at}: {source}")]

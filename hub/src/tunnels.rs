@@ -237,7 +237,7 @@ fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
     }
 }
 
-/// Records that the cluster was seen now (and on which transport).
+/// Writes a link's first tunnel (now, and its transport) before it counts.
 fn first_tunnel(state: &HubState, cluster: &str, transport: &str) {
     let written = crate::link_service::update_link(&*state.store, cluster, |link| {
         link.last_seen = unix_now();
