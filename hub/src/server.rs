@@ -553,6 +553,10 @@ impl Hub {
         .await;
         for t in tunnels {
             crate::peers::release(&self.state, &t.cluster, t.id);
+            // Recorded here, not only by the tunnel's own task: that task
+            // records a close only while its tunnel is still in the routing
+            // table, which is emptied below, maybe before it runs.
+            crate::tunnels::touch(&self.state, &t.cluster, "");
         }
         if self.state.config.store.is_some()
             && let Err(e) = self

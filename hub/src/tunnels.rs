@@ -251,7 +251,7 @@ fn first_tunnel(state: &HubState, cluster: &str, transport: &str) {
 
 /// Records when a cluster was last seen (and over which transport, unless
 /// `transport` is empty), for [`write_last_seen`] to write.
-fn touch(state: &HubState, cluster: &str, transport: &str) {
+pub(crate) fn touch(state: &HubState, cluster: &str, transport: &str) {
     state.last_seen.record(cluster, transport);
 }
 
