@@ -30,7 +30,7 @@ use tokio::sync::oneshot;
 
 use crate::{
     HubError, Result,
-    store::{Store, tree},
+    store::{Store, Swap, tree},
 };
 
 /// Trees whose keys, when the copy lacks them, are asked of etcd: tokens
@@ -383,27 +383,44 @@ impl EtcdStore {
         new: Option<&[u8]>,
         leased: bool,
     ) -> Result<bool> {
+        let swap = Swap {
+            tree: tree.to_owned(),
+            key: key.to_owned(),
+            old: old.map(<[u8]>::to_vec),
+            new: new.map(<[u8]>::to_vec),
+        };
+        self.swap_all(std::slice::from_ref(&swap), leased)
+    }
+
+    /// One transaction: every swap's compare, then every write; when one
+    /// compare fails, the keys' values instead, for the copy.
+    fn swap_all(&self, swaps: &[Swap], leased: bool) -> Result<bool> {
         let lease = leased.then(|| {
             PutOptions::new().with_lease(self.lease.id.load(std::sync::atomic::Ordering::Relaxed))
         });
-        let k = self.key(tree, key);
-        let when = match old {
-            Some(v) => Compare::value(k.clone(), CompareOp::Equal, v.to_vec()),
-            // Absent: never made, or deleted since.
-            None => Compare::version(k.clone(), CompareOp::Equal, 0),
-        };
-        let then = match new {
-            Some(v) => TxnOp::put(k.clone(), v.to_vec(), lease),
-            None => TxnOp::delete(k.clone(), None),
-        };
-        let txn = Txn::new()
-            .when([when])
-            .and_then([then])
-            .or_else([TxnOp::get(k, None)]);
+        let mut when = Vec::with_capacity(swaps.len());
+        let mut then = Vec::with_capacity(swaps.len());
+        let mut or_else = Vec::with_capacity(swaps.len());
+        for s in swaps {
+            let k = self.key(&s.tree, &s.key);
+            when.push(match &s.old {
+                Some(v) => Compare::value(k.clone(), CompareOp::Equal, v.clone()),
+                // Absent: never made, or deleted since.
+                None => Compare::version(k.clone(), CompareOp::Equal, 0),
+            });
+            if !s.checks_only() {
+                then.push(match &s.new {
+                    Some(v) => TxnOp::put(k.clone(), v.clone(), lease.clone()),
+                    None => TxnOp::delete(k.clone(), None),
+                });
+            }
+            or_else.push(TxnOp::get(k, None));
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else(or_else);
         let client = self.client.clone();
         // Sent again when a member did not take it; should a first attempt
-        // have been applied after all, a later one finds the key holding
-        // `new` already, which then counts as done (below).
+        // have been applied after all, a later one finds every key holding
+        // its `new` already, which then counts as done (below).
         let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counted = attempts.clone();
         let resp = self.wait(move || {
@@ -417,34 +434,38 @@ impl EtcdStore {
             .copy
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let name = format!("{tree}/{key}");
         if resp.succeeded() {
-            if new.is_none() {
-                self.lease
-                    .held
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&self.key(tree, key));
+            for s in swaps.iter().filter(|s| !s.checks_only()) {
+                if s.new.is_none() {
+                    self.lease
+                        .held
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(&self.key(&s.tree, &s.key));
+                }
+                copy.apply(format!("{}/{}", s.tree, s.key), s.new.clone(), revision);
             }
-            copy.apply(name, new.map(<[u8]>::to_vec), revision);
             return Ok(true);
         }
-        // Lost: the copy learns the value that won. Unless, after a retry,
-        // that value is `new` itself: the earlier attempt was applied
-        // although its answer never came. (Without a retry an equal value
-        // is another writer's: a counter two writers both moved to 5.)
-        let mut holds_new = false;
-        for op in resp.op_responses() {
-            if let TxnOpResponse::Get(get) = op {
-                match get.kvs().first() {
-                    Some(kv) => {
-                        holds_new = new == Some(kv.value());
-                        copy.apply(name.clone(), Some(kv.value().to_vec()), kv.mod_revision())
-                    }
-                    None => {
-                        holds_new = new.is_none();
-                        copy.apply(name.clone(), None, revision)
-                    }
+        // Lost: the copy learns the values that won. Unless, after a retry,
+        // those values are the `new` ones: the earlier attempt was applied
+        // although its answer never came. (Without a retry equal values
+        // are another writer's: a counter two writers both moved to 5.)
+        let mut holds_new = true;
+        let gets = resp.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        });
+        for (s, get) in swaps.iter().zip(gets) {
+            let name = format!("{}/{}", s.tree, s.key);
+            match get.kvs().first() {
+                Some(kv) => {
+                    holds_new &= s.new.as_deref() == Some(kv.value());
+                    copy.apply(name, Some(kv.value().to_vec()), kv.mod_revision());
+                }
+                None => {
+                    holds_new &= s.new.is_none();
+                    copy.apply(name, None, revision);
                 }
             }
         }
@@ -918,6 +939,10 @@ impl Store for EtcdStore {
         new: Option<&[u8]>,
     ) -> Result<bool> {
         self.swap(tree, key, old, new, false)
+    }
+
+    fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool> {
+        self.swap_all(swaps, false)
     }
 
     fn compare_and_swap_leased(

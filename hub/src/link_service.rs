@@ -30,6 +30,10 @@ pub const REGISTER_PATH: &str = "/otterscale.link.v1.LinkService/Register";
 const MAX_VERSION_LEN: usize = 64;
 /// Longest Rancher project id accepted.
 const MAX_RANCHER_ID_LEN: usize = 253;
+/// How many times one Register reads and writes again after losing a race
+/// for its token, its cluster's name or its link: each loss means another
+/// writer got there, and the next read says who.
+const MAX_REGISTER_PASSES: u32 = 8;
 
 /// A link as stored: one per cluster, the latest registered agent.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -180,26 +184,41 @@ impl LinkSvc {
                 "the tunnel port renews with the agent's certificate only; enroll with a join token on the API port",
             ));
         }
-        // Who may register: a join token for this cluster, or (renewal) the
-        // certificate of this cluster's current agent presented over mTLS.
-        let current = self
-            .state
-            .store
-            .get::<LinkRecord>(tree::LINKS, &cluster)
-            .map_err(|e| e.into_status())?;
-        // The certificate a renewal proved possession of.
-        let mut renewed_with = None;
-        // This agent retrying a Register whose outcome it never learnt: no
-        // link yet, or its own that never carried a tunnel.
-        let maybe_retry = current
-            .as_ref()
-            .is_none_or(|l| l.agent_id == agent_id && l.last_transport.is_empty());
-        let join_token = match req.join_token.as_deref().filter(|t| !t.is_empty()) {
-            Some(token) => {
-                let retry_by = maybe_retry.then_some(agent_id.as_str());
-                let checked =
-                    match tokens::check_join_token(&*self.state.store, token, &cluster, retry_by)
-                        .map_err(|e| e.into_status())?
+        // Of two Registers racing for one token or one name, one wins; the
+        // other's next pass reads what won and answers as it says (a renewal
+        // writes its link alone and never passes again).
+        let mut passes = 0;
+        let (cas, issued) = loop {
+            passes += 1;
+            if passes > MAX_REGISTER_PASSES {
+                return Err(Status::aborted(format!(
+                    "cluster {cluster} is being written by others at the same time; retry"
+                )));
+            }
+            // Who may register: a join token for this cluster, or (renewal) the
+            // certificate of this cluster's current agent presented over mTLS.
+            let current = self
+                .state
+                .store
+                .get::<LinkRecord>(tree::LINKS, &cluster)
+                .map_err(|e| e.into_status())?;
+            // The certificate a renewal proved possession of.
+            let mut renewed_with = None;
+            // This agent retrying a Register whose outcome it never learnt: no
+            // link yet, or its own that never carried a tunnel.
+            let maybe_retry = current
+                .as_ref()
+                .is_none_or(|l| l.agent_id == agent_id && l.last_transport.is_empty());
+            let join_token = match req.join_token.as_deref().filter(|t| !t.is_empty()) {
+                Some(token) => {
+                    let retry_by = maybe_retry.then_some(agent_id.as_str());
+                    let checked = match tokens::check_join_token(
+                        &*self.state.store,
+                        token,
+                        &cluster,
+                        retry_by,
+                    )
+                    .map_err(|e| e.into_status())?
                     {
                         Ok(checked) => checked,
                         Err(e @ JoinTokenError::WrongCluster(_)) => {
@@ -207,166 +226,180 @@ impl LinkSvc {
                         }
                         Err(e) => return Err(Status::unauthenticated(e.to_string())),
                     };
-                // A token does not take an enrolled cluster over: only an
-                // admin's re-enrollment lets a new agent in, with a token
-                // authorized after it.
-                let retrying = checked.record.uses > 0;
-                if let Some(link) = current.as_ref().filter(|_| !retrying) {
-                    match link.reenroll_after {
-                        Some(after) if checked.record.authorized >= after => {}
-                        Some(_) => {
-                            return Err(Status::failed_precondition(format!(
-                                "cluster {cluster} is being re-enrolled and this join token was made before that; apply a manifest made after `otter re-enroll {cluster}`"
-                            )));
-                        }
-                        None => {
-                            return Err(Status::failed_precondition(format!(
-                                "cluster {cluster} is already enrolled (agent {:?}); a join token enrolls a cluster once and its agent renews with its certificate. To replace the agent, an admin runs `otter re-enroll {cluster}` and applies a new manifest",
-                                link.agent_id
-                            )));
+                    // A token does not take an enrolled cluster over: only an
+                    // admin's re-enrollment lets a new agent in, with a token
+                    // authorized after it.
+                    let retrying = checked.record.uses > 0;
+                    if let Some(link) = current.as_ref().filter(|_| !retrying) {
+                        match link.reenroll_after {
+                            Some(after) if checked.record.authorized >= after => {}
+                            Some(_) => {
+                                return Err(Status::failed_precondition(format!(
+                                    "cluster {cluster} is being re-enrolled and this join token was made before that; apply a manifest made after `otter re-enroll {cluster}`"
+                                )));
+                            }
+                            None => {
+                                return Err(Status::failed_precondition(format!(
+                                    "cluster {cluster} is already enrolled (agent {:?}); a join token enrolls a cluster once and its agent renews with its certificate. To replace the agent, an admin runs `otter re-enroll {cluster}` and applies a new manifest",
+                                    link.agent_id
+                                )));
+                            }
                         }
                     }
+                    // The token's tenant must still be the one it was minted
+                    // in: not deleted, nor deleted and made again.
+                    let tenant_alive =
+                        crate::tenancy::tenant(&*self.state.store, &checked.record.tenant)
+                            .map_err(|e| e.into_status())?
+                            .is_some_and(|t| t.created <= checked.record.created);
+                    // Nor from before the cluster's link was deleted.
+                    let released = crate::tenancy::released_at(&*self.state.store, &cluster)
+                        .map_err(|e| e.into_status())?;
+                    if !tenant_alive || released.is_some_and(|at| checked.record.authorized <= at) {
+                        return Err(Status::unauthenticated(JoinTokenError::Unknown.to_string()));
+                    }
+                    // The token's tenant holds the name (a claim made when its
+                    // manifest was minted); one released since is claimed again.
+                    let claim = match crate::tenancy::claim_swap(
+                        &*self.state.store,
+                        &cluster,
+                        &checked.record.tenant,
+                    )
+                    .map_err(|e| e.into_status())?
+                    {
+                        Ok(claim) => claim,
+                        Err(e) => return Err(Status::permission_denied(e.to_string())),
+                    };
+                    Some((checked, claim))
                 }
-                // The token's tenant must still be the one it was minted
-                // in: not deleted, nor deleted and made again.
-                let tenant_alive =
-                    crate::tenancy::tenant(&*self.state.store, &checked.record.tenant)
-                        .map_err(|e| e.into_status())?
-                        .is_some_and(|t| t.created <= checked.record.created);
-                // Nor from before the cluster's link was deleted.
-                let released = crate::tenancy::released_at(&*self.state.store, &cluster)
-                    .map_err(|e| e.into_status())?;
-                if !tenant_alive || released.is_some_and(|at| checked.record.authorized <= at) {
-                    return Err(Status::unauthenticated(JoinTokenError::Unknown.to_string()));
+                None => {
+                    let peer = conn
+                        .as_ref()
+                        .and_then(|c| c.peer_cert.as_ref())
+                        .ok_or_else(|| {
+                            Status::unauthenticated(
+                                "Register needs a join token (from the agent manifest) or, to renew, the agent's current certificate",
+                            )
+                        })
+                        .and_then(|der| {
+                            PeerCertificate::from_der(der).map_err(|e| Status::unauthenticated(e.to_string()))
+                        })?;
+                    if peer.identity.cluster != cluster {
+                        return Err(Status::permission_denied(format!(
+                            "certificate belongs to cluster {:?}, not {cluster:?}",
+                            peer.identity.cluster
+                        )));
+                    }
+                    if current.as_ref().map(|l| &l.agent_id) != Some(&peer.identity.agent_id)
+                        || peer.identity.agent_id != agent_id
+                    {
+                        return Err(Status::permission_denied(
+                            "this certificate's agent has been replaced; register with a join token",
+                        ));
+                    }
+                    if !current.as_ref().is_some_and(|l| l.holds(&peer.serial)) {
+                        return Err(Status::permission_denied(
+                            "this certificate was superseded by a renewal; an agent renews with its newest certificate",
+                        ));
+                    }
+                    renewed_with = Some(peer.serial.clone());
+                    // However wrong an agent's clock, its renewals cannot
+                    // keep the hub signing.
+                    if let Err(after) = self.state.renewals.try_renew(&cluster) {
+                        let mut s = Status::unavailable(format!(
+                            "cluster {cluster} renewed less than {} s ago; retry after {} ms",
+                            MIN_RENEWAL_GAP.as_secs(),
+                            after.as_millis()
+                        ));
+                        if let Ok(v) = after.as_millis().to_string().parse() {
+                            s.metadata_mut()
+                                .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
+                        }
+                        return Err(s);
+                    }
+                    None
                 }
-                // The token's tenant holds the name (a claim made when its
-                // manifest was minted); one released since is claimed again.
-                match crate::tenancy::claim_cluster(
-                    &*self.state.store,
-                    &cluster,
-                    &checked.record.tenant,
-                )
-                .map_err(|e| e.into_status())?
-                {
-                    Ok(()) => {}
-                    Err(e) => return Err(Status::permission_denied(e.to_string())),
-                }
-                Some(checked)
-            }
-            None => {
-                let peer = conn
+            };
+
+            let cas = self.state.authority.current();
+            let issued = cas
+                .active
+                .sign_agent_csr(csr, &identity, self.state.config.agent_cert_lifetime)
+                .map_err(|e| match e {
+                    PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
+                        Status::invalid_argument(e.to_string())
+                    }
+                    PkiError::CsrTooLarge { .. } => Status::resource_exhausted(e.to_string()),
+                    PkiError::CsrIdentityMismatch { .. } => {
+                        Status::permission_denied(e.to_string())
+                    }
+                    other => crate::HubError::from(other).into_status(),
+                })?;
+
+            let enrolling = join_token.is_some();
+            let join_token_labels = join_token
+                .as_ref()
+                .map(|(t, _)| t.record.labels.clone())
+                .filter(|l| !l.is_empty());
+            let tenant = match (&join_token, &current) {
+                (Some((checked, _)), _) => checked.record.tenant.clone(),
+                (None, Some(link)) => link.tenant.clone(),
+                (None, None) => no_link_to_renew(&cluster)?,
+            };
+            // The token is spent and the name claimed only now that the request
+            // is known to be good, with the link, in one write.
+            let with = match &join_token {
+                Some((checked, claim)) => vec![
+                    checked.spend(&agent_id).map_err(|e| e.into_status())?,
+                    claim.clone(),
+                ],
+                None => Vec::new(),
+            };
+            let now = unix_now();
+            let previous = current;
+            let record = LinkRecord {
+                cluster: cluster.clone(),
+                tenant,
+                agent_id: agent_id.clone(),
+                agent_version: agent_version.clone(),
+                rancher_project_id: rancher_project_id.clone(),
+                cert_serial: issued.serial.clone(),
+                prev_serial: renewed_with,
+                cert_not_after: issued.not_after,
+                first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
+                last_seen: now,
+                last_transport: previous
                     .as_ref()
-                    .and_then(|c| c.peer_cert.as_ref())
-                    .ok_or_else(|| {
-                        Status::unauthenticated(
-                            "Register needs a join token (from the agent manifest) or, to renew, the agent's current certificate",
-                        )
-                    })
-                    .and_then(|der| {
-                        PeerCertificate::from_der(der).map_err(|e| Status::unauthenticated(e.to_string()))
-                    })?;
-                if peer.identity.cluster != cluster {
-                    return Err(Status::permission_denied(format!(
-                        "certificate belongs to cluster {:?}, not {cluster:?}",
-                        peer.identity.cluster
-                    )));
-                }
-                if current.as_ref().map(|l| &l.agent_id) != Some(&peer.identity.agent_id)
-                    || peer.identity.agent_id != agent_id
-                {
-                    return Err(Status::permission_denied(
-                        "this certificate's agent has been replaced; register with a join token",
-                    ));
-                }
-                if !current.as_ref().is_some_and(|l| l.holds(&peer.serial)) {
-                    return Err(Status::permission_denied(
-                        "this certificate was superseded by a renewal; an agent renews with its newest certificate",
-                    ));
-                }
-                renewed_with = Some(peer.serial.clone());
-                // However wrong an agent's clock, its renewals cannot
-                // keep the hub signing.
-                if let Err(after) = self.state.renewals.try_renew(&cluster) {
-                    let mut s = Status::unavailable(format!(
-                        "cluster {cluster} renewed less than {} s ago; retry after {} ms",
-                        MIN_RENEWAL_GAP.as_secs(),
-                        after.as_millis()
-                    ));
-                    if let Ok(v) = after.as_millis().to_string().parse() {
-                        s.metadata_mut()
-                            .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
-                    }
-                    return Err(s);
-                }
-                None
+                    .map(|p| p.last_transport.clone())
+                    .unwrap_or_default(),
+                cert_ca: cas.active.fingerprint(),
+                trusted_cas: cas.fingerprints(),
+                // A renewal keeps a pending re-enrollment; the enrollment ends it.
+                reenroll_after: previous
+                    .as_ref()
+                    .and_then(|p| p.reenroll_after)
+                    .filter(|_| !enrolling),
+                // The enrolling token's labels; otherwise the link keeps its own
+                // (write_link reads them where they are).
+                labels: match &join_token_labels {
+                    Some(labels) => labels.clone(),
+                    None => BTreeMap::new(),
+                },
+            };
+            let keep_labels = join_token_labels.is_none();
+            if write_link(
+                &*self.state.store,
+                &cluster,
+                record,
+                enrolling,
+                keep_labels,
+                &with,
+            )
+            .map_err(|e| e.into_status())?
+            {
+                break (cas, issued);
             }
         };
-
-        let cas = self.state.authority.current();
-        let issued = cas
-            .active
-            .sign_agent_csr(csr, &identity, self.state.config.agent_cert_lifetime)
-            .map_err(|e| match e {
-                PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
-                    Status::invalid_argument(e.to_string())
-                }
-                PkiError::CsrTooLarge { .. } => Status::resource_exhausted(e.to_string()),
-                PkiError::CsrIdentityMismatch { .. } => Status::permission_denied(e.to_string()),
-                other => crate::HubError::from(other).into_status(),
-            })?;
-
-        // Spent only now that the request is known to be good, and only
-        // once: of two Registers racing with one token, one wins.
-        let enrolling = join_token.is_some();
-        let join_token_labels = join_token
-            .as_ref()
-            .map(|t| t.record.labels.clone())
-            .filter(|l| !l.is_empty());
-        let tenant = match (&join_token, &current) {
-            (Some(checked), _) => checked.record.tenant.clone(),
-            (None, Some(link)) => link.tenant.clone(),
-            (None, None) => no_link_to_renew(&cluster)?,
-        };
-        if let Some(checked) = join_token
-            && let Err(e) = tokens::spend_join_token(&*self.state.store, checked, &agent_id)
-                .map_err(|e| e.into_status())?
-        {
-            return Err(Status::unauthenticated(e.to_string()));
-        }
-        let now = unix_now();
-        let previous = current;
-        let record = LinkRecord {
-            cluster: cluster.clone(),
-            tenant,
-            agent_id: agent_id.clone(),
-            agent_version,
-            rancher_project_id,
-            cert_serial: issued.serial.clone(),
-            prev_serial: renewed_with,
-            cert_not_after: issued.not_after,
-            first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
-            last_seen: now,
-            last_transport: previous
-                .as_ref()
-                .map(|p| p.last_transport.clone())
-                .unwrap_or_default(),
-            cert_ca: cas.active.fingerprint(),
-            trusted_cas: cas.fingerprints(),
-            // A renewal keeps a pending re-enrollment; the enrollment ends it.
-            reenroll_after: previous
-                .as_ref()
-                .and_then(|p| p.reenroll_after)
-                .filter(|_| !enrolling),
-            // The enrolling token's labels; otherwise the link keeps its own
-            // (write_link reads them where they are).
-            labels: match &join_token_labels {
-                Some(labels) => labels.clone(),
-                None => BTreeMap::new(),
-            },
-        };
-        let keep_labels = join_token_labels.is_none();
-        write_link(&*self.state.store, &cluster, record, enrolling, keep_labels)
-            .map_err(|e| e.into_status())?;
         // Latest agent wins: a tunnel of the agent this one replaces is
         // drained and closed.
         if let Some(old) = self.state.registry.take_if_other_agent(&cluster, &agent_id) {
@@ -653,14 +686,17 @@ fn change_link(
 /// compare-and-swap, retried): a re-enrollment mark set since the link
 /// was read stays, unless this is the enrollment that ends it, and so do
 /// the labels there unless `keep_labels` is false (an enrollment with
-/// labels of its own).
+/// labels of its own). Written with `with` (the token an enrollment spends,
+/// its claim on the name), all or none: false when one of those no longer
+/// holds what it was read as.
 fn write_link(
     store: &dyn crate::store::Store,
     cluster: &str,
     mut record: LinkRecord,
     enrolling: bool,
     keep_labels: bool,
-) -> crate::Result<()> {
+    with: &[crate::store::Swap],
+) -> crate::Result<bool> {
     loop {
         let raw = store.get_raw(tree::LINKS, cluster)?;
         if let Some(raw) = &raw
@@ -674,9 +710,22 @@ fn write_link(
                 record.labels = there.labels;
             }
         }
-        let new = crate::store::encode(tree::LINKS, cluster, &record)?;
-        if store.compare_and_swap_raw(tree::LINKS, cluster, raw.as_deref(), Some(&new))? {
-            return store.flush();
+        let mut swaps = with.to_vec();
+        swaps.push(crate::store::Swap {
+            tree: tree::LINKS.to_owned(),
+            key: cluster.to_owned(),
+            old: raw,
+            new: Some(crate::store::encode(tree::LINKS, cluster, &record)?),
+        });
+        if store.compare_and_swap_all(&swaps)? {
+            store.flush()?;
+            return Ok(true);
+        }
+        // The link alone changed (a tunnel's last-seen time): merged again.
+        for s in with {
+            if store.get_raw(&s.tree, &s.key)? != s.old {
+                return Ok(false);
+            }
         }
     }
 }
@@ -934,7 +983,7 @@ pub(crate) mod tests {
         let opened = open_for_reenrollment(&store, "edge-1").unwrap();
         assert!(opened.is_some());
         // ...and writes after it; so does a tunnel's close (last seen).
-        write_link(&store, "edge-1", stale, false, true).unwrap();
+        assert!(write_link(&store, "edge-1", stale, false, true, &[]).unwrap());
         assert!(
             update_link(&store, "edge-1", |l| {
                 l.last_seen = 2;
@@ -949,7 +998,7 @@ pub(crate) mod tests {
         assert_eq!(now.reenroll_after, opened, "the mark survived both writes");
         assert_eq!(now.last_seen, 2);
         // The enrollment it was for ends it.
-        write_link(&store, "edge-1", link(), true, true).unwrap();
+        assert!(write_link(&store, "edge-1", link(), true, true, &[]).unwrap());
         let now = store
             .get::<LinkRecord>(tree::LINKS, "edge-1")
             .unwrap()
@@ -980,7 +1029,7 @@ pub(crate) mod tests {
             true
         })
         .unwrap();
-        write_link(&store, "edge-1", stale, false, true).unwrap();
+        assert!(write_link(&store, "edge-1", stale, false, true, &[]).unwrap());
         let read = || {
             store
                 .get::<LinkRecord>(tree::LINKS, "edge-1")
@@ -990,12 +1039,12 @@ pub(crate) mod tests {
         };
         assert_eq!(read(), labels(&[("env", "prod")]));
         // A re-enrollment whose token carries no labels keeps them...
-        write_link(&store, "edge-1", link(), true, true).unwrap();
+        assert!(write_link(&store, "edge-1", link(), true, true, &[]).unwrap());
         assert_eq!(read(), labels(&[("env", "prod")]));
         // ...one whose token does replaces them.
         let mut enrolled = link();
         enrolled.labels = labels(&[("env", "dev")]);
-        write_link(&store, "edge-1", enrolled, true, false).unwrap();
+        assert!(write_link(&store, "edge-1", enrolled, true, false, &[]).unwrap());
         assert_eq!(read(), labels(&[("env", "dev")]));
     }
 }

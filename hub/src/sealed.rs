@@ -23,7 +23,7 @@ use ring::{
 
 use crate::{
     HubError, Result,
-    store::{Store, tree},
+    store::{Store, Swap, tree},
 };
 
 /// What a sealed value starts with; then the nonce and the ciphertext.
@@ -188,6 +188,41 @@ impl<S: Store> Store for SealedStore<S> {
             .compare_and_swap_raw(tree, key, stored.as_deref(), new.as_deref())
     }
 
+    fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool> {
+        // A sealed key is compared in plain text, as in
+        // `compare_and_swap_raw`, and swapped against its ciphertext.
+        let mut sealed = Vec::with_capacity(swaps.len());
+        for s in swaps {
+            if !Self::sealed_tree(&s.tree) {
+                sealed.push(s.clone());
+                continue;
+            }
+            let stored = self.inner.get_raw(&s.tree, &s.key)?;
+            let plain = stored
+                .as_deref()
+                .map(|raw| self.unseal(&s.tree, &s.key, raw))
+                .transpose()?;
+            if plain != s.old {
+                return Ok(false);
+            }
+            let new = if s.checks_only() {
+                stored.clone()
+            } else {
+                s.new
+                    .as_deref()
+                    .map(|v| self.seal(&s.tree, &s.key, v))
+                    .transpose()?
+            };
+            sealed.push(Swap {
+                tree: s.tree.clone(),
+                key: s.key.clone(),
+                old: stored,
+                new,
+            });
+        }
+        self.inner.compare_and_swap_all(&sealed)
+    }
+
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
         let all = self.inner.scan_raw(tree)?;
         if !Self::sealed_tree(tree) {
@@ -242,6 +277,16 @@ fn seal_err(tree: &str, key: &str, why: &'static str) -> HubError {
 mod tests {
     use super::*;
     use crate::store::{SledStore, StoreExt};
+
+    #[test]
+    fn sealed_swaps_several_keys_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sealed = SealedStore::new(SledStore::open(dir.path()).unwrap(), &[7u8; 32]).unwrap();
+        crate::store::tests::swaps_are_all_or_none(&sealed);
+        // The gate, only checked, is still sealed as it was written.
+        let raw = sealed.inner.get_raw(tree::META, "gate").unwrap().unwrap();
+        assert!(is_sealed(&raw));
+    }
 
     #[test]
     fn secrets_are_sealed_at_rest_and_open_only_with_their_key() {

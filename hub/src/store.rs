@@ -126,6 +126,12 @@ pub trait Store: Send + Sync + 'static {
         old: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool>;
+    /// Every swap of `swaps`, or none: only if each key still holds its
+    /// `old`; whether they all did. One round trip to a shared store, where
+    /// a write of several records (an enrollment spends its token, claims
+    /// the cluster's name and writes its link) would otherwise take one
+    /// each. The keys must differ.
+    fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool>;
     /// Every (key, value) of a tree, in key order.
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>>;
     /// Writes `value` for as long as this replica lives: on a store shared
@@ -159,6 +165,25 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<()>;
     /// Whether writes currently succeed (for health).
     fn writable(&self) -> bool;
+}
+
+/// One key's part of [`Store::compare_and_swap_all`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swap {
+    pub tree: String,
+    pub key: String,
+    /// What the key must hold (`None`: absent).
+    pub old: Option<Vec<u8>>,
+    /// What it is to hold (`None`: deleted). Equal to `old`, the key is
+    /// only checked, not written.
+    pub new: Option<Vec<u8>>,
+}
+
+impl Swap {
+    /// Whether the key is only checked.
+    pub fn checks_only(&self) -> bool {
+        self.old == self.new
+    }
 }
 
 /// Typed helpers over any [`Store`].
@@ -453,6 +478,40 @@ impl Store for SledStore {
             .is_ok())
     }
 
+    fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError};
+        // A transaction takes each tree once.
+        let mut names: Vec<&str> = swaps.iter().map(|s| s.tree.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let trees = names
+            .iter()
+            .map(|name| self.tree(name))
+            .collect::<Result<Vec<_>>>()?;
+        let index = |name: &str| names.binary_search(&name).unwrap_or_default();
+        let swapped = sled::Transactional::transaction(trees.as_slice(), |trees| {
+            for s in swaps {
+                let held = trees[index(&s.tree)].get(s.key.as_bytes())?;
+                if held.as_deref() != s.old.as_deref() {
+                    return Err(ConflictableTransactionError::Abort(()));
+                }
+            }
+            for s in swaps.iter().filter(|s| !s.checks_only()) {
+                let tree = &trees[index(&s.tree)];
+                match &s.new {
+                    Some(v) => tree.insert(s.key.as_bytes(), v.as_slice())?,
+                    None => tree.remove(s.key.as_bytes())?,
+                };
+            }
+            Ok(())
+        });
+        match swapped {
+            Ok(()) => Ok(true),
+            Err(TransactionError::Abort(())) => Ok(false),
+            Err(TransactionError::Storage(e)) => Err(sled_err(e)),
+        }
+    }
+
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
         self.tree(tree)?
             .iter()
@@ -474,8 +533,56 @@ impl Store for SledStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    fn swap(tree: &str, key: &str, old: Option<&str>, new: Option<&str>) -> Swap {
+        Swap {
+            tree: tree.to_owned(),
+            key: key.to_owned(),
+            old: old.map(|v| v.as_bytes().to_vec()),
+            new: new.map(|v| v.as_bytes().to_vec()),
+        }
+    }
+
+    /// What every store does with several swaps at once: all of them or
+    /// none; a key only checked is left as it is; a deletion deletes.
+    pub(crate) fn swaps_are_all_or_none(store: &dyn Store) {
+        let read = |tree: &str, key: &str| {
+            store
+                .get_raw(tree, key)
+                .unwrap()
+                .map(|v| String::from_utf8(v).unwrap())
+        };
+        store.put_raw(tree::META, "gate", b"open").unwrap();
+        store.put_raw(tree::LINKS, "edge-2", b"old").unwrap();
+        let enroll = |gate: &str| {
+            vec![
+                swap(tree::JOIN_TOKENS, "t1", None, Some("spent")),
+                swap(tree::LINKS, "edge-1", None, Some("link")),
+                swap(tree::LINKS, "edge-2", Some("old"), None),
+                swap(tree::META, "gate", Some(gate), Some(gate)),
+            ]
+        };
+        // One compare fails (the gate): nothing is written.
+        assert!(!store.compare_and_swap_all(&enroll("shut")).unwrap());
+        assert_eq!(read(tree::JOIN_TOKENS, "t1"), None);
+        assert_eq!(read(tree::LINKS, "edge-2").as_deref(), Some("old"));
+        // All hold: all written, the gate only checked.
+        assert!(store.compare_and_swap_all(&enroll("open")).unwrap());
+        assert_eq!(read(tree::JOIN_TOKENS, "t1").as_deref(), Some("spent"));
+        assert_eq!(read(tree::LINKS, "edge-1").as_deref(), Some("link"));
+        assert_eq!(read(tree::LINKS, "edge-2"), None);
+        assert_eq!(read(tree::META, "gate").as_deref(), Some("open"));
+        // Once only: the keys no longer hold what the swaps expect.
+        assert!(!store.compare_and_swap_all(&enroll("open")).unwrap());
+    }
+
+    #[test]
+    fn sled_swaps_several_keys_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        swaps_are_all_or_none(&SledStore::open(dir.path()).unwrap());
+    }
 
     #[test]
     fn records_survive_reopen() {

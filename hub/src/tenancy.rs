@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     HubError, Result,
-    store::{Store, StoreExt, tree},
+    store::{Store, StoreExt, Swap, tree},
     unix_now,
 };
 
@@ -223,18 +223,50 @@ pub fn claim_cluster(
     cluster: &str,
     tenant: &str,
 ) -> Result<std::result::Result<(), TenancyError>> {
-    let claim = ClusterClaim {
-        tenant: tenant.to_owned(),
-        claimed: unix_now(),
+    loop {
+        let claim = match claim_swap(store, cluster, tenant)? {
+            Ok(claim) => claim,
+            Err(e) => return Ok(Err(e)),
+        };
+        // Lost to another claim: whose it is decides, read again.
+        if claim.checks_only() || store.compare_and_swap_all(std::slice::from_ref(&claim))? {
+            return Ok(Ok(()));
+        }
+    }
+}
+
+/// `tenant`'s claim on `cluster` as a swap, to commit with what it is
+/// for (an enrollment): it takes a name no one holds, and checks without
+/// writing one `tenant` holds already.
+pub fn claim_swap(
+    store: &dyn Store,
+    cluster: &str,
+    tenant: &str,
+) -> Result<std::result::Result<Swap, TenancyError>> {
+    let held = store.get_raw(tree::CLUSTER_TENANTS, cluster)?;
+    let new = match &held {
+        Some(raw) => {
+            let claim: ClusterClaim = crate::store::decode(tree::CLUSTER_TENANTS, cluster, raw)?;
+            if claim.tenant != tenant {
+                return Ok(Err(TenancyError::ClusterTaken(cluster.to_owned())));
+            }
+            raw.clone()
+        }
+        None => crate::store::encode(
+            tree::CLUSTER_TENANTS,
+            cluster,
+            &ClusterClaim {
+                tenant: tenant.to_owned(),
+                claimed: unix_now(),
+            },
+        )?,
     };
-    let raw = crate::store::encode(tree::CLUSTER_TENANTS, cluster, &claim)?;
-    if store.compare_and_swap_raw(tree::CLUSTER_TENANTS, cluster, None, Some(&raw))? {
-        return Ok(Ok(()));
-    }
-    match tenant_of(store, cluster)? {
-        Some(holder) if holder == tenant => Ok(Ok(())),
-        _ => Ok(Err(TenancyError::ClusterTaken(cluster.to_owned()))),
-    }
+    Ok(Ok(Swap {
+        tree: tree::CLUSTER_TENANTS.to_owned(),
+        key: cluster.to_owned(),
+        old: held,
+        new: Some(new),
+    }))
 }
 
 /// Like [`claim_cluster`], for minting a manifest: a claim of another

@@ -21,7 +21,7 @@ use subtle::ConstantTimeEq;
 
 use crate::{
     Result,
-    store::{Store, StoreExt, tree},
+    store::{Store, StoreExt, Swap, tree},
     tenancy::{Memberships, Role},
     unix_now,
 };
@@ -203,22 +203,25 @@ pub fn check_join_token(
     Ok(Ok(CheckedJoinToken { record, raw }))
 }
 
-/// Spends a checked join token for `agent_id`; `Used` if another Register
-/// spent it since it was checked.
-pub fn spend_join_token(
-    store: &dyn Store,
-    checked: CheckedJoinToken,
-    agent_id: &str,
-) -> Result<Result<(), JoinTokenError>> {
-    let mut record = checked.record;
-    record.uses += 1;
-    record.last_used = Some(unix_now());
-    record.used_by = Some(agent_id.to_owned());
-    let id = record.id.clone();
-    if store.replace(tree::JOIN_TOKENS, &id, &checked.raw, &record)? {
-        Ok(Ok(()))
-    } else {
-        Ok(Err(JoinTokenError::Used))
+impl CheckedJoinToken {
+    /// The swap that spends this token for `agent_id`, to commit with what
+    /// it pays for (an enrollment): it applies only if no other Register
+    /// spent the token since it was checked.
+    pub fn spend(&self, agent_id: &str) -> Result<Swap> {
+        let mut record = self.record.clone();
+        record.uses += 1;
+        record.last_used = Some(unix_now());
+        record.used_by = Some(agent_id.to_owned());
+        Ok(Swap {
+            tree: tree::JOIN_TOKENS.to_owned(),
+            new: Some(crate::store::encode(
+                tree::JOIN_TOKENS,
+                &record.id,
+                &record,
+            )?),
+            key: record.id,
+            old: Some(self.raw.clone()),
+        })
     }
 }
 
@@ -463,18 +466,19 @@ mod tests {
         let second = check_join_token(&store, &token, "edge-1", None)
             .unwrap()
             .unwrap();
-        assert_eq!(spend_join_token(&store, first, "agent-a").unwrap(), Ok(()));
-        assert_eq!(
-            spend_join_token(&store, second, "rogue").unwrap(),
-            Err(JoinTokenError::Used)
-        );
+        // Spent only if no one spent it since it was checked.
+        let spend = |c: CheckedJoinToken, by: &str| {
+            store.compare_and_swap_all(&[c.spend(by).unwrap()]).unwrap()
+        };
+        assert!(spend(first, "agent-a"));
+        assert!(!spend(second, "rogue"));
         assert_eq!(check(&token, "edge-1"), Err(JoinTokenError::Used));
         // The agent that spent it, retrying a Register it never heard back
         // from, may spend it again; nobody else may.
         let retry = |by: &str| check_join_token(&store, &token, "edge-1", Some(by)).unwrap();
         assert_eq!(retry("rogue").map(|_| ()), Err(JoinTokenError::Used));
         let again = retry("agent-a").expect("the spender's retry");
-        assert_eq!(spend_join_token(&store, again, "agent-a").unwrap(), Ok(()));
+        assert!(spend(again, "agent-a"));
         let id = parse(JOIN_PREFIX, &token).unwrap().0;
         let rec: JoinTokenRecord = store.get(tree::JOIN_TOKENS, id).unwrap().unwrap();
         assert_eq!((rec.uses, rec.used_by.as_deref()), (2, Some("agent-a")));

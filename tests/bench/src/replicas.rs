@@ -122,6 +122,9 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
         let s = a.status();
         s.connected.is_some() && tunnels(&s) >= made
     };
+    // etcd's key-value requests while they register and connect: what
+    // each new agent costs the shared store.
+    let requests = etcd.kv_requests();
     let started = Instant::now();
     while !idle_agents.iter().all(|a| up(a, 1)) {
         anyhow::ensure!(
@@ -130,9 +133,23 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let connected = started.elapsed().as_secs_f64();
+    let per_agent = etcd.kv_requests().saturating_sub(requests) as f64 / agents as f64;
+    figs.add(
+        &format!("replicas.first-connect.n{agents}"),
+        "s",
+        None,
+        connected,
+    );
+    figs.add(
+        "replicas.etcd-requests-per-connect",
+        "requests",
+        None,
+        per_agent,
+    );
     eprintln!(
-        "bench: {agents} agents connected in {:.1} s",
-        started.elapsed().as_secs_f64()
+        "bench: {agents} agents registered and connected in {connected:.1} s, \
+         {per_agent:.1} etcd requests each"
     );
     // Settle: the last admissions' writes are not idle ones.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -195,8 +195,8 @@ impl Etcd {
 }
 
 impl Etcd {
-    /// Key-value requests (reads and transactions) this member has taken
-    /// so far, from its own metrics.
+    /// Key-value requests (reads, puts, deletes and transactions) this
+    /// member has taken so far, from its own metrics.
     pub fn kv_requests(&self) -> u64 {
         use std::io::{Read, Write};
         let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.client_port)) else {
@@ -208,7 +208,7 @@ impl Etcd {
         let _ = s.read_to_string(&mut text);
         text.lines()
             .filter(|l| l.starts_with("grpc_server_started_total{"))
-            .filter(|l| l.contains("grpc_method=\"Range\"") || l.contains("grpc_method=\"Txn\""))
+            .filter(|l| l.contains("grpc_service=\"etcdserverpb.KV\""))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
     }

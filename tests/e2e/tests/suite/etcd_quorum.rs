@@ -82,8 +82,14 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
     let token = a.hub.mint_join_token("edge-1").unwrap();
     let agent = start_agent(a, "edge-1", "a1", &token, TransportKind::H2);
     wait_connected(&a.channel().await, &root, 1).await;
+    // The replica without the tunnel routes to it once its watch has
+    // brought the tunnel's record, a moment after the agent connected.
     for hub in [a, b] {
-        get_via(hub, &root, "before").await.expect("a call before");
+        wait_until(
+            async || get_via(hub, &root, "before").await.is_ok(),
+            "a call before",
+        )
+        .await;
     }
 
     // One member down: nothing changes, writes included.

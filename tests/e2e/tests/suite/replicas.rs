@@ -14,7 +14,7 @@ use otter_e2e::{
     etcd::Etcd,
     mint_via_admin, with_token,
 };
-use otter_hub::store::{Store, StoreExt};
+use otter_hub::store::{Store, StoreExt, Swap};
 use otter_proto::{
     fleet::v1::{
         FanOut, LabelLinkRequest, ListResourcesRequest, fleet_service_client::FleetServiceClient,
@@ -113,8 +113,89 @@ async fn stores_on_one_etcd_decide_races_once() {
     assert!(stores[1].writable());
 
     // Tunnel records are taken by transaction under each replica's lease:
-    // two replicas that both read a cluster's record as absent, then both
-    // take it, are decided once: exactly one wins each of 20.
+    // two replicas that both take a cluster's absent record at once are
+    // decided once.
+    let winners = race(&stores, |store, i, c| {
+        let mine = format!("replica-{i}");
+        store
+            .compare_and_swap_leased("tunnels", &format!("edge-{c}"), None, mine.as_bytes())
+            .unwrap()
+    });
+    for (c, winner) in winners.iter().enumerate() {
+        let held = stores[1].get_raw("tunnels", &format!("edge-{c}")).unwrap();
+        assert_eq!(held, Some(format!("replica-{winner}").into_bytes()));
+    }
+
+    // Several keys in one transaction (how an enrollment spends its token,
+    // claims the name and writes the link): one racer's writes land, all
+    // of them, and none of the other's; a key only checked is not written.
+    stores[0].put_raw("meta", "gate", b"open").unwrap();
+    wait_until(
+        async || stores[1].get_raw("meta", "gate").unwrap().is_some(),
+        "the gate in the other copy",
+    )
+    .await;
+    let winners = race(&stores, |store, i, c| {
+        store
+            .compare_and_swap_all(&multi_swaps(i, c, b"open"))
+            .unwrap()
+    });
+    for (c, winner) in winners.iter().enumerate() {
+        let mine = Some(format!("replica-{winner}").into_bytes());
+        for tree in ["cluster_tenants", "links"] {
+            assert_eq!(
+                stores[1].get_raw(tree, &format!("multi-{c}")).unwrap(),
+                mine
+            );
+        }
+    }
+    stores[0].put_raw("meta", "gate", b"shut").unwrap();
+    assert!(
+        !stores[0]
+            .compare_and_swap_all(&multi_swaps(0, 99, b"open"))
+            .unwrap()
+    );
+    assert_eq!(stores[0].get_raw("links", "multi-99").unwrap(), None);
+    assert!(
+        stores[0]
+            .compare_and_swap_all(&multi_swaps(0, 99, b"shut"))
+            .unwrap()
+    );
+    assert_eq!(
+        stores[0].get_raw("meta", "gate").unwrap().as_deref(),
+        Some(&b"shut"[..])
+    );
+}
+
+/// Racer `i`'s writes of round `c` on two keys, checking `meta/gate`
+/// holds `gate`.
+fn multi_swaps(i: usize, c: usize, gate: &[u8]) -> Vec<Swap> {
+    let mine = Some(format!("replica-{i}").into_bytes());
+    let absent = |tree: &str| Swap {
+        tree: tree.to_owned(),
+        key: format!("multi-{c}"),
+        old: None,
+        new: mine.clone(),
+    };
+    let gate = Some(gate.to_vec());
+    vec![
+        absent("cluster_tenants"),
+        absent("links"),
+        Swap {
+            tree: "meta".to_owned(),
+            key: "gate".to_owned(),
+            old: gate.clone(),
+            new: gate,
+        },
+    ]
+}
+
+/// Both stores make `attempt` (racer, round) at the same moment, 20 rounds:
+/// exactly one wins each. The winner of each round.
+fn race(
+    stores: &[Arc<otter_hub::etcd::EtcdStore>],
+    attempt: fn(&otter_hub::etcd::EtcdStore, usize, usize) -> bool,
+) -> Vec<usize> {
     let barrier = Arc::new(std::sync::Barrier::new(2));
     let racers: Vec<_> = (0..2)
         .map(|i| {
@@ -122,14 +203,8 @@ async fn stores_on_one_etcd_decide_races_once() {
             std::thread::spawn(move || {
                 (0..20)
                     .map(|c| {
-                        let key = format!("edge-{c}");
-                        let current = store.get_raw("tunnels", &key).unwrap();
-                        assert_eq!(current, None);
                         barrier.wait();
-                        let mine = format!("replica-{i}");
-                        let won = store
-                            .compare_and_swap_leased("tunnels", &key, None, mine.as_bytes())
-                            .unwrap();
+                        let won = attempt(&store, i, c);
                         barrier.wait();
                         won
                     })
@@ -138,12 +213,15 @@ async fn stores_on_one_etcd_decide_races_once() {
         })
         .collect();
     let won: Vec<Vec<bool>> = racers.into_iter().map(|t| t.join().unwrap()).collect();
-    for (c, (first, second)) in won[0].iter().zip(&won[1]).enumerate() {
-        assert!(first ^ second, "edge-{c}: {first} and {second}");
-        let winner = if *first { "replica-0" } else { "replica-1" };
-        let held = stores[1].get_raw("tunnels", &format!("edge-{c}")).unwrap();
-        assert_eq!(held.as_deref(), Some(winner.as_bytes()));
-    }
+    won[0]
+        .iter()
+        .zip(&won[1])
+        .enumerate()
+        .map(|(c, (first, second))| {
+            assert!(first ^ second, "round {c}: {first} and {second}");
+            usize::from(*second)
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
