@@ -110,8 +110,9 @@ pub mod tree {
     pub const RELEASED: &str = "released_clusters";
 }
 
-/// A transactional-enough key-value store: single-key writes are atomic and
-/// durable once `flush` returns.
+/// A transactional-enough key-value store: a write is atomic (several keys
+/// together through [`Store::compare_and_swap_all`]) and durable once
+/// `flush` returns.
 pub trait Store: Send + Sync + 'static {
     fn get_raw(&self, tree: &str, key: &str) -> Result<Option<Vec<u8>>>;
     fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> Result<()>;

@@ -417,6 +417,29 @@ pub async fn admin_call(
     (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
 }
 
+/// A Register with join token `join` for `cluster` as agent `agent` (a key
+/// of its own), without a client certificate.
+pub async fn register(
+    hub: &TestHub,
+    cluster: &str,
+    agent: &str,
+    join: &str,
+) -> Result<(), tonic::Status> {
+    use otter_proto::link::v1::{RegisterRequest, link_service_client::LinkServiceClient};
+    let (_key, csr) = otter_pki::csr::generate(cluster, agent).expect("a CSR");
+    LinkServiceClient::new(hub.channel().await)
+        .register(RegisterRequest {
+            cluster: Some(cluster.into()),
+            csr: Some(csr.into_bytes()),
+            agent_id: Some(agent.into()),
+            agent_version: Some("test/1".into()),
+            join_token: Some(join.into()),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
 /// Mints a token through the admin API as `by`: (token, id).
 pub async fn mint_via_admin(
     addr: std::net::SocketAddr,

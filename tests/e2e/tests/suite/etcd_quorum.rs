@@ -14,7 +14,7 @@ use otter_e2e::{
     with_token,
 };
 use otter_proto::{
-    link::v1::{GetAgentManifestRequest, RegisterRequest, link_service_client::LinkServiceClient},
+    link::v1::{GetAgentManifestRequest, link_service_client::LinkServiceClient},
     resource::v1::resource_service_client::ResourceServiceClient,
 };
 use otter_tunnel::TransportKind;
@@ -37,21 +37,6 @@ async fn manifest_via(hub: &TestHub, token: &str, cluster: &str) -> Result<(), t
             },
             token,
         ))
-        .await
-        .map(drop)
-}
-
-async fn register_via(hub: &TestHub, cluster: &str, join: &str) -> Result<(), tonic::Status> {
-    let (_, csr) = otter_pki::csr::generate(cluster, "a").unwrap();
-    LinkServiceClient::new(hub.channel().await)
-        .register(RegisterRequest {
-            cluster: Some(cluster.into()),
-            csr: Some(csr.into_bytes()),
-            agent_id: Some("a".into()),
-            agent_version: Some("v0.1.0".into()),
-            join_token: Some(join.into()),
-            ..Default::default()
-        })
         .await
         .map(drop)
 }
@@ -157,7 +142,9 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
     let e = manifest_via(a, &root, "edge-4").await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert!(e.message().contains("store"), "{e:?}");
-    let e = register_via(b, "edge-3", &join).await.unwrap_err();
+    let e = otter_e2e::register(b, "edge-3", "a", &join)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     let (code, body) = mint_token(b, &root, "bob").await;
     assert_eq!(code, 503, "{body}");
@@ -177,7 +164,7 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
     // The Register refused above may have been applied by etcd once the
     // quorum was back (its write was in flight when the hub gave up on
     // it): the same agent retrying with the same token still enrolls.
-    register_via(b, "edge-3", &join)
+    otter_e2e::register(b, "edge-3", "a", &join)
         .await
         .expect("the agent's retry with its join token, once the quorum is back");
     for (name, hub) in [("a", a), ("b", b)] {

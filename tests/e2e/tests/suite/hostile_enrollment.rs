@@ -13,31 +13,17 @@ use otter_e2e::{
     double::{field, get, start_agent, wait_connected, wait_until},
     http_call, with_token,
 };
-use otter_proto::{
-    link::v1::{RegisterRequest, link_service_client::LinkServiceClient},
-    resource::v1::resource_service_client::ResourceServiceClient,
-};
+use otter_proto::resource::v1::resource_service_client::ResourceServiceClient;
 use otter_tunnel::TransportKind;
 use tonic::Code;
 
-/// A Register with `token` for `cluster` as agent `agent`, without a
-/// client certificate.
+/// A Register with `token` for `cluster` as agent `agent`: its refusal, or
+/// OK.
 async fn register(hub: &TestHub, cluster: &str, agent: &str, token: &str) -> tonic::Status {
-    let (_key, csr) = otter_pki::csr::generate(cluster, agent).unwrap();
-    match LinkServiceClient::new(hub.channel().await)
-        .register(RegisterRequest {
-            cluster: Some(cluster.into()),
-            csr: Some(csr.into_bytes()),
-            agent_id: Some(agent.into()),
-            agent_version: Some("rogue/1".into()),
-            join_token: Some(token.into()),
-            ..Default::default()
-        })
+    otter_e2e::register(hub, cluster, agent, token)
         .await
-    {
-        Ok(_) => tonic::Status::ok("registered"),
-        Err(s) => s,
-    }
+        .err()
+        .unwrap_or_else(|| tonic::Status::ok("registered"))
 }
 
 /// Which agent answers for `cluster`.

@@ -224,6 +224,48 @@ fn race(
         .collect()
 }
 
+/// Registers racing with one join token through both replicas: exactly
+/// one agent enrolls; every other is told the token is used, and both
+/// replicas read the winner's link and the name's claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_racing_with_one_token_on_two_replicas_enroll_one_agent() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (a, b, _root) = two_replicas(&etcd, false).await;
+    let token = a.hub.mint_join_token("edge-1").unwrap();
+    let hubs = [&a, &b];
+    let results = futures::future::join_all((0..8).map(|i| {
+        let (hub, agent, token) = (hubs[i % 2], format!("agent-{i}"), token.clone());
+        async move { otter_e2e::register(hub, "edge-1", &agent, &token).await }
+    }))
+    .await;
+    let won: Vec<usize> = (0..8).filter(|i| results[*i].is_ok()).collect();
+    assert_eq!(won.len(), 1, "{results:?}");
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+        assert!(refused.message().contains("already used"), "{refused:?}");
+    }
+    let winner = format!("agent-{}", won[0]);
+    for hub in hubs {
+        let store = &hub.hub.state.store;
+        wait_until(
+            async || {
+                store
+                    .get::<otter_hub::link_service::LinkRecord>("links", "edge-1")
+                    .unwrap()
+                    .is_some_and(|l| l.agent_id == winner)
+            },
+            "the winner's link on both replicas",
+        )
+        .await;
+        assert_eq!(
+            otter_hub::tenancy::tenant_of(&**store, "edge-1")
+                .unwrap()
+                .as_deref(),
+            Some("default")
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_tenants_tokens_and_links_on_etcd() {
     let Some(etcd) = Etcd::start() else { return };
