@@ -384,20 +384,18 @@ impl EtcdStore {
         leased: bool,
     ) -> Result<bool> {
         let swap = Swap {
-            tree: tree.to_owned(),
-            key: key.to_owned(),
-            old: old.map(<[u8]>::to_vec),
-            new: new.map(<[u8]>::to_vec),
+            leased,
+            ..Swap::new(tree, key, old.map(<[u8]>::to_vec), new.map(<[u8]>::to_vec))
         };
-        self.swap_all(std::slice::from_ref(&swap), leased)
+        self.swap_all(std::slice::from_ref(&swap))
     }
 
-    /// One transaction: every swap's compare, then every write; when one
-    /// compare fails, the keys' values instead, for the copy.
-    fn swap_all(&self, swaps: &[Swap], leased: bool) -> Result<bool> {
-        let lease = leased.then(|| {
-            PutOptions::new().with_lease(self.lease.id.load(std::sync::atomic::Ordering::Relaxed))
-        });
+    /// One transaction: every swap's compare, then every write (under the
+    /// replica's lease where leased); when one compare fails, the keys'
+    /// values instead, for the copy.
+    fn swap_all(&self, swaps: &[Swap]) -> Result<bool> {
+        let lease =
+            PutOptions::new().with_lease(self.lease.id.load(std::sync::atomic::Ordering::Relaxed));
         let mut when = Vec::with_capacity(swaps.len());
         let mut then = Vec::with_capacity(swaps.len());
         let mut or_else = Vec::with_capacity(swaps.len());
@@ -410,7 +408,7 @@ impl EtcdStore {
             });
             if !s.checks_only() {
                 then.push(match &s.new {
-                    Some(v) => TxnOp::put(k.clone(), v.clone(), lease.clone()),
+                    Some(v) => TxnOp::put(k.clone(), v.clone(), s.leased.then(|| lease.clone())),
                     None => TxnOp::delete(k.clone(), None),
                 });
             }
@@ -436,13 +434,23 @@ impl EtcdStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if resp.succeeded() {
             for s in swaps.iter().filter(|s| !s.checks_only()) {
-                if s.new.is_none() {
-                    self.lease
-                        .held
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(&self.key(&s.tree, &s.key));
+                // What the lease holds is written again should etcd let
+                // the lease go.
+                let mut held = self
+                    .lease
+                    .held
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match &s.new {
+                    Some(v) if s.leased => {
+                        held.insert(self.key(&s.tree, &s.key), v.clone());
+                    }
+                    None => {
+                        held.remove(&self.key(&s.tree, &s.key));
+                    }
+                    Some(_) => {}
                 }
+                drop(held);
                 copy.apply(format!("{}/{}", s.tree, s.key), s.new.clone(), revision);
             }
             return Ok(true);
@@ -706,24 +714,52 @@ async fn keep_lease(client: Client, lease: Arc<Lease>) {
             continue;
         };
         lease.id.store(granted.id(), Relaxed);
-        let held: Vec<(String, Vec<u8>)> = lease
-            .held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        tracing::warn!(
-            records = held.len(),
-            "the replica's etcd lease expired; writing its records again"
-        );
-        for (k, v) in held {
-            let options = PutOptions::new().with_lease(granted.id());
-            if let Err(e) = c.put(k, v, Some(options)).await {
-                tracing::warn!(error = %e, "could not write a record again");
+        rewrite_held(&mut c, &lease, granted.id()).await;
+    }
+}
+
+/// Writes what the replica holds again under its new lease `id`. etcd
+/// that has just got its quorum back may refuse a put for a moment: one
+/// refused is tried again (what the replica still holds then, as it holds
+/// it then) for about a lease's time to live, after which the lease is
+/// checked, and maybe replaced, again.
+async fn rewrite_held(client: &mut Client, lease: &Lease, id: i64) {
+    let mut pending: Option<Vec<String>> = None;
+    for _ in 0..LEASE_TTL * 2 {
+        let todo: Vec<(String, Vec<u8>)> = {
+            let held = lease
+                .held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &pending {
+                None => held.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                Some(keys) => keys
+                    .iter()
+                    .filter_map(|k| Some((k.clone(), held.get(k)?.clone())))
+                    .collect(),
+            }
+        };
+        if pending.is_none() {
+            tracing::warn!(
+                records = todo.len(),
+                "the replica's etcd lease expired; writing its records again"
+            );
+        }
+        let mut failed = Vec::new();
+        for (k, v) in todo {
+            let options = PutOptions::new().with_lease(id);
+            if let Err(e) = client.put(k.clone(), v, Some(options)).await {
+                tracing::debug!(error = %e, "could not write a record again; trying again");
+                failed.push(k);
             }
         }
+        if failed.is_empty() {
+            return;
+        }
+        pending = Some(failed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    tracing::warn!("could not write the replica's records again; checking its lease");
 }
 
 /// Every key and value under `prefix` with its revision, and the revision
@@ -942,7 +978,7 @@ impl Store for EtcdStore {
     }
 
     fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool> {
-        self.swap_all(swaps, false)
+        self.swap_all(swaps)
     }
 
     fn compare_and_swap_leased(
@@ -952,15 +988,7 @@ impl Store for EtcdStore {
         old: Option<&[u8]>,
         new: &[u8],
     ) -> Result<bool> {
-        let swapped = self.swap(tree, key, old, Some(new), true)?;
-        if swapped {
-            self.lease
-                .held
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(self.key(tree, key), new.to_vec());
-        }
-        Ok(swapped)
+        self.swap(tree, key, old, Some(new), true)
     }
 
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {

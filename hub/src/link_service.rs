@@ -665,7 +665,31 @@ pub fn update_link_unflushed(
 fn change_link(
     store: &dyn crate::store::Store,
     cluster: &str,
+    change: impl FnMut(&mut LinkRecord) -> bool,
+) -> crate::Result<Option<bool>> {
+    change_link_with(store, cluster, change, || Ok(None))
+}
+
+/// [`update_link`] in one write with what `with` makes, made again for
+/// every try (another record read where it stands then): all or none.
+pub fn update_link_with(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+    change: impl FnMut(&mut LinkRecord) -> bool,
+    with: impl FnMut() -> crate::Result<Option<crate::store::Swap>>,
+) -> crate::Result<bool> {
+    let wrote = change_link_with(store, cluster, change, with)?;
+    if wrote == Some(true) {
+        store.flush()?;
+    }
+    Ok(wrote.is_some())
+}
+
+fn change_link_with(
+    store: &dyn crate::store::Store,
+    cluster: &str,
     mut change: impl FnMut(&mut LinkRecord) -> bool,
+    mut with: impl FnMut() -> crate::Result<Option<crate::store::Swap>>,
 ) -> crate::Result<Option<bool>> {
     loop {
         let Some(raw) = store.get_raw(tree::LINKS, cluster)? else {
@@ -676,7 +700,14 @@ fn change_link(
             return Ok(Some(false));
         }
         let new = crate::store::encode(tree::LINKS, cluster, &link)?;
-        if store.compare_and_swap_raw(tree::LINKS, cluster, Some(&raw), Some(&new))? {
+        let mut swaps = vec![crate::store::Swap::new(
+            tree::LINKS,
+            cluster,
+            Some(raw),
+            Some(new),
+        )];
+        swaps.extend(with()?);
+        if store.compare_and_swap_all(&swaps)? {
             return Ok(Some(true));
         }
     }
@@ -711,12 +742,13 @@ fn write_link(
             }
         }
         let mut swaps = with.to_vec();
-        swaps.push(crate::store::Swap {
-            tree: tree::LINKS.to_owned(),
-            key: cluster.to_owned(),
-            old: raw,
-            new: Some(crate::store::encode(tree::LINKS, cluster, &record)?),
-        });
+        let new = crate::store::encode(tree::LINKS, cluster, &record)?;
+        swaps.push(crate::store::Swap::new(
+            tree::LINKS,
+            cluster,
+            raw,
+            Some(new),
+        ));
         if store.compare_and_swap_all(&swaps)? {
             store.flush()?;
             return Ok(true);

@@ -24,7 +24,7 @@ use crate::{
     forward::HttpBody,
     registry::TunnelEntry,
     server::{ConnInfo, HubState},
-    store::{Store, StoreExt, tree},
+    store::{Store, StoreExt, Swap, tree},
 };
 
 /// The verified caller, as the first replica authenticated it.
@@ -61,50 +61,13 @@ pub struct FromPeer(pub String);
 /// Records that this replica holds `entry`'s tunnel (a store shared by
 /// replicas only; nothing otherwise).
 pub fn claim(state: &HubState, entry: &TunnelEntry) {
-    let Some(peer_url) = &state.config.peer_url else {
-        return;
-    };
-    let owner = TunnelOwner {
-        replica: state.config.replica.clone(),
-        peer_url: peer_url.to_string(),
-        agent_id: entry.agent_id.clone(),
-        transport: entry.transport.as_str().to_owned(),
-        tunnel: entry.id,
-        since: entry.connected_at,
-    };
-    let mine = match serde_json::to_vec(&owner) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica");
-            return;
-        }
-    };
-    // Ownership moves only by transaction, from the record read: absent,
-    // this replica's, or an older tunnel's elsewhere. A newer one elsewhere
-    // keeps it, and this tunnel is drained by the periodic check. A lost
-    // race reads the winner (the store learns it) and decides again.
+    // A lost race reads the winner (the store learns it) and decides again.
     for _ in 0..3 {
-        let current = match state.store.get_raw(tree::TUNNELS, &entry.cluster) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(cluster = %entry.cluster, error = %e, "could not read the tunnel's replica");
-                return;
-            }
-        };
-        let newer_elsewhere = current
-            .as_deref()
-            .and_then(|raw| serde_json::from_slice::<TunnelOwner>(raw).ok())
-            .is_some_and(|o| o.replica != owner.replica && o.since > owner.since);
-        if newer_elsewhere {
-            tracing::info!(cluster = %entry.cluster, "a newer tunnel of the cluster is on another replica");
-            return;
-        }
-        match state.store.compare_and_swap_leased(
-            tree::TUNNELS,
-            &entry.cluster,
-            current.as_deref(),
-            &mine,
-        ) {
+        let written = claim_swap(state, entry).and_then(|swap| match swap {
+            Some(swap) => state.store.compare_and_swap_all(&[swap]),
+            None => Ok(true),
+        });
+        match written {
             Ok(true) => return,
             Ok(false) => continue,
             Err(e) => {
@@ -114,6 +77,40 @@ pub fn claim(state: &HubState, entry: &TunnelEntry) {
         }
     }
     tracing::warn!(cluster = %entry.cluster, "the cluster's tunnel record kept changing; not taken");
+}
+
+/// The write that records this replica as holding `entry`'s tunnel, under
+/// its lease, from the record read now; none without peers, or when a
+/// newer tunnel of the cluster is on another replica (which keeps it, and
+/// the periodic check drains this one). Ownership moves only by
+/// transaction, from the record read: absent, this replica's, or an older
+/// tunnel's elsewhere.
+pub fn claim_swap(state: &HubState, entry: &TunnelEntry) -> crate::Result<Option<Swap>> {
+    let Some(peer_url) = &state.config.peer_url else {
+        return Ok(None);
+    };
+    let owner = TunnelOwner {
+        replica: state.config.replica.clone(),
+        peer_url: peer_url.to_string(),
+        agent_id: entry.agent_id.clone(),
+        transport: entry.transport.as_str().to_owned(),
+        tunnel: entry.id,
+        since: entry.connected_at,
+    };
+    let mine = crate::store::encode(tree::TUNNELS, &entry.cluster, &owner)?;
+    let current = state.store.get_raw(tree::TUNNELS, &entry.cluster)?;
+    let newer_elsewhere = current
+        .as_deref()
+        .and_then(|raw| serde_json::from_slice::<TunnelOwner>(raw).ok())
+        .is_some_and(|o| o.replica != owner.replica && o.since > owner.since);
+    if newer_elsewhere {
+        tracing::info!(cluster = %entry.cluster, "a newer tunnel of the cluster is on another replica");
+        return Ok(None);
+    }
+    Ok(Some(Swap {
+        leased: true,
+        ..Swap::new(tree::TUNNELS, &entry.cluster, current, Some(mine))
+    }))
 }
 
 /// Forgets that this replica holds the cluster's tunnel `id`, unless

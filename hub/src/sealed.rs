@@ -214,10 +214,9 @@ impl<S: Store> Store for SealedStore<S> {
                     .transpose()?
             };
             sealed.push(Swap {
-                tree: s.tree.clone(),
-                key: s.key.clone(),
                 old: stored,
                 new,
+                ..s.clone()
             });
         }
         self.inner.compare_and_swap_all(&sealed)

@@ -178,9 +178,22 @@ pub struct Swap {
     /// What it is to hold (`None`: deleted). Equal to `old`, the key is
     /// only checked, not written.
     pub new: Option<Vec<u8>>,
+    /// Written for as long as this replica lives, as
+    /// [`Store::compare_and_swap_leased`] writes.
+    pub leased: bool,
 }
 
 impl Swap {
+    pub fn new(tree: &str, key: &str, old: Option<Vec<u8>>, new: Option<Vec<u8>>) -> Self {
+        Self {
+            tree: tree.to_owned(),
+            key: key.to_owned(),
+            old,
+            new,
+            leased: false,
+        }
+    }
+
     /// Whether the key is only checked.
     pub fn checks_only(&self) -> bool {
         self.old == self.new
@@ -538,12 +551,8 @@ pub(crate) mod tests {
     use super::*;
 
     fn swap(tree: &str, key: &str, old: Option<&str>, new: Option<&str>) -> Swap {
-        Swap {
-            tree: tree.to_owned(),
-            key: key.to_owned(),
-            old: old.map(|v| v.as_bytes().to_vec()),
-            new: new.map(|v| v.as_bytes().to_vec()),
-        }
+        let bytes = |v: &str| v.as_bytes().to_vec();
+        Swap::new(tree, key, old.map(bytes), new.map(bytes))
     }
 
     /// What every store does with several swaps at once: all of them or

@@ -261,12 +261,12 @@ pub fn claim_swap(
             },
         )?,
     };
-    Ok(Ok(Swap {
-        tree: tree::CLUSTER_TENANTS.to_owned(),
-        key: cluster.to_owned(),
-        old: held,
-        new: Some(new),
-    }))
+    Ok(Ok(Swap::new(
+        tree::CLUSTER_TENANTS,
+        cluster,
+        held,
+        Some(new),
+    )))
 }
 
 /// Like [`claim_cluster`], for minting a manifest: a claim of another

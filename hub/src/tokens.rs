@@ -212,16 +212,13 @@ impl CheckedJoinToken {
         record.uses += 1;
         record.last_used = Some(unix_now());
         record.used_by = Some(agent_id.to_owned());
-        Ok(Swap {
-            tree: tree::JOIN_TOKENS.to_owned(),
-            new: Some(crate::store::encode(
-                tree::JOIN_TOKENS,
-                &record.id,
-                &record,
-            )?),
-            key: record.id,
-            old: Some(self.raw.clone()),
-        })
+        let new = crate::store::encode(tree::JOIN_TOKENS, &record.id, &record)?;
+        Ok(Swap::new(
+            tree::JOIN_TOKENS,
+            &record.id,
+            Some(self.raw.clone()),
+            Some(new),
+        ))
     }
 }
 

@@ -149,11 +149,11 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
         // The link's first tunnel, written before the tunnel counts:
         // until then Register takes the same agent's join token again (a
         // retried Register whose answer was lost).
-        first_tunnel(state, &cluster, a.transport.as_str());
+        first_tunnel(state, &entry);
     } else {
         touch(state, &cluster, a.transport.as_str());
+        crate::peers::claim(state, &entry);
     }
-    crate::peers::claim(state, &entry);
     let gauge = state
         .metrics
         .tunnels
@@ -237,15 +237,29 @@ fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
     }
 }
 
-/// Writes a link's first tunnel (now, and its transport) before it counts.
-fn first_tunnel(state: &HubState, cluster: &str, transport: &str) {
-    let written = crate::link_service::update_link(&*state.store, cluster, |link| {
-        link.last_seen = unix_now();
-        link.last_transport = transport.to_owned();
-        true
-    });
-    if let Err(e) = written {
-        tracing::warn!(%cluster, error = %e, "could not record the first tunnel");
+/// Writes a link's first tunnel (now, and its transport) before it counts,
+/// with this replica's record of holding the tunnel: on etcd one
+/// transaction, where each would take one.
+fn first_tunnel(state: &HubState, entry: &TunnelEntry) {
+    let cluster = &entry.cluster;
+    let written = crate::link_service::update_link_with(
+        &*state.store,
+        cluster,
+        |link| {
+            link.last_seen = unix_now();
+            link.last_transport = entry.transport.as_str().to_owned();
+            true
+        },
+        || crate::peers::claim_swap(state, entry),
+    );
+    match written {
+        Ok(true) => {}
+        // The link went meanwhile (deleted: its tunnel is closed soon).
+        Ok(false) => crate::peers::claim(state, entry),
+        Err(e) => {
+            tracing::warn!(%cluster, error = %e, "could not record the first tunnel");
+            crate::peers::claim(state, entry);
+        }
     }
 }
 

@@ -167,8 +167,17 @@ async fn replicas_ride_out_a_member_down_and_refuse_writes_without_quorum() {
     otter_e2e::register(b, "edge-3", "a", &join)
         .await
         .expect("the agent's retry with its join token, once the quorum is back");
+    // A replica whose lease etcd let go while it had no quorum writes its
+    // records (who holds the tunnel) again under a new one, a moment after
+    // the quorum is back.
     for (name, hub) in [("a", a), ("b", b)] {
-        if let Err(e) = get_via(hub, &root, "after").await {
+        let deadline = tokio::time::Instant::now() + otter_e2e::double::WAIT;
+        let mut answer = get_via(hub, &root, "after").await;
+        while answer.is_err() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            answer = get_via(hub, &root, "after").await;
+        }
+        if let Err(e) = answer {
             // What each replica knew then, so a failure says which side
             // lost the cluster: a's tunnel, or b's view of who holds it.
             let held = |h: &TestHub| h.hub.state.registry.get("edge-1").is_some();

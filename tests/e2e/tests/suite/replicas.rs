@@ -171,22 +171,12 @@ async fn stores_on_one_etcd_decide_races_once() {
 /// holds `gate`.
 fn multi_swaps(i: usize, c: usize, gate: &[u8]) -> Vec<Swap> {
     let mine = Some(format!("replica-{i}").into_bytes());
-    let absent = |tree: &str| Swap {
-        tree: tree.to_owned(),
-        key: format!("multi-{c}"),
-        old: None,
-        new: mine.clone(),
-    };
+    let absent = |tree: &str| Swap::new(tree, &format!("multi-{c}"), None, mine.clone());
     let gate = Some(gate.to_vec());
     vec![
         absent("cluster_tenants"),
         absent("links"),
-        Swap {
-            tree: "meta".to_owned(),
-            key: "gate".to_owned(),
-            old: gate.clone(),
-            new: gate,
-        },
+        Swap::new("meta", "gate", gate.clone(), gate),
     ]
 }
 
