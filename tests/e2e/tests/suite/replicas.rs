@@ -338,20 +338,10 @@ async fn replicas_share_tenants_tokens_and_links_on_etcd() {
     for i in 0..5 {
         let cluster = format!("raced-{i}");
         let join = a.hub.mint_join_token_in(&cluster, "acme").unwrap();
-        let register = |ch: &tonic::transport::Channel, agent: &str| {
-            let (_, csr) = otter_pki::csr::generate(&cluster, agent).unwrap();
-            let mut client = LinkServiceClient::new(ch.clone());
-            let req = RegisterRequest {
-                cluster: Some(cluster.clone()),
-                csr: Some(csr.into_bytes()),
-                agent_id: Some(agent.to_owned()),
-                agent_version: Some("v0.1.0".into()),
-                join_token: Some(join.clone()),
-                ..Default::default()
-            };
-            async move { client.register(req).await.map(drop) }
-        };
-        let (x, y) = tokio::join!(register(&ca, "one"), register(&cb, "two"));
+        let (x, y) = tokio::join!(
+            otter_e2e::register(&a, &cluster, "one", &join),
+            otter_e2e::register(&b, &cluster, "two", &join)
+        );
         assert!(x.is_ok() != y.is_ok(), "{cluster}: {x:?} / {y:?}");
     }
 
