@@ -187,6 +187,16 @@ impl LinkSvc {
         // Of two Registers racing for one token or one name, one wins; the
         // other's next pass reads what won and answers as it says (a renewal
         // writes its link alone and never passes again).
+        let enrolment = Enrolment {
+            conn: conn.as_deref(),
+            cluster: &cluster,
+            agent_id: &agent_id,
+            agent_version: &agent_version,
+            rancher_project_id: &rancher_project_id,
+            csr,
+            identity: &identity,
+            join_token: req.join_token.as_deref().filter(|t| !t.is_empty()),
+        };
         let mut passes = 0;
         let (cas, issued) = loop {
             passes += 1;
@@ -195,209 +205,8 @@ impl LinkSvc {
                     "cluster {cluster} is being written by others at the same time; retry"
                 )));
             }
-            // Who may register: a join token for this cluster, or (renewal) the
-            // certificate of this cluster's current agent presented over mTLS.
-            let current = self
-                .state
-                .store
-                .get::<LinkRecord>(tree::LINKS, &cluster)
-                .map_err(|e| e.into_status())?;
-            // The certificate a renewal proved possession of.
-            let mut renewed_with = None;
-            // This agent retrying a Register whose outcome it never learnt: no
-            // link yet, or its own that never carried a tunnel.
-            let maybe_retry = current
-                .as_ref()
-                .is_none_or(|l| l.agent_id == agent_id && l.last_transport.is_empty());
-            let join_token = match req.join_token.as_deref().filter(|t| !t.is_empty()) {
-                Some(token) => {
-                    let retry_by = maybe_retry.then_some(agent_id.as_str());
-                    let checked = match tokens::check_join_token(
-                        &*self.state.store,
-                        token,
-                        &cluster,
-                        retry_by,
-                    )
-                    .map_err(|e| e.into_status())?
-                    {
-                        Ok(checked) => checked,
-                        Err(e @ JoinTokenError::WrongCluster(_)) => {
-                            return Err(Status::permission_denied(e.to_string()));
-                        }
-                        Err(e) => return Err(Status::unauthenticated(e.to_string())),
-                    };
-                    // A token does not take an enrolled cluster over: only an
-                    // admin's re-enrollment lets a new agent in, with a token
-                    // authorized after it.
-                    let retrying = checked.record.uses > 0;
-                    if let Some(link) = current.as_ref().filter(|_| !retrying) {
-                        match link.reenroll_after {
-                            Some(after) if checked.record.authorized >= after => {}
-                            Some(_) => {
-                                return Err(Status::failed_precondition(format!(
-                                    "cluster {cluster} is being re-enrolled and this join token was made before that; apply a manifest made after `otter re-enroll {cluster}`"
-                                )));
-                            }
-                            None => {
-                                return Err(Status::failed_precondition(format!(
-                                    "cluster {cluster} is already enrolled (agent {:?}); a join token enrolls a cluster once and its agent renews with its certificate. To replace the agent, an admin runs `otter re-enroll {cluster}` and applies a new manifest",
-                                    link.agent_id
-                                )));
-                            }
-                        }
-                    }
-                    // The token's tenant must still be the one it was minted
-                    // in: not deleted, nor deleted and made again.
-                    let tenant_alive =
-                        crate::tenancy::tenant(&*self.state.store, &checked.record.tenant)
-                            .map_err(|e| e.into_status())?
-                            .is_some_and(|t| t.created <= checked.record.created);
-                    // Nor from before the cluster's link was deleted.
-                    let released = crate::tenancy::released_at(&*self.state.store, &cluster)
-                        .map_err(|e| e.into_status())?;
-                    if !tenant_alive || released.is_some_and(|at| checked.record.authorized <= at) {
-                        return Err(Status::unauthenticated(JoinTokenError::Unknown.to_string()));
-                    }
-                    // The token's tenant holds the name (a claim made when its
-                    // manifest was minted); one released since is claimed again.
-                    let claim = match crate::tenancy::claim_swap(
-                        &*self.state.store,
-                        &cluster,
-                        &checked.record.tenant,
-                    )
-                    .map_err(|e| e.into_status())?
-                    {
-                        Ok(claim) => claim,
-                        Err(e) => return Err(Status::permission_denied(e.to_string())),
-                    };
-                    Some((checked, claim))
-                }
-                None => {
-                    let peer = conn
-                        .as_ref()
-                        .and_then(|c| c.peer_cert.as_ref())
-                        .ok_or_else(|| {
-                            Status::unauthenticated(
-                                "Register needs a join token (from the agent manifest) or, to renew, the agent's current certificate",
-                            )
-                        })
-                        .and_then(|der| {
-                            PeerCertificate::from_der(der).map_err(|e| Status::unauthenticated(e.to_string()))
-                        })?;
-                    if peer.identity.cluster != cluster {
-                        return Err(Status::permission_denied(format!(
-                            "certificate belongs to cluster {:?}, not {cluster:?}",
-                            peer.identity.cluster
-                        )));
-                    }
-                    if current.as_ref().map(|l| &l.agent_id) != Some(&peer.identity.agent_id)
-                        || peer.identity.agent_id != agent_id
-                    {
-                        return Err(Status::permission_denied(
-                            "this certificate's agent has been replaced; register with a join token",
-                        ));
-                    }
-                    if !current.as_ref().is_some_and(|l| l.holds(&peer.serial)) {
-                        return Err(Status::permission_denied(
-                            "this certificate was superseded by a renewal; an agent renews with its newest certificate",
-                        ));
-                    }
-                    renewed_with = Some(peer.serial.clone());
-                    // However wrong an agent's clock, its renewals cannot
-                    // keep the hub signing.
-                    if let Err(after) = self.state.renewals.try_renew(&cluster) {
-                        let mut s = Status::unavailable(format!(
-                            "cluster {cluster} renewed less than {} s ago; retry after {} ms",
-                            MIN_RENEWAL_GAP.as_secs(),
-                            after.as_millis()
-                        ));
-                        if let Ok(v) = after.as_millis().to_string().parse() {
-                            s.metadata_mut()
-                                .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
-                        }
-                        return Err(s);
-                    }
-                    None
-                }
-            };
-
-            let cas = self.state.authority.current();
-            let issued = cas
-                .active
-                .sign_agent_csr(csr, &identity, self.state.config.agent_cert_lifetime)
-                .map_err(|e| match e {
-                    PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
-                        Status::invalid_argument(e.to_string())
-                    }
-                    PkiError::CsrTooLarge { .. } => Status::resource_exhausted(e.to_string()),
-                    PkiError::CsrIdentityMismatch { .. } => {
-                        Status::permission_denied(e.to_string())
-                    }
-                    other => crate::HubError::from(other).into_status(),
-                })?;
-
-            let enrolling = join_token.is_some();
-            let join_token_labels = join_token
-                .as_ref()
-                .map(|(t, _)| t.record.labels.clone())
-                .filter(|l| !l.is_empty());
-            let tenant = match (&join_token, &current) {
-                (Some((checked, _)), _) => checked.record.tenant.clone(),
-                (None, Some(link)) => link.tenant.clone(),
-                (None, None) => no_link_to_renew(&cluster)?,
-            };
-            // The token is spent and the name claimed only now that the request
-            // is known to be good, with the link, in one write.
-            let with = match &join_token {
-                Some((checked, claim)) => vec![
-                    checked.spend(&agent_id).map_err(|e| e.into_status())?,
-                    claim.clone(),
-                ],
-                None => Vec::new(),
-            };
-            let now = unix_now();
-            let previous = current;
-            let record = LinkRecord {
-                cluster: cluster.clone(),
-                tenant,
-                agent_id: agent_id.clone(),
-                agent_version: agent_version.clone(),
-                rancher_project_id: rancher_project_id.clone(),
-                cert_serial: issued.serial.clone(),
-                prev_serial: renewed_with,
-                cert_not_after: issued.not_after,
-                first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
-                last_seen: now,
-                last_transport: previous
-                    .as_ref()
-                    .map(|p| p.last_transport.clone())
-                    .unwrap_or_default(),
-                cert_ca: cas.active.fingerprint(),
-                trusted_cas: cas.fingerprints(),
-                // A renewal keeps a pending re-enrollment; the enrollment ends it.
-                reenroll_after: previous
-                    .as_ref()
-                    .and_then(|p| p.reenroll_after)
-                    .filter(|_| !enrolling),
-                // The enrolling token's labels; otherwise the link keeps its own
-                // (write_link reads them where they are).
-                labels: match &join_token_labels {
-                    Some(labels) => labels.clone(),
-                    None => BTreeMap::new(),
-                },
-            };
-            let keep_labels = join_token_labels.is_none();
-            if write_link(
-                &*self.state.store,
-                &cluster,
-                record,
-                enrolling,
-                keep_labels,
-                &with,
-            )
-            .map_err(|e| e.into_status())?
-            {
-                break (cas, issued);
+            if let Some(done) = self.register_pass(&enrolment)? {
+                break done;
             }
         };
         // Latest agent wins: a tunnel of the agent this one replaces is
@@ -426,6 +235,233 @@ impl LinkSvc {
             certificate_expires: Some(timestamp(issued.not_after)),
         }))
     }
+    /// One read, check and write of a Register: what it signed, or none
+    /// when another writer changed the token, the name's claim or the link
+    /// between the read and the write.
+    fn register_pass(
+        &self,
+        enrolment: &Enrolment<'_>,
+    ) -> Result<Option<(Arc<crate::authority::CaSet>, otter_pki::IssuedCertificate)>, Status> {
+        let Enrolment {
+            conn,
+            cluster,
+            agent_id,
+            agent_version,
+            rancher_project_id,
+            csr,
+            identity,
+            join_token,
+        } = *enrolment;
+        // Who may register: a join token for this cluster, or (renewal) the
+        // certificate of this cluster's current agent presented over mTLS.
+        let current = self
+            .state
+            .store
+            .get::<LinkRecord>(tree::LINKS, cluster)
+            .map_err(|e| e.into_status())?;
+        // The certificate a renewal proved possession of.
+        let mut renewed_with = None;
+        // This agent retrying a Register whose outcome it never learnt: no
+        // link yet, or its own that never carried a tunnel.
+        let maybe_retry = current
+            .as_ref()
+            .is_none_or(|l| l.agent_id == agent_id && l.last_transport.is_empty());
+        let join_token = match join_token {
+            Some(token) => {
+                let retry_by = maybe_retry.then_some(agent_id);
+                let checked =
+                    match tokens::check_join_token(&*self.state.store, token, cluster, retry_by)
+                        .map_err(|e| e.into_status())?
+                    {
+                        Ok(checked) => checked,
+                        Err(e @ JoinTokenError::WrongCluster(_)) => {
+                            return Err(Status::permission_denied(e.to_string()));
+                        }
+                        Err(e) => return Err(Status::unauthenticated(e.to_string())),
+                    };
+                // A token does not take an enrolled cluster over: only an
+                // admin's re-enrollment lets a new agent in, with a token
+                // authorized after it.
+                let retrying = checked.record.uses > 0;
+                if let Some(link) = current.as_ref().filter(|_| !retrying) {
+                    match link.reenroll_after {
+                        Some(after) if checked.record.authorized >= after => {}
+                        Some(_) => {
+                            return Err(Status::failed_precondition(format!(
+                                "cluster {cluster} is being re-enrolled and this join token was made before that; apply a manifest made after `otter re-enroll {cluster}`"
+                            )));
+                        }
+                        None => {
+                            return Err(Status::failed_precondition(format!(
+                                "cluster {cluster} is already enrolled (agent {:?}); a join token enrolls a cluster once and its agent renews with its certificate. To replace the agent, an admin runs `otter re-enroll {cluster}` and applies a new manifest",
+                                link.agent_id
+                            )));
+                        }
+                    }
+                }
+                // The token's tenant must still be the one it was minted
+                // in: not deleted, nor deleted and made again.
+                let tenant_alive =
+                    crate::tenancy::tenant(&*self.state.store, &checked.record.tenant)
+                        .map_err(|e| e.into_status())?
+                        .is_some_and(|t| t.created <= checked.record.created);
+                // Nor from before the cluster's link was deleted.
+                let released = crate::tenancy::released_at(&*self.state.store, cluster)
+                    .map_err(|e| e.into_status())?;
+                if !tenant_alive || released.is_some_and(|at| checked.record.authorized <= at) {
+                    return Err(Status::unauthenticated(JoinTokenError::Unknown.to_string()));
+                }
+                // The token's tenant holds the name (a claim made when its
+                // manifest was minted); one released since is claimed again.
+                let claim = match crate::tenancy::claim_swap(
+                    &*self.state.store,
+                    cluster,
+                    &checked.record.tenant,
+                )
+                .map_err(|e| e.into_status())?
+                {
+                    Ok(claim) => claim,
+                    Err(e) => return Err(Status::permission_denied(e.to_string())),
+                };
+                Some((checked, claim))
+            }
+            None => {
+                let peer = conn
+                    .as_ref()
+                    .and_then(|c| c.peer_cert.as_ref())
+                    .ok_or_else(|| {
+                        Status::unauthenticated(
+                            "Register needs a join token (from the agent manifest) or, to renew, the agent's current certificate",
+                        )
+                    })
+                    .and_then(|der| {
+                        PeerCertificate::from_der(der).map_err(|e| Status::unauthenticated(e.to_string()))
+                    })?;
+                if peer.identity.cluster != cluster {
+                    return Err(Status::permission_denied(format!(
+                        "certificate belongs to cluster {:?}, not {cluster:?}",
+                        peer.identity.cluster
+                    )));
+                }
+                if current.as_ref().map(|l| &l.agent_id) != Some(&peer.identity.agent_id)
+                    || peer.identity.agent_id != agent_id
+                {
+                    return Err(Status::permission_denied(
+                        "this certificate's agent has been replaced; register with a join token",
+                    ));
+                }
+                if !current.as_ref().is_some_and(|l| l.holds(&peer.serial)) {
+                    return Err(Status::permission_denied(
+                        "this certificate was superseded by a renewal; an agent renews with its newest certificate",
+                    ));
+                }
+                renewed_with = Some(peer.serial.clone());
+                // However wrong an agent's clock, its renewals cannot
+                // keep the hub signing.
+                if let Err(after) = self.state.renewals.try_renew(cluster) {
+                    let mut s = Status::unavailable(format!(
+                        "cluster {cluster} renewed less than {} s ago; retry after {} ms",
+                        MIN_RENEWAL_GAP.as_secs(),
+                        after.as_millis()
+                    ));
+                    if let Ok(v) = after.as_millis().to_string().parse() {
+                        s.metadata_mut()
+                            .insert(otter_tunnel::pace::GRPC_RETRY_AFTER_MS, v);
+                    }
+                    return Err(s);
+                }
+                None
+            }
+        };
+
+        let cas = self.state.authority.current();
+        let issued = cas
+            .active
+            .sign_agent_csr(csr, identity, self.state.config.agent_cert_lifetime)
+            .map_err(|e| match e {
+                PkiError::MalformedCsr(_) | PkiError::KeyTypeNotAllowed(_) => {
+                    Status::invalid_argument(e.to_string())
+                }
+                PkiError::CsrTooLarge { .. } => Status::resource_exhausted(e.to_string()),
+                PkiError::CsrIdentityMismatch { .. } => Status::permission_denied(e.to_string()),
+                other => crate::HubError::from(other).into_status(),
+            })?;
+
+        let enrolling = join_token.is_some();
+        let join_token_labels = join_token
+            .as_ref()
+            .map(|(t, _)| t.record.labels.clone())
+            .filter(|l| !l.is_empty());
+        let tenant = match (&join_token, &current) {
+            (Some((checked, _)), _) => checked.record.tenant.clone(),
+            (None, Some(link)) => link.tenant.clone(),
+            (None, None) => no_link_to_renew(cluster)?,
+        };
+        // The token is spent and the name claimed only now that the request
+        // is known to be good, with the link, in one write.
+        let with = match &join_token {
+            Some((checked, claim)) => vec![
+                checked.spend(agent_id).map_err(|e| e.into_status())?,
+                claim.clone(),
+            ],
+            None => Vec::new(),
+        };
+        let now = unix_now();
+        let previous = current;
+        let record = LinkRecord {
+            cluster: cluster.to_owned(),
+            tenant,
+            agent_id: agent_id.to_owned(),
+            agent_version: agent_version.to_owned(),
+            rancher_project_id: rancher_project_id.to_owned(),
+            cert_serial: issued.serial.clone(),
+            prev_serial: renewed_with,
+            cert_not_after: issued.not_after,
+            first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
+            last_seen: now,
+            last_transport: previous
+                .as_ref()
+                .map(|p| p.last_transport.clone())
+                .unwrap_or_default(),
+            cert_ca: cas.active.fingerprint(),
+            trusted_cas: cas.fingerprints(),
+            // A renewal keeps a pending re-enrollment; the enrollment ends it.
+            reenroll_after: previous
+                .as_ref()
+                .and_then(|p| p.reenroll_after)
+                .filter(|_| !enrolling),
+            // The enrolling token's labels; otherwise the link keeps its own
+            // (write_link reads them where they are).
+            labels: match &join_token_labels {
+                Some(labels) => labels.clone(),
+                None => BTreeMap::new(),
+            },
+        };
+        let keep_labels = join_token_labels.is_none();
+        let written = write_link(
+            &*self.state.store,
+            cluster,
+            record,
+            enrolling,
+            keep_labels,
+            &with,
+        )
+        .map_err(|e| e.into_status())?;
+        Ok(written.then_some((cas, issued)))
+    }
+}
+
+/// A Register request, its form checked.
+struct Enrolment<'a> {
+    conn: Option<&'a ConnInfo>,
+    cluster: &'a str,
+    agent_id: &'a str,
+    agent_version: &'a str,
+    rancher_project_id: &'a str,
+    csr: &'a str,
+    identity: &'a AgentIdentity,
+    /// None: a renewal, with the agent's certificate.
+    join_token: Option<&'a str>,
 }
 
 #[tonic::async_trait]

@@ -494,6 +494,13 @@ impl Store for SledStore {
 
     fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool> {
         use sled::transaction::{ConflictableTransactionError, TransactionError};
+        // One key written needs no transaction (which serializes with
+        // every other): the last-seen writer swaps a link at a time.
+        if let [s] = swaps
+            && !s.checks_only()
+        {
+            return self.compare_and_swap_raw(&s.tree, &s.key, s.old.as_deref(), s.new.as_deref());
+        }
         // A transaction takes each tree once.
         let mut names: Vec<&str> = swaps.iter().map(|s| s.tree.as_str()).collect();
         names.sort_unstable();
