@@ -156,6 +156,11 @@ impl Gauges {
                 status.quiet_probes,
             ),
             (
+                "refused_probes",
+                "New tunnels dialled beside one whose hub's host refused its datagrams",
+                status.refused_probes,
+            ),
+            (
                 "refusals",
                 "Dials the hub refused with a retry-after hint",
                 status.refusals,

@@ -59,6 +59,10 @@ pub struct AgentStatus {
     /// New tunnels dialled beside one whose path went quiet (see
     /// [`quiet_after`]).
     pub quiet_probes: u32,
+    /// New tunnels dialled beside one whose hub's host refused its
+    /// datagrams (nothing listens on the hub's port any more), before the
+    /// path counted as quiet.
+    pub refused_probes: u32,
     /// Serial of the current certificate.
     pub cert_serial: String,
     /// Outcome of each transport tried in the last connect round.
@@ -614,6 +618,9 @@ struct Session {
     /// the moment it last grew.
     quiet_at: tokio::time::Instant,
     heard: Option<(u64, tokio::time::Instant)>,
+    /// The hub's refusals of this path's datagrams counted so far, and
+    /// whether one already started a dial since the hub was last heard.
+    refused: (u64, bool),
     /// The dial beside a quiet tunnel while it runs, and the site it dials.
     quiet_probe: Option<(tokio::task::AbortHandle, usize)>,
 }
@@ -667,6 +674,7 @@ impl Session {
             counted: None,
             quiet_at: tokio::time::Instant::now() + quiet_tick(config.keepalive),
             heard: None,
+            refused: (0, false),
             quiet_probe: None,
         }
     }
@@ -848,6 +856,12 @@ impl Session {
     /// at three intervals. If the hub answers the new dial, calls move to
     /// it (the hub drains the old tunnel, if it still knows it); if not,
     /// the old tunnel stays until its keepalive timeout.
+    ///
+    /// A path whose datagrams the hub's host refused meanwhile (nothing
+    /// listens on the hub's port: its process died, where TCP would have
+    /// been reset) and that has heard nothing since the last look is not
+    /// waited on: the dial goes out at once, once per such spell. A forged
+    /// refusal costs a dial beside a live tunnel, which then stays.
     fn check_quiet(&mut self, sup: &mut Supervisor) {
         let now = tokio::time::Instant::now();
         let keepalive = sup.config.keepalive;
@@ -858,24 +872,39 @@ impl Session {
             self.quiet_at = now + NOT_COUNTED;
             return;
         };
+        let newly_refused = counts.refused > self.refused.0;
+        self.refused.0 = counts.refused;
         let since = match self.heard {
             Some((n, since)) if n == counts.received => since,
             _ => {
                 self.heard = Some((counts.received, now));
+                self.refused.1 = false;
                 return;
             }
         };
-        if self.probing || now.duration_since(since) < quiet_after(keepalive) {
+        let refused = newly_refused && !self.refused.1;
+        if self.probing || (!refused && now.duration_since(since) < quiet_after(keepalive)) {
             return;
         }
-        tracing::info!(
-            transport = %self.kind,
-            quiet_ms = now.duration_since(since).as_millis() as u64,
-            "nothing heard from the hub: dialling a new tunnel beside this one"
-        );
+        let quiet_ms = now.duration_since(since).as_millis() as u64;
+        if refused {
+            tracing::info!(
+                transport = %self.kind,
+                quiet_ms,
+                "the hub's host refused this tunnel's datagrams (nothing listens there): dialling a new tunnel beside this one"
+            );
+            self.refused.1 = true;
+            sup.status.send_modify(|s| s.refused_probes += 1);
+        } else {
+            tracing::info!(
+                transport = %self.kind,
+                quiet_ms,
+                "nothing heard from the hub: dialling a new tunnel beside this one"
+            );
+            sup.status.send_modify(|s| s.quiet_probes += 1);
+        }
         // Not again for this count until another quiet spell has passed.
         self.heard = Some((counts.received, now));
-        sup.status.send_modify(|s| s.quiet_probes += 1);
         // The next site's URLs, as after a tunnel that went silent: with
         // replicas and no load balancer the quiet one is likely gone (with
         // one hub, or a load balancer, the same URLs).

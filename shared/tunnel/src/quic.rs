@@ -492,6 +492,7 @@ fn path_counts(conn: &quinn::Connection) -> crate::PathCounts {
         mtu: stats.path.current_mtu,
         resets_sent: stats.frame_tx.reset_stream + stats.frame_tx.stop_sending,
         resets_received: stats.frame_rx.reset_stream + stats.frame_rx.stop_sending,
+        refused: 0,
     }
 }
 
@@ -518,9 +519,16 @@ pub async fn dial(
 /// a fresh endpoint per dial made every reconnect allocate (and, once the
 /// allocator stops handing such blocks straight from the kernel, touch)
 /// that much again; one endpoint for the agent's life pays it once.
+///
+/// Each endpoint's socket also counts the datagrams the hub's host refused
+/// ([`crate::udp::Refusals`]): a dial to a port where nothing listens fails
+/// at once, as a TCP connect does, and a tunnel's counts show a hub whose
+/// process is gone one keepalive after its last word, where silence alone
+/// shows it later.
 #[derive(Debug, Default)]
 pub struct Dialer {
     endpoints: std::sync::Mutex<[Option<Endpoint>; 2]>,
+    refusals: [Arc<crate::udp::Refusals>; 2],
 }
 
 impl Dialer {
@@ -535,6 +543,9 @@ impl Dialer {
         let crypto = QuicClientConfig::try_from(tls).map_err(quic_tls_error)?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
         config.transport_config(Arc::new(transport_config(settings)));
+        let refusals = self.refusals[usize::from(addr.is_ipv6())].clone();
+        refusals.watch(addr);
+        let refused_before = refusals.count(addr);
         let mut endpoint = self.endpoint(addr.is_ipv6(), false)?;
         let connecting = match endpoint.connect_with(config.clone(), addr, server_name) {
             // The endpoint's driver ended (its socket failed): bind anew.
@@ -545,8 +556,24 @@ impl Dialer {
             other => other?,
         };
         let mut connecting = connecting;
-        let conn = match tokio::time::timeout(settings.connect_timeout, &mut connecting).await {
-            Ok(c) => c?,
+        let handshake = async {
+            tokio::select! {
+                conn = &mut connecting => Some(conn),
+                // The agent's first datagrams come back refused: nothing
+                // listens there, and nothing will answer the rest.
+                _ = refusals.refused(addr, refused_before) => None,
+            }
+        };
+        let conn = match tokio::time::timeout(settings.connect_timeout, handshake).await {
+            Ok(Some(c)) => c?,
+            Ok(None) => {
+                return Err(TunnelError::Io(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "QUIC: {addr} refused the datagrams (ICMP port unreachable: nothing listens on that UDP port)"
+                    ),
+                )));
+            }
             Err(_) => {
                 use futures::FutureExt;
                 let answered = connecting.handshake_data().now_or_never().is_some();
@@ -556,6 +583,7 @@ impl Dialer {
         };
         Ok(QuicAcceptor {
             conn,
+            refusals,
             _endpoint: endpoint,
         })
     }
@@ -587,7 +615,7 @@ impl Dialer {
         let endpoint = Endpoint::new_with_abstract_socket(
             endpoint_config,
             None,
-            crate::udp::wrap(socket)?,
+            crate::udp::wrap_counting_refusals(socket, self.refusals[usize::from(ipv6)].clone())?,
             Arc::new(quinn::TokioRuntime),
         )?;
         *slot = Some(endpoint.clone());
@@ -599,6 +627,9 @@ impl Dialer {
 #[derive(Debug)]
 pub struct QuicAcceptor {
     conn: quinn::Connection,
+    /// Refusals counted by the endpoint's socket, the hub's address among
+    /// them.
+    refusals: Arc<crate::udp::Refusals>,
     /// Keeps the endpoint's driver running for this connection (it may be
     /// shared with the agent's other tunnels, so it is not closed here).
     _endpoint: Endpoint,
@@ -634,7 +665,10 @@ impl Acceptor for QuicAcceptor {
     }
 
     fn packets(&self) -> Option<crate::PathCounts> {
-        Some(path_counts(&self.conn))
+        Some(crate::PathCounts {
+            refused: self.refusals.count(self.conn.remote_address()),
+            ..path_counts(&self.conn)
+        })
     }
 }
 

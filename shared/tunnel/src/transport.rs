@@ -117,6 +117,11 @@ pub struct PathCounts {
     pub resets_sent: u64,
     /// The same frames, received from the peer.
     pub resets_received: u64,
+    /// Datagrams to the peer's address that its host refused (ICMP port
+    /// unreachable: nothing listens there any more), where the kernel
+    /// reports them; counted per address, so a tunnel dialled again to the
+    /// same address sees the earlier ones too.
+    pub refused: u64,
 }
 
 /// Liveness settings, the same on both ends and on every transport: a

@@ -9,13 +9,18 @@
 //! datagram size at 6,500 bytes: where a path carries more (jumbo frames
 //! of 9,000, loopback, a hub beside its agents), a larger datagram carries
 //! the same bytes with fewer packets to seal, number and acknowledge.
+//!
+//! An agent's socket also reads the kernel's reports of datagrams refused
+//! on arrival ([`Refusals`]): where a TCP connection to a dead process gets
+//! a reset at once, QUIC would otherwise learn only from silence.
 
 use std::{
+    collections::HashMap,
     fmt,
     io::{self, IoSliceMut},
     net::SocketAddr,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll},
 };
 
@@ -28,12 +33,248 @@ const MAX_SEND: usize = 65_000;
 /// Wraps quinn's socket for the tokio runtime.
 pub(crate) fn wrap(socket: std::net::UdpSocket) -> io::Result<Arc<dyn AsyncUdpSocket>> {
     let inner = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
-    Ok(Arc::new(Batched { inner }))
+    Ok(Arc::new(Batched {
+        inner,
+        reports: false,
+        _reader: None,
+    }))
 }
 
-/// quinn's socket, with batches over [`MAX_SEND`] split.
+/// Like [`wrap`], and counts in `refusals` the datagrams to a watched
+/// address that came back refused (where the kernel reports them; a socket
+/// it cannot ask to is wrapped as by [`wrap`]). Needs a tokio runtime.
+pub(crate) fn wrap_counting_refusals(
+    socket: std::net::UdpSocket,
+    refusals: Arc<Refusals>,
+) -> io::Result<Arc<dyn AsyncUdpSocket>> {
+    let reader = error_queue::enable(&socket)
+        .and_then(|()| socket.try_clone())
+        .and_then(|second| read_reports(second, refusals));
+    let reader = match reader {
+        Ok(stop) => Some(stop),
+        Err(e) => {
+            tracing::debug!(error = %e, "UDP error reports unavailable: a dead hub is noticed by silence only");
+            None
+        }
+    };
+    let inner = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
+    Ok(Arc::new(Batched {
+        inner,
+        reports: reader.is_some(),
+        _reader: reader,
+    }))
+}
+
+/// Datagrams refused by the host they were sent to (ICMP "port
+/// unreachable": the host is up, but nothing listens on that port any
+/// more, as after its process died), counted per destination the agent
+/// dials. Other destinations are not counted, so a forged report names
+/// nothing kept here.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    counts: Mutex<HashMap<SocketAddr, u64>>,
+    changed: tokio::sync::Notify,
+}
+
+/// Destinations counted at once; a dial past it starts the counts anew.
+const WATCHED: usize = 16;
+
+impl Refusals {
+    /// Counts refusals from `addr` from now on (kept if already counted).
+    pub(crate) fn watch(&self, addr: SocketAddr) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if !counts.contains_key(&addr) && counts.len() >= WATCHED {
+            counts.clear();
+        }
+        counts.entry(addr).or_insert(0);
+    }
+
+    /// Refusals from `addr` so far (0 for one not watched).
+    pub fn count(&self, addr: SocketAddr) -> u64 {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(&addr).copied().unwrap_or(0)
+    }
+
+    /// Returns once `addr` has refused more than `seen` datagrams.
+    pub(crate) async fn refused(&self, addr: SocketAddr, seen: u64) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before the count is read: no report falls between.
+            notified.as_mut().enable();
+            if self.count(addr) > seen {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn record(&self, addr: SocketAddr) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&addr) {
+            *n += 1;
+            drop(counts);
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+/// Reports read at once at most before other tasks get a turn.
+const DRAIN_MAX: usize = 64;
+
+/// Reads the kernel's error reports of an agent's socket (`socket` is a
+/// second descriptor of it) in a task of its own until the returned guard
+/// is dropped: each report takes room from the socket's receive buffer
+/// until read, and the error it leaves pending would fail quinn's next
+/// send (that datagram would be lost) or receive, so it is taken here.
+fn read_reports(
+    socket: std::net::UdpSocket,
+    refusals: Arc<Refusals>,
+) -> io::Result<tokio_util::sync::DropGuard> {
+    use tokio::io::Interest;
+    let ipv6 = socket.local_addr()?.is_ipv6();
+    socket.set_nonblocking(true)?;
+    let socket = tokio::net::UdpSocket::from_std(socket)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let guard = stop.clone().drop_guard();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                ready = socket.ready(Interest::ERROR) => if ready.is_err() {
+                    return;
+                },
+                _ = stop.cancelled() => return,
+            }
+            let _ = socket.take_error();
+            for _ in 0..DRAIN_MAX {
+                // A report read empty clears the readiness until the next.
+                match socket.try_io(Interest::ERROR, || error_queue::next(&socket, ipv6)) {
+                    Ok(Some(addr)) => refusals.record(addr),
+                    Ok(None) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    });
+    Ok(guard)
+}
+
+/// Errors a receive returns once because an ICMP report arrived (the
+/// kernel's conversion of each ICMP type): never the socket's own failure.
+fn set_by_report(e: &io::Error) -> bool {
+    error_queue::SET_BY_REPORT.contains(&e.raw_os_error().unwrap_or(0))
+}
+
+#[cfg(target_os = "linux")]
+mod error_queue {
+    use std::{
+        io::{self, IoSliceMut},
+        net::SocketAddr,
+        os::fd::AsRawFd,
+    };
+
+    use nix::{
+        errno::Errno,
+        libc,
+        sys::socket::{
+            ControlMessageOwned, MsgFlags, SockaddrIn, SockaddrIn6, SockaddrLike, recvmsg,
+            setsockopt, sockopt,
+        },
+    };
+
+    pub(super) const SET_BY_REPORT: [i32; 10] = [
+        libc::ECONNREFUSED,
+        libc::EHOSTUNREACH,
+        libc::ENETUNREACH,
+        libc::EHOSTDOWN,
+        libc::ENONET,
+        libc::ENOPROTOOPT,
+        libc::EMSGSIZE,
+        libc::EOPNOTSUPP,
+        libc::EPROTO,
+        libc::EACCES,
+    ];
+
+    /// Asks the kernel to report ICMP errors for an unconnected socket
+    /// (without, it reports them only to connected ones).
+    pub(super) fn enable(socket: &std::net::UdpSocket) -> io::Result<()> {
+        if socket.local_addr()?.is_ipv6() {
+            setsockopt(socket, sockopt::Ipv6RecvErr, &true)?;
+        } else {
+            setsockopt(socket, sockopt::Ipv4RecvErr, &true)?;
+        }
+        Ok(())
+    }
+
+    /// The next report: the destination of a datagram refused as "port
+    /// unreachable", `None` for any other report; an error of kind
+    /// `WouldBlock` when there is none.
+    pub(super) fn next(socket: &impl AsRawFd, ipv6: bool) -> io::Result<Option<SocketAddr>> {
+        if ipv6 {
+            read::<SockaddrIn6>(socket).map(|r| r.map(|a| std::net::SocketAddrV6::from(a).into()))
+        } else {
+            read::<SockaddrIn>(socket).map(|r| r.map(|a| std::net::SocketAddrV4::from(a).into()))
+        }
+    }
+
+    fn read<S: SockaddrLike>(socket: &impl AsRawFd) -> io::Result<Option<S>> {
+        // The refused datagram's payload is not wanted: one byte of it.
+        let mut payload = [0u8; 1];
+        let mut iov = [IoSliceMut::new(&mut payload)];
+        let mut control = [0u8; 256];
+        let msg = recvmsg::<S>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut control),
+            MsgFlags::MSG_ERRQUEUE | MsgFlags::MSG_DONTWAIT,
+        )
+        .map_err(|e: Errno| io::Error::from_raw_os_error(e as i32))?;
+        let refused = msg
+            .cmsgs()
+            .map_err(|e: Errno| io::Error::from_raw_os_error(e as i32))?
+            .any(|c| match c {
+                ControlMessageOwned::Ipv4RecvErr(e, _) => {
+                    e.ee_origin == libc::SO_EE_ORIGIN_ICMP
+                        && e.ee_errno == libc::ECONNREFUSED as u32
+                }
+                ControlMessageOwned::Ipv6RecvErr(e, _) => {
+                    e.ee_origin == libc::SO_EE_ORIGIN_ICMP6
+                        && e.ee_errno == libc::ECONNREFUSED as u32
+                }
+                _ => false,
+            });
+        Ok(msg.address.filter(|_| refused))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod error_queue {
+    use std::{io, net::SocketAddr};
+
+    pub(super) const SET_BY_REPORT: [i32; 0] = [];
+
+    pub(super) fn enable(_: &std::net::UdpSocket) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "error queue reports are read on Linux only",
+        ))
+    }
+
+    pub(super) fn next(_: &tokio::net::UdpSocket, _: bool) -> io::Result<Option<SocketAddr>> {
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+}
+
+/// quinn's socket, with batches over [`MAX_SEND`] split (and, on an
+/// agent's, the error reports read).
 struct Batched {
     inner: Arc<dyn AsyncUdpSocket>,
+    /// The kernel reports errors to this socket ([`read_reports`]).
+    reports: bool,
+    /// Stops the reports' reader with the socket.
+    _reader: Option<tokio_util::sync::DropGuard>,
 }
 
 impl fmt::Debug for Batched {
@@ -84,7 +325,15 @@ impl AsyncUdpSocket for Batched {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
-        self.inner.poll_recv(cx, bufs, meta)
+        loop {
+            match self.inner.poll_recv(cx, bufs, meta) {
+                // quinn ends the endpoint on any receive error but a reset:
+                // one that only says a report arrived (the reader takes it
+                // too, but may come second) is passed over.
+                Poll::Ready(Err(e)) if self.reports && set_by_report(&e) => continue,
+                other => return other,
+            }
+        }
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {

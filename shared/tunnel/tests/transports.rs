@@ -350,6 +350,7 @@ async fn finished_quic_calls_end_without_resets() {
 struct UdpRelay {
     addr: SocketAddr,
     upstream: Arc<std::sync::Mutex<SocketAddr>>,
+    stop: CancellationToken,
 }
 
 impl UdpRelay {
@@ -359,31 +360,129 @@ impl UdpRelay {
         let addr = front.local_addr().unwrap();
         let upstream = Arc::new(std::sync::Mutex::new(upstream));
         let agent = Arc::new(std::sync::Mutex::new(None::<SocketAddr>));
+        let stop = CancellationToken::new();
         let (f, b, up, who) = (front.clone(), back.clone(), upstream.clone(), agent.clone());
+        let stopped = stop.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; 65536];
-            while let Ok((n, from)) = f.recv_from(&mut buf).await {
+            loop {
+                let (n, from) = tokio::select! {
+                    Ok(got) = f.recv_from(&mut buf) => got,
+                    _ = stopped.cancelled() => return,
+                };
                 *who.lock().unwrap() = Some(from);
                 let to = *up.lock().unwrap();
                 let _ = b.send_to(&buf[..n], to).await;
             }
         });
-        let up = upstream.clone();
+        let (up, stopped) = (upstream.clone(), stop.clone());
         tokio::spawn(async move {
             let mut buf = vec![0u8; 65536];
-            while let Ok((n, from)) = back.recv_from(&mut buf).await {
+            loop {
+                let (n, from) = tokio::select! {
+                    Ok(got) = back.recv_from(&mut buf) => got,
+                    _ = stopped.cancelled() => return,
+                };
                 let to = *agent.lock().unwrap();
                 if let Some(to) = to.filter(|_| from == *up.lock().unwrap()) {
                     let _ = front.send_to(&buf[..n], to).await;
                 }
             }
         });
-        UdpRelay { addr, upstream }
+        UdpRelay {
+            addr,
+            upstream,
+            stop,
+        }
     }
 
     fn switch_to(&self, upstream: SocketAddr) {
         *self.upstream.lock().unwrap() = upstream;
     }
+
+    /// Closes the relay's sockets, as a process that died: the kernel
+    /// answers what arrives at its port with ICMP port unreachable.
+    async fn close(&self) {
+        self.stop.cancel();
+        // Bounded: both tasks drop their socket handles as they end.
+        for _ in 0..100 {
+            if std::net::UdpSocket::bind(self.addr).is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the relay's port stays bound");
+    }
+}
+
+/// A hub whose process is gone while its host is up: the kernel refuses
+/// the agent's datagrams to the closed port (ICMP port unreachable), as it
+/// resets a TCP connection. The agent's tunnel counts the refusals after
+/// its next keepalive, where silence alone would tell only after several,
+/// and a dial to the closed port fails as refused instead of waiting out
+/// the handshake's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_datagrams_refused_by_a_closed_port_are_counted_and_end_a_dial() {
+    tls::install_default_provider();
+    let p = pki();
+    let server = tls::server_config(
+        &p.server.0,
+        &p.server.1,
+        p.ca.cert_pem(),
+        tls::ClientAuth::Required,
+        &[quic::ALPN],
+    )
+    .unwrap();
+    let client = tls::client_config(
+        p.ca.cert_pem(),
+        Some((&p.client.0, &p.client.1)),
+        &[quic::ALPN],
+    )
+    .unwrap();
+    let settings = QuicSettings {
+        keepalive: otter_tunnel::transport::Keepalive::every(Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let endpoint = quic::hub_endpoint_on(socket, server, &settings, &[7u8; 32]).unwrap();
+    let (tx, mut rx) = mpsc::channel::<Accepted>(4);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(quic::accept_loop(endpoint.clone(), tx, shutdown.clone()));
+    let relay = UdpRelay::start(endpoint.local_addr().unwrap()).await;
+    let acceptor = quic::dial(relay.addr, "localhost", client.clone(), &settings)
+        .await
+        .unwrap();
+    let _tunnel = rx.recv().await.expect("tunnel accepted");
+    assert_eq!(acceptor.packets().unwrap().refused, 0);
+
+    relay.close().await;
+    let mut counts = acceptor.packets().unwrap();
+    for _ in 0..200 {
+        if counts.refused > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        counts = acceptor.packets().unwrap();
+    }
+    assert!(
+        counts.refused > 0,
+        "the agent's keepalives to the closed port come back refused: {counts:?}"
+    );
+
+    // Long enough that a handshake left to time out would fail the bound.
+    let patient = QuicSettings {
+        connect_timeout: Duration::from_secs(60),
+        ..settings
+    };
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        quic::dial(relay.addr, "localhost", client, &patient),
+    )
+    .await
+    .expect("the dial ends before its handshake times out")
+    .expect_err("nothing listens there");
+    assert!(err.to_string().contains("refused"), "{err}");
+    shutdown.cancel();
 }
 
 /// A hub that crashed and came back on the same address answers the

@@ -219,17 +219,21 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
             None,
             Latency::of(&of(false)).max / 1e6,
         );
-        figs.add(
-            &name("all-quic"),
-            "s",
-            None,
-            Latency::of(&of(true)).max / 1e6,
-        );
+        let quic = Latency::of(&of(true));
+        figs.add(&name("p50-quic"), "s", None, quic.p50 / 1e6);
+        figs.add(&name("all-quic"), "s", None, quic.max / 1e6);
         figs.note(
             &name("all-quic"),
-            "a QUIC agent learns its replica died when it hears nothing for 1.5 keepalives (7.5 s) \
-             and dials the next replica beside the quiet tunnel",
+            "a QUIC agent learns its replica died from the refusal of its next datagram (ICMP port \
+             unreachable; its next keepalive, within 5 s) or else when it has heard nothing for \
+             1.5 keepalives (7.5 s), and dials the next replica beside the dead tunnel",
         );
+        let (refused, quiet) = idle_agents.iter().fold((0, 0), |(r, q), a| {
+            let s = a.status();
+            (r + s.refused_probes, q + s.quiet_probes)
+        });
+        figs.add(&name("refused-probes"), "agents", None, f64::from(refused));
+        figs.add(&name("quiet-probes"), "agents", None, f64::from(quiet));
         eprintln!(
             "bench: the {moved} agents of r1 back through r0: half {:.1} s, all {:.1} s after r1 was killed",
             all.p50 / 1e6,

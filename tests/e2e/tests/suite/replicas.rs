@@ -1279,3 +1279,87 @@ async fn a_port_forward_upload_through_another_replica_keeps_its_order() {
     a.hub.shutdown().await;
     b.hub.shutdown().await;
 }
+
+/// A replica killed with SIGKILL on a host that stays up: the QUIC
+/// agent's next datagram to the dead port comes back refused (ICMP port
+/// unreachable, where a TCP connection would be reset), and the agent
+/// dials the other replica at once, make before break, instead of waiting
+/// until its path has been quiet for one and a half keepalives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_agent_leaves_a_killed_replica_when_its_port_refuses() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = otter_e2e::etcd::store_key(dir.path());
+    // Keepalives every 4 s: the refusal comes within one (the agent's
+    // next ping), the quiet rule would act only after 6 s.
+    let otter_e2e::etcd::ReplicaProcs {
+        mut procs,
+        ports,
+        token,
+        ca,
+    } = otter_e2e::etcd::replica_procs(
+        dir.path(),
+        &etcd.url(),
+        &key,
+        2,
+        &["--keepalive-secs".into(), "4".into()],
+    )
+    .await;
+    let api = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i].0));
+    let api_url =
+        |i: usize| -> url::Url { format!("https://localhost:{}", ports[i].0).parse().unwrap() };
+    let join = otter_e2e::etcd::join_token_on(&etcd.url(), &key, "edge-q");
+    let r0_tunnel = format!(":{}/", ports[0].1);
+    let agent = otter_e2e::double::start_agent_at(
+        api_url(1),
+        &ca,
+        "edge-q",
+        "agent-q",
+        &join,
+        TransportKind::Quic,
+        |c| {
+            c.more_hub_urls = vec![api_url(0)];
+            c.keepalive = otter_tunnel::Keepalive::every(Duration::from_secs(4));
+        },
+    );
+    let before = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected == Some(TransportKind::Quic)
+                && s.advertised_urls
+                    .iter()
+                    .any(|u| u.as_str().ends_with(&r0_tunnel))
+        })
+        .await
+        .expect("connected through r1 over QUIC, and told r0's tunnel URLs");
+    assert_eq!((before.refused_probes, before.quiet_probes), (0, 0));
+
+    procs[1].kill9();
+    let moved = agent
+        .agent
+        .wait_for(WAIT, |s| s.redials > before.redials)
+        .await
+        .expect("the agent moves to r0");
+    assert_eq!(
+        (moved.refused_probes, moved.quiet_probes),
+        (1, 0),
+        "the refusal, not the silence, sent the agent on: {moved:?}"
+    );
+    assert_eq!(moved.connected, Some(TransportKind::Quic));
+    assert_eq!(
+        moved.connects, before.connects,
+        "moved make before break, without a reconnect: {moved:?}"
+    );
+    let via_r0 = otter_e2e::client_channel(api(0), &ca, None).await;
+    wait_until(
+        async || {
+            ResourceServiceClient::new(via_r0.clone())
+                .get(with_token(otter_e2e::double::get("edge-q", "web"), &token))
+                .await
+                .is_ok()
+        },
+        "a call through r0 to its new tunnel",
+    )
+    .await;
+    agent.agent.shutdown().await;
+}
