@@ -594,6 +594,12 @@ async fn answered_at(socket: &tokio::net::UdpSocket, size: usize) -> bool {
     false
 }
 
+/// Whether a QUIC dial ended because the port's host refused its
+/// datagrams: no answer from a QUIC endpoint, so not "UDP gets through".
+fn refused_udp(e: &otter_tunnel::TunnelError) -> bool {
+    matches!(e, otter_tunnel::TunnelError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
 /// A QUIC handshake with the tunnel port: an answer of any kind (even a
 /// refusal of the certificate) shows UDP gets through.
 async fn quic(
@@ -643,6 +649,13 @@ async fn quic(
             Verdict::Ok,
             format!("{host}:{port} answers over UDP"),
         ),
+        Ok(Err(e)) if refused_udp(&e) => Check::new(
+            "quic",
+            Verdict::Warn,
+            format!(
+                "{host}:{port} refuses UDP (ICMP port unreachable): nothing listens on that UDP port, or a firewall rejects it; the agent falls back to TLS + HTTP/2 (open UDP {port} on the hub for QUIC)"
+            ),
+        ),
         Ok(Err(e)) => {
             let text = otter_tunnel::error_chain(&e);
             if text.contains("timed out") || e.source().is_none() && text.contains("timeout") {
@@ -672,6 +685,28 @@ fn human(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A UDP port nothing listens on answers with ICMP port unreachable:
+    /// the check says so (at once), not that UDP gets through.
+    #[tokio::test]
+    async fn quic_to_a_closed_port_is_called_refused() {
+        otter_pki::tls::install_default_provider();
+        let ca = otter_pki::CertificateAuthority::generate("doctor test CA").unwrap();
+        let config = AgentConfig::new(
+            "https://localhost:1".parse().unwrap(),
+            "edge-1",
+            "a1",
+            ca.cert_pem(),
+        );
+        let closed = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let check = quic(&config, None, &("127.0.0.1".to_owned(), closed)).await;
+        assert_eq!(check.verdict, Verdict::Warn, "{}", check.detail);
+        assert!(check.detail.contains("refuses UDP"), "{}", check.detail);
+    }
 
     #[test]
     fn http_dates_parse() {
