@@ -124,6 +124,27 @@ fn pki() -> Pki {
     }
 }
 
+/// A hub's and an agent's TLS for QUIC, from a fresh test PKI.
+fn quic_tls() -> (rustls::ServerConfig, rustls::ClientConfig) {
+    tls::install_default_provider();
+    let p = pki();
+    let server = tls::server_config(
+        &p.server.0,
+        &p.server.1,
+        p.ca.cert_pem(),
+        tls::ClientAuth::Required,
+        &[quic::ALPN],
+    )
+    .unwrap();
+    let client = tls::client_config(
+        p.ca.cert_pem(),
+        Some((&p.client.0, &p.client.1)),
+        &[quic::ALPN],
+    )
+    .unwrap();
+    (server, client)
+}
+
 async fn connect(kind: &str, dropped: Arc<AtomicBool>) -> Arc<dyn Opener> {
     if kind == "mem" {
         let (opener, acceptor) = mem::pair();
@@ -423,22 +444,7 @@ impl UdpRelay {
 /// the handshake's timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quic_datagrams_refused_by_a_closed_port_are_counted_and_end_a_dial() {
-    tls::install_default_provider();
-    let p = pki();
-    let server = tls::server_config(
-        &p.server.0,
-        &p.server.1,
-        p.ca.cert_pem(),
-        tls::ClientAuth::Required,
-        &[quic::ALPN],
-    )
-    .unwrap();
-    let client = tls::client_config(
-        p.ca.cert_pem(),
-        Some((&p.client.0, &p.client.1)),
-        &[quic::ALPN],
-    )
-    .unwrap();
+    let (server, client) = quic_tls();
     let settings = QuicSettings {
         keepalive: otter_tunnel::transport::Keepalive::every(Duration::from_millis(300)),
         ..Default::default()
@@ -577,22 +583,7 @@ async fn quic_restarted_hub_resets_old_connections_when_it_keeps_its_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    tls::install_default_provider();
-    let p = pki();
-    let server = tls::server_config(
-        &p.server.0,
-        &p.server.1,
-        p.ca.cert_pem(),
-        tls::ClientAuth::Required,
-        &[quic::ALPN],
-    )
-    .unwrap();
-    let client = tls::client_config(
-        p.ca.cert_pem(),
-        Some((&p.client.0, &p.client.1)),
-        &[quic::ALPN],
-    )
-    .unwrap();
+    let (server, client) = quic_tls();
     let settings = QuicSettings::default();
     let endpoint = quic::hub_endpoint("127.0.0.1:0".parse().unwrap(), server, &settings).unwrap();
     let addr = endpoint.local_addr().unwrap();
