@@ -22,6 +22,7 @@ use std::{
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
+    time::Duration,
 };
 
 use quinn::{AsyncUdpSocket, UdpPoller, udp::RecvMeta, udp::Transmit};
@@ -35,33 +36,32 @@ pub(crate) fn wrap(socket: std::net::UdpSocket) -> io::Result<Arc<dyn AsyncUdpSo
     let inner = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
     Ok(Arc::new(Batched {
         inner,
-        reports: false,
-        _reader: None,
+        reports: None,
     }))
 }
 
-/// Like [`wrap`], and counts in `refusals` the datagrams to a watched
+/// Like [`wrap`], and lets `refusals` count the datagrams to a watched
 /// address that came back refused (where the kernel reports them; a socket
-/// it cannot ask to is wrapped as by [`wrap`]). Needs a tokio runtime.
+/// it cannot ask to is wrapped as by [`wrap`]).
 pub(crate) fn wrap_counting_refusals(
     socket: std::net::UdpSocket,
-    refusals: Arc<Refusals>,
+    refusals: &Refusals,
 ) -> io::Result<Arc<dyn AsyncUdpSocket>> {
-    let reader = error_queue::enable(&socket)
-        .and_then(|()| socket.try_clone())
-        .and_then(|second| read_reports(second, refusals));
-    let reader = match reader {
-        Ok(stop) => Some(stop),
+    let reports = error_queue::enable(&socket).and_then(|()| socket.try_clone());
+    let reports = match reports {
+        Ok(second) => {
+            refusals.read_from(second);
+            true
+        }
         Err(e) => {
             tracing::debug!(error = %e, "UDP error reports unavailable: a dead hub is noticed by silence only");
-            None
+            false
         }
     };
     let inner = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
     Ok(Arc::new(Batched {
         inner,
-        reports: reader.is_some(),
-        _reader: reader,
+        reports: reports.then_some(refusals.reader.clone()),
     }))
 }
 
@@ -70,19 +70,54 @@ pub(crate) fn wrap_counting_refusals(
 /// more, as after its process died), counted per destination the agent
 /// dials. Other destinations are not counted, so a forged report names
 /// nothing kept here.
+///
+/// The kernel's reports wait in the socket's error queue until read: when
+/// the counts are asked for, and when one of quinn's receives fails
+/// because a report arrived. Nothing is woken per datagram, so an agent's
+/// sends and receives cost what they did.
 #[derive(Debug, Default)]
 pub struct Refusals {
     counts: Mutex<HashMap<SocketAddr, u64>>,
-    changed: tokio::sync::Notify,
+    reader: Arc<Mutex<Option<Reports>>>,
 }
 
 /// Destinations counted at once; a dial past it starts the counts anew.
 const WATCHED: usize = 16;
 
+/// Reports read at once at most (each takes room from the socket's
+/// receive buffer until read).
+const DRAIN_MAX: usize = 64;
+
+/// A second descriptor of the socket, for its error queue.
+#[derive(Debug)]
+struct Reports {
+    socket: std::net::UdpSocket,
+    ipv6: bool,
+    /// Refused destinations read but not yet counted.
+    refused: Vec<SocketAddr>,
+}
+
+impl Reports {
+    /// Reads the queued reports, and takes the pending error they set so
+    /// that quinn's next send (which would be dropped) does not.
+    fn drain(&mut self) {
+        let _ = self.socket.take_error();
+        for _ in 0..DRAIN_MAX {
+            match error_queue::next(&self.socket, self.ipv6) {
+                Ok(Some(addr)) => self.refused.push(addr),
+                Ok(None) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Empty (would block), or unreadable: nothing more now.
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 impl Refusals {
     /// Counts refusals from `addr` from now on (kept if already counted).
     pub(crate) fn watch(&self, addr: SocketAddr) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = lock(&self.counts);
         if !counts.contains_key(&addr) && counts.len() >= WATCHED {
             counts.clear();
         }
@@ -91,74 +126,43 @@ impl Refusals {
 
     /// Refusals from `addr` so far (0 for one not watched).
     pub fn count(&self, addr: SocketAddr) -> u64 {
-        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let refused = lock(&self.reader).as_mut().map(|r| {
+            r.drain();
+            std::mem::take(&mut r.refused)
+        });
+        let mut counts = lock(&self.counts);
+        for a in refused.unwrap_or_default() {
+            if let Some(n) = counts.get_mut(&a) {
+                *n += 1;
+            }
+        }
         counts.get(&addr).copied().unwrap_or(0)
     }
 
-    /// Returns once `addr` has refused more than `seen` datagrams.
+    /// Returns once `addr` has refused more than `seen` datagrams, looking
+    /// every [`REFUSAL_POLL`].
     pub(crate) async fn refused(&self, addr: SocketAddr, seen: u64) {
-        loop {
-            let notified = self.changed.notified();
-            tokio::pin!(notified);
-            // Registered before the count is read: no report falls between.
-            notified.as_mut().enable();
-            if self.count(addr) > seen {
-                return;
-            }
-            notified.await;
+        while self.count(addr) <= seen {
+            tokio::time::sleep(REFUSAL_POLL).await;
         }
     }
 
-    fn record(&self, addr: SocketAddr) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = counts.get_mut(&addr) {
-            *n += 1;
-            drop(counts);
-            self.changed.notify_waiters();
-        }
+    /// Reads the reports of a (new) socket from now on.
+    fn read_from(&self, socket: std::net::UdpSocket) {
+        let ipv6 = socket.local_addr().is_ok_and(|a| a.is_ipv6());
+        *lock(&self.reader) = Some(Reports {
+            socket,
+            ipv6,
+            refused: Vec::new(),
+        });
     }
 }
 
-/// Reports read at once at most before other tasks get a turn.
-const DRAIN_MAX: usize = 64;
+/// How often a dial looks for refusals of its datagrams.
+const REFUSAL_POLL: Duration = Duration::from_millis(50);
 
-/// Reads the kernel's error reports of an agent's socket (`socket` is a
-/// second descriptor of it) in a task of its own until the returned guard
-/// is dropped: each report takes room from the socket's receive buffer
-/// until read, and the error it leaves pending would fail quinn's next
-/// send (that datagram would be lost) or receive, so it is taken here.
-fn read_reports(
-    socket: std::net::UdpSocket,
-    refusals: Arc<Refusals>,
-) -> io::Result<tokio_util::sync::DropGuard> {
-    use tokio::io::Interest;
-    let ipv6 = socket.local_addr()?.is_ipv6();
-    socket.set_nonblocking(true)?;
-    let socket = tokio::net::UdpSocket::from_std(socket)?;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let guard = stop.clone().drop_guard();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                ready = socket.ready(Interest::ERROR) => if ready.is_err() {
-                    return;
-                },
-                _ = stop.cancelled() => return,
-            }
-            let _ = socket.take_error();
-            for _ in 0..DRAIN_MAX {
-                // A report read empty clears the readiness until the next.
-                match socket.try_io(Interest::ERROR, || error_queue::next(&socket, ipv6)) {
-                    Ok(Some(addr)) => refusals.record(addr),
-                    Ok(None) => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-            }
-            tokio::task::yield_now().await;
-        }
-    });
-    Ok(guard)
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Errors a receive returns once because an ICMP report arrived (the
@@ -211,7 +215,7 @@ mod error_queue {
     /// The next report: the destination of a datagram refused as "port
     /// unreachable", `None` for any other report; an error of kind
     /// `WouldBlock` when there is none.
-    pub(super) fn next(socket: &impl AsRawFd, ipv6: bool) -> io::Result<Option<SocketAddr>> {
+    pub(super) fn next(socket: &std::net::UdpSocket, ipv6: bool) -> io::Result<Option<SocketAddr>> {
         if ipv6 {
             read::<SockaddrIn6>(socket).map(|r| r.map(|a| std::net::SocketAddrV6::from(a).into()))
         } else {
@@ -219,7 +223,7 @@ mod error_queue {
         }
     }
 
-    fn read<S: SockaddrLike>(socket: &impl AsRawFd) -> io::Result<Option<S>> {
+    fn read<S: SockaddrLike>(socket: &std::net::UdpSocket) -> io::Result<Option<S>> {
         // The refused datagram's payload is not wanted: one byte of it.
         let mut payload = [0u8; 1];
         let mut iov = [IoSliceMut::new(&mut payload)];
@@ -262,7 +266,7 @@ mod error_queue {
         ))
     }
 
-    pub(super) fn next(_: &tokio::net::UdpSocket, _: bool) -> io::Result<Option<SocketAddr>> {
+    pub(super) fn next(_: &std::net::UdpSocket, _: bool) -> io::Result<Option<SocketAddr>> {
         Err(io::ErrorKind::WouldBlock.into())
     }
 }
@@ -271,10 +275,9 @@ mod error_queue {
 /// agent's, the error reports read).
 struct Batched {
     inner: Arc<dyn AsyncUdpSocket>,
-    /// The kernel reports errors to this socket ([`read_reports`]).
-    reports: bool,
-    /// Stops the reports' reader with the socket.
-    _reader: Option<tokio_util::sync::DropGuard>,
+    /// Where the kernel's error reports to this socket are read, if it
+    /// makes them ([`Refusals`]).
+    reports: Option<Arc<Mutex<Option<Reports>>>>,
 }
 
 impl fmt::Debug for Batched {
@@ -328,9 +331,16 @@ impl AsyncUdpSocket for Batched {
         loop {
             match self.inner.poll_recv(cx, bufs, meta) {
                 // quinn ends the endpoint on any receive error but a reset:
-                // one that only says a report arrived (the reader takes it
-                // too, but may come second) is passed over.
-                Poll::Ready(Err(e)) if self.reports && set_by_report(&e) => continue,
+                // one that only says a report arrived is passed over, and
+                // the reports are read now rather than at the next count.
+                Poll::Ready(Err(e)) if set_by_report(&e) => match &self.reports {
+                    Some(reports) => {
+                        if let Some(r) = lock(reports).as_mut() {
+                            r.drain();
+                        }
+                    }
+                    None => return Poll::Ready(Err(e)),
+                },
                 other => return other,
             }
         }
