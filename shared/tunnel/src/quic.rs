@@ -615,7 +615,7 @@ impl Dialer {
         let endpoint = Endpoint::new_with_abstract_socket(
             endpoint_config,
             None,
-            crate::udp::wrap_counting_refusals(socket, &self.refusals[usize::from(ipv6)])?,
+            crate::udp::wrap_counting_refusals(socket, self.refusals[usize::from(ipv6)].clone())?,
             Arc::new(quinn::TokioRuntime),
         )?;
         *slot = Some(endpoint.clone());
