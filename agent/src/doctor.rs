@@ -496,8 +496,9 @@ fn httpdate_secs(v: &str) -> Option<i64> {
 
 /// Datagram sizes the path MTU check sends, smallest first: QUIC's minimum
 /// (every client Initial is padded to it), common sizes of tunnelled and
-/// PPPoE paths, and the largest payload our QUIC sends (`MAX_UDP_PAYLOAD`
-/// of the tunnel crate: an IPv4 path of 1,500 bytes).
+/// PPPoE paths, and what an IPv4 path of 1,500 bytes carries. Larger
+/// datagrams are the tunnel's own path MTU search's business: a path that
+/// carries no more than this is the Internet's norm, not a fault.
 const MTU_PROBES: [usize; 6] = [1200, 1280, 1350, 1400, 1452, 1472];
 
 /// Tries per probe size before it counts as not passing.

@@ -52,7 +52,7 @@ impl Default for QuicSettings {
 /// How long a stopping hub lets its QUIC close frames leave.
 const CLOSE_FLUSH: Duration = Duration::from_millis(250);
 
-/// Ceiling of the path MTU search, and the largest UDP payload an agent
+/// Ceiling of the path MTU search, and the largest UDP payload either end
 /// accepts: what a 9,000-byte jumbo frame carries over IPv6. quinn's
 /// default (1,452) fits an Ethernet MTU; where the path carries more
 /// (jumbo frames, loopback, a hub beside its agents) larger datagrams cost
@@ -179,13 +179,16 @@ pub fn hub_endpoint_on(
     let tag = ring::hmac::sign(&reset_key, b"otter-link quic connection ids");
     let cid_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, tag.as_ref());
     let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
-    // The largest datagram the hub accepts stays quinn's default (1,472),
-    // so agents' datagrams stay Ethernet-sized whatever the path carries.
-    // Accepting the ceiling sped a bulk Watch over loopback from 7.5 to
-    // 9.5-11.8 Gbit/s, but then every agent searched its path MTU toward
-    // the hub right after connecting: under a reconnect storm of 10,000
-    // the hub's CPU doubled (5.6 -> 10.1 CPU s) and the graceful storm
-    // took 16.5 s instead of 8.1.
+    // Agents may send datagrams up to the search's ceiling: a Watch, logs
+    // or a port-forward's download from a cluster moves in jumbo datagrams
+    // where the path carries them (over loopback a bulk Watch ran at
+    // 9.5-11.8 Gbit/s against 7.5 in Ethernet-sized ones). An agent
+    // searches its path toward a hub host once and starts every later
+    // tunnel there ([`PathMtus`]): when every agent searched after each
+    // connect, a reconnect storm of 10,000 doubled the hub's CPU.
+    config
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
     config.cid_generator(move || {
         Box::new(KeyedCids {
             key: cid_key.clone(),
@@ -484,12 +487,16 @@ impl Opener for QuicOpener {
 
 /// One end's counts of its path.
 fn path_counts(conn: &quinn::Connection) -> crate::PathCounts {
-    let stats = conn.stats();
+    counts_of(&conn.stats())
+}
+
+fn counts_of(stats: &quinn::ConnectionStats) -> crate::PathCounts {
     crate::PathCounts {
         sent: stats.path.sent_packets,
         lost: stats.path.lost_packets,
         received: stats.udp_rx.datagrams,
         mtu: stats.path.current_mtu,
+        mtu_probes: stats.path.sent_plpmtud_probes,
         resets_sent: stats.frame_tx.reset_stream + stats.frame_tx.stop_sending,
         resets_received: stats.frame_rx.reset_stream + stats.frame_rx.stop_sending,
         refused: 0,
@@ -525,10 +532,74 @@ pub async fn dial(
 /// at once, as a TCP connect does, and a tunnel's counts show a hub whose
 /// process is gone one keepalive after its last word, where silence alone
 /// shows it later.
+///
+/// It also keeps the path MTU each hub host's tunnels reached ([`PathMtus`]).
 #[derive(Debug, Default)]
 pub struct Dialer {
     endpoints: std::sync::Mutex<[Option<Endpoint>; 2]>,
     refusals: [Arc<crate::udp::Refusals>; 2],
+    mtus: Arc<PathMtus>,
+}
+
+/// The largest datagram that got through to each hub host, as the agent's
+/// tunnels there found it, so a tunnel dialled again starts at that size
+/// instead of searching up from 1,200 bytes. The search costs the hub a
+/// handful of probes to decrypt and acknowledge per tunnel; after a
+/// restart, every agent's at once.
+///
+/// Keyed by IP address (the path is the host's, whatever the port, so the
+/// replicas of a hub behind one address share it); at most [`MTUS_KEPT`]
+/// hosts, the oldest forgotten first. A tunnel whose path turned out to
+/// carry less (quinn detected a black hole) and a dial that failed forget
+/// their host's size: the next dial searches again.
+#[derive(Debug, Default)]
+struct PathMtus(std::sync::Mutex<Vec<(std::net::IpAddr, u16)>>);
+
+/// Hub hosts whose path MTU an agent keeps.
+const MTUS_KEPT: usize = 16;
+
+/// quinn's first datagram size, and the least any path carries.
+const BASE_MTU: u16 = 1200;
+
+impl PathMtus {
+    fn get(&self, host: std::net::IpAddr) -> Option<u16> {
+        let kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.iter().find(|(h, _)| *h == host).map(|&(_, mtu)| mtu)
+    }
+
+    fn forget(&self, host: std::net::IpAddr) {
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.retain(|(h, _)| *h != host);
+    }
+
+    /// Keeps what a tunnel to `host` has found so far.
+    fn note(&self, host: std::net::IpAddr, path: &quinn::PathStats) {
+        if path.black_holes_detected > 0 {
+            return self.forget(host);
+        }
+        if path.current_mtu <= BASE_MTU {
+            return;
+        }
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match kept.iter_mut().find(|(h, _)| *h == host) {
+            Some(entry) => entry.1 = path.current_mtu,
+            None => {
+                if kept.len() >= MTUS_KEPT {
+                    kept.remove(0);
+                }
+                kept.push((host, path.current_mtu));
+            }
+        }
+    }
 }
 
 impl Dialer {
@@ -542,7 +613,29 @@ impl Dialer {
     ) -> Result<QuicAcceptor> {
         let crypto = QuicClientConfig::try_from(tls).map_err(quic_tls_error)?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-        config.transport_config(Arc::new(transport_config(settings)));
+        let mut transport = transport_config(settings);
+        let known_mtu = self.mtus.get(addr.ip());
+        if let Some(mtu) = known_mtu {
+            transport.initial_mtu(mtu.clamp(BASE_MTU, MTU_CEILING));
+        }
+        config.transport_config(Arc::new(transport));
+        let dialled = self.connect(addr, server_name, config, settings).await;
+        if known_mtu.is_some() && matches!(dialled, Err(TunnelError::Timeout(_))) {
+            // Unanswered: the path may carry less than it did, and the
+            // handshake's larger datagrams were lost. Search again next
+            // time. (A refusal or a TLS error says nothing of the path.)
+            self.mtus.forget(addr.ip());
+        }
+        dialled
+    }
+
+    async fn connect(
+        &self,
+        addr: SocketAddr,
+        server_name: &str,
+        config: quinn::ClientConfig,
+        settings: &QuicSettings,
+    ) -> Result<QuicAcceptor> {
         let refusals = self.refusals[usize::from(addr.is_ipv6())].clone();
         refusals.watch(addr);
         let refused_before = refusals.count(addr);
@@ -584,6 +677,7 @@ impl Dialer {
         Ok(QuicAcceptor {
             conn,
             refusals,
+            mtus: self.mtus.clone(),
             _endpoint: endpoint,
         })
     }
@@ -630,6 +724,8 @@ pub struct QuicAcceptor {
     /// Refusals counted by the endpoint's socket, the hub's address among
     /// them.
     refusals: Arc<crate::udp::Refusals>,
+    /// Where the path MTU this tunnel finds is kept for the next dial.
+    mtus: Arc<PathMtus>,
     /// Keeps the endpoint's driver running for this connection (it may be
     /// shared with the agent's other tunnels, so it is not closed here).
     _endpoint: Endpoint,
@@ -637,6 +733,8 @@ pub struct QuicAcceptor {
 
 impl Drop for QuicAcceptor {
     fn drop(&mut self) {
+        self.mtus
+            .note(self.conn.remote_address().ip(), &self.conn.stats().path);
         self.conn
             .close(VarInt::from_u32(0), b"agent closed the tunnel");
     }
@@ -664,10 +762,16 @@ impl Acceptor for QuicAcceptor {
         TransportKind::Quic
     }
 
+    /// Also keeps the path MTU found so far for the next dial (the agent
+    /// asks several times a keepalive, so a tunnel dialled beside this
+    /// one while it lives starts there too).
     fn packets(&self) -> Option<crate::PathCounts> {
+        let stats = self.conn.stats();
+        let hub = self.conn.remote_address();
+        self.mtus.note(hub.ip(), &stats.path);
         Some(crate::PathCounts {
-            refused: self.refusals.count(self.conn.remote_address()),
-            ..path_counts(&self.conn)
+            refused: self.refusals.count(hub),
+            ..counts_of(&stats)
         })
     }
 }

@@ -111,6 +111,9 @@ pub struct PathCounts {
     /// The largest datagram this side sends now, as the path MTU search
     /// has found it.
     pub mtu: u16,
+    /// Datagrams this side sent to search the path MTU (each a size not
+    /// yet known to get through).
+    pub mtu_probes: u64,
     /// Streams this side cut short: the RESET_STREAM and STOP_SENDING
     /// frames it sent. A call that runs to its end closes its stream with
     /// a FIN each way and adds none.

@@ -578,8 +578,8 @@ async fn quic_restarted_hub_resets_old_connections_when_it_keeps_its_secret() {
 /// agent: quinn sends 10 datagrams at once, 89 KiB at this size, more than
 /// the kernel takes in one send. Were such a batch refused, its datagrams
 /// would count as lost and the search would take the path for a black
-/// hole and fall to 1,200. (The agent's own datagrams stay within the
-/// 1,472 bytes the hub accepts.)
+/// hole and fall to 1,200. The agent's search toward the hub reaches the
+/// ceiling as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -627,7 +627,92 @@ async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
     // A refused batch would be 10 datagrams lost at once, again and again.
     assert!(hub_side.lost * 100 <= hub_side.sent, "{hub_side:?}");
     let agent_side = acceptor.packets().expect("QUIC counts packets");
-    assert_eq!(agent_side.mtu, 1472, "{agent_side:?}");
+    assert_eq!(agent_side.mtu, quic::MTU_CEILING, "{agent_side:?}");
+    shutdown.cancel();
+}
+
+/// An agent searches its path MTU toward a hub host once: a tunnel dialled
+/// again from the same dialer starts at the size the last one reached and
+/// sends no probes (after a hub restart, every agent's probes would
+/// otherwise reach the hub at once), while a dialer of its own searches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_dialled_again_starts_at_the_path_mtu_found_before() {
+    let (server, client) = quic_tls();
+    let settings = QuicSettings::default();
+    let endpoint = quic::hub_endpoint("127.0.0.1:0".parse().unwrap(), server, &settings).unwrap();
+    let addr = endpoint.local_addr().unwrap();
+    let (tx, mut rx) = mpsc::channel::<Accepted>(4);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(quic::accept_loop(endpoint, tx, shutdown.clone()));
+
+    // Waits (bounded) until the agent's search has reached the ceiling.
+    async fn searched(acceptor: &quic::QuicAcceptor) -> otter_tunnel::PathCounts {
+        for _ in 0..500 {
+            let counts = acceptor.packets().expect("QUIC counts packets");
+            if counts.mtu == quic::MTU_CEILING {
+                return counts;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "the search never reached the ceiling: {:?}",
+            acceptor.packets()
+        );
+    }
+
+    let dialer = quic::Dialer::default();
+    let first = dialer
+        .dial(addr, "localhost", client.clone(), &settings)
+        .await
+        .unwrap();
+    let _first_hub = rx.recv().await.expect("tunnel accepted");
+    let found = searched(&first).await;
+    assert!(found.mtu_probes > 0, "the first tunnel searched: {found:?}");
+    drop(first);
+
+    let again = dialer
+        .dial(addr, "localhost", client.clone(), &settings)
+        .await
+        .unwrap();
+    let again_hub = rx.recv().await.expect("tunnel accepted");
+    // A call each way: the datagrams are as large as the path carries.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut acceptor = again;
+        // (A QUIC stream reaches the agent with its first bytes.)
+        let hub = async {
+            let mut stream = again_hub.opener.open().await.unwrap();
+            stream.send.write_all(&[7u8; 20_000]).await.unwrap();
+            stream.send.shutdown().await.unwrap();
+            let mut back = Vec::new();
+            stream.recv.read_to_end(&mut back).await.unwrap();
+            back.len()
+        };
+        let agent = async {
+            let mut accepted = acceptor.accept().await.unwrap().expect("a stream");
+            let mut got = Vec::new();
+            accepted.recv.read_to_end(&mut got).await.unwrap();
+            accepted.send.write_all(&got).await.unwrap();
+            accepted.send.shutdown().await.unwrap();
+        };
+        let (back, ()) =
+            tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(hub, agent) })
+                .await
+                .expect("20 KB each way within 30 s");
+        assert_eq!(back, 20_000);
+        let counts = acceptor.packets().expect("QUIC counts packets");
+        assert_eq!(counts.mtu, quic::MTU_CEILING, "{counts:?}");
+        assert_eq!(counts.mtu_probes, 0, "dialled again, no search: {counts:?}");
+    }
+
+    // Another dialer knows nothing of this hub and searches.
+    let other = quic::Dialer::default()
+        .dial(addr, "localhost", client, &settings)
+        .await
+        .unwrap();
+    let _other_hub = rx.recv().await.expect("tunnel accepted");
+    let found = searched(&other).await;
+    assert!(found.mtu_probes > 0, "{found:?}");
     shutdown.cancel();
 }
 
