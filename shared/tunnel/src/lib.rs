@@ -24,6 +24,7 @@
 //! out through NAT and firewalls), but the hub opens the streams and the agent
 //! serves them.
 
+pub mod congestion;
 pub mod frame;
 pub mod h2;
 pub mod handshakes;

@@ -74,7 +74,7 @@ pub fn transport_config(s: &QuicSettings) -> TransportConfig {
         .receive_window(VarInt::from_u32(s.connection_window))
         .send_window(u64::from(s.connection_window))
         .keep_alive_interval(Some(s.keepalive.interval))
-        .congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+        .congestion_controller_factory(Arc::new(crate::congestion::SteadyBbrConfig::default()));
     if let Ok(idle) = s.keepalive.timeout.try_into() {
         t.max_idle_timeout(Some(idle));
     }
