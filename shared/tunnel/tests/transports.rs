@@ -125,6 +125,20 @@ fn pki() -> Pki {
 }
 
 /// A hub's and an agent's TLS for QUIC, from a fresh test PKI.
+/// A hub's QUIC endpoint on loopback with default settings, its tunnels
+/// sent to the receiver until the token is cancelled.
+fn quic_hub(
+    server: rustls::ServerConfig,
+) -> (SocketAddr, mpsc::Receiver<Accepted>, CancellationToken) {
+    let settings = QuicSettings::default();
+    let endpoint = quic::hub_endpoint("127.0.0.1:0".parse().unwrap(), server, &settings).unwrap();
+    let addr = endpoint.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel::<Accepted>(4);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(quic::accept_loop(endpoint, tx, shutdown.clone()));
+    (addr, rx, shutdown)
+}
+
 fn quic_tls() -> (rustls::ServerConfig, rustls::ClientConfig) {
     tls::install_default_provider();
     let p = pki();
@@ -585,11 +599,7 @@ async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (server, client) = quic_tls();
     let settings = QuicSettings::default();
-    let endpoint = quic::hub_endpoint("127.0.0.1:0".parse().unwrap(), server, &settings).unwrap();
-    let addr = endpoint.local_addr().unwrap();
-    let (tx, mut rx) = mpsc::channel::<Accepted>(4);
-    let shutdown = CancellationToken::new();
-    tokio::spawn(quic::accept_loop(endpoint, tx, shutdown.clone()));
+    let (addr, mut rx, shutdown) = quic_hub(server);
     let mut acceptor = quic::dial(addr, "localhost", client, &settings)
         .await
         .unwrap();
@@ -639,11 +649,7 @@ async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
 async fn quic_dialled_again_starts_at_the_path_mtu_found_before() {
     let (server, client) = quic_tls();
     let settings = QuicSettings::default();
-    let endpoint = quic::hub_endpoint("127.0.0.1:0".parse().unwrap(), server, &settings).unwrap();
-    let addr = endpoint.local_addr().unwrap();
-    let (tx, mut rx) = mpsc::channel::<Accepted>(4);
-    let shutdown = CancellationToken::new();
-    tokio::spawn(quic::accept_loop(endpoint, tx, shutdown.clone()));
+    let (addr, mut rx, shutdown) = quic_hub(server);
 
     // Waits (bounded) until the agent's search has reached the ceiling.
     async fn searched(acceptor: &quic::QuicAcceptor) -> otter_tunnel::PathCounts {
