@@ -550,8 +550,9 @@ pub struct Dialer {
 /// Keyed by IP address (the path is the host's, whatever the port, so the
 /// replicas of a hub behind one address share it); at most [`MTUS_KEPT`]
 /// hosts, the oldest forgotten first. A tunnel whose path turned out to
-/// carry less (quinn detected a black hole) and a dial that failed forget
-/// their host's size: the next dial searches again.
+/// carry less (quinn detected a black hole) and a dial that started at the
+/// kept size and timed out forget their host's size: the next dial
+/// searches again.
 #[derive(Debug, Default)]
 struct PathMtus(std::sync::Mutex<Vec<(std::net::IpAddr, u16)>>);
 
@@ -562,19 +563,19 @@ const MTUS_KEPT: usize = 16;
 const BASE_MTU: u16 = 1200;
 
 impl PathMtus {
-    fn get(&self, host: std::net::IpAddr) -> Option<u16> {
-        let kept = self
-            .0
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<(std::net::IpAddr, u16)>> {
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn get(&self, host: std::net::IpAddr) -> Option<u16> {
+        let kept = self.kept();
         kept.iter().find(|(h, _)| *h == host).map(|&(_, mtu)| mtu)
     }
 
     fn forget(&self, host: std::net::IpAddr) {
-        let mut kept = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut kept = self.kept();
         kept.retain(|(h, _)| *h != host);
     }
 
@@ -586,10 +587,7 @@ impl PathMtus {
         if path.current_mtu <= BASE_MTU {
             return;
         }
-        let mut kept = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut kept = self.kept();
         match kept.iter_mut().find(|(h, _)| *h == host) {
             Some(entry) => entry.1 = path.current_mtu,
             None => {
