@@ -373,6 +373,16 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss0 = rss_kib(&hub.pid()).unwrap_or(0);
     figs.add("footprint.hub-idle-rss", "MiB", None, rss0 as f64 / 1024.0);
+    // Heap and stacks only, as for the agent: the rest is the binary's
+    // pages, which follow its size and what the kernel keeps cached.
+    if let Some(kib) = status_kib(&hub.pid(), "RssAnon:") {
+        figs.add(
+            "footprint.hub-idle-rss-anon",
+            "MiB",
+            None,
+            kib as f64 / 1024.0,
+        );
+    }
 
     // N agents, started together.
     eprintln!("bench: starting {n} agents");

@@ -183,7 +183,12 @@ async fn ws_upload(target: &WsTarget, secs: Duration) -> anyhow::Result<f64> {
 pub fn run(secs: u64, losses: &[f64]) -> anyhow::Result<Figures> {
     let secs = Duration::from_secs(secs);
     let mut figs = Figures::default();
+    // OTTER_BENCH_TRANSPORT names one transport, to repeat its points alone.
+    let only = std::env::var("OTTER_BENCH_TRANSPORT").ok();
     for transport in ["quic", "h2", "ws"] {
+        if only.as_deref().is_some_and(|o| o != transport) {
+            continue;
+        }
         let link = match WanLink::create(Impairment::default()) {
             Ok(l) => l,
             Err(e) => {
