@@ -281,9 +281,13 @@ pub fn start_agent_on(
     let marks = Arc::new(Marks::default());
     let (mut rx, m) = (agent.status_watch(), marks.clone());
     tokio::spawn(async move {
-        let (mut refusals, mut up) = (0, false);
+        let (mut refusals, mut up, mut dials) = (0, false, 0);
         while rx.changed().await.is_ok() {
             let s = rx.borrow_and_update();
+            if s.dials != dials {
+                dials = s.dials;
+                m.dial_at_ms.store(Marks::now_ms(), Ordering::Relaxed);
+            }
             if s.connected.is_some() != up {
                 up = s.connected.is_some();
                 let at = if up { &m.up_at_ms } else { &m.down_at_ms };
@@ -325,6 +329,8 @@ pub struct Marks {
     up_at_ms: AtomicU64,
     /// When the agent last knew its tunnel was down.
     down_at_ms: AtomicU64,
+    /// When its last connect round began.
+    dial_at_ms: AtomicU64,
 }
 
 impl Marks {
@@ -469,11 +475,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             old.stop();
         }
         let restarted = HubProc::start(dir.path(), api, tunnel, n)?;
+        let hub_back = down.elapsed();
         figs.add(
             &format!("storm-{mode}.hub-down.n{n}"),
             "s",
             None,
-            down.elapsed().as_secs_f64(),
+            hub_back.as_secs_f64(),
         );
         let pid = restarted.pid();
         let ch = crate::calls::hub_channel(restarted.api, &ca).await?;
@@ -541,11 +548,15 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         for &(at, i) in by_time.iter().rev().take(3) {
             let (agent, m) = &agents[i];
             let s = agent.status();
+            let dialled = m.dial_at_ms.load(Ordering::Relaxed);
             eprintln!(
-                "bench: {mode}: c-{i} over {} back after {:.1} s: {} failed rounds, {} refusals, \
+                "bench: {mode}: c-{i} over {} back after {:.1} s (its last round began at {:.1} s, \
+                 the hub was back at {:.1} s): {} failed rounds, {} refusals, \
                  dials {} in all, last error {:?}, last end {:?}",
                 transport_of(i),
                 at.saturating_sub(down_ms) as f64 / 1e3,
+                dialled.saturating_sub(down_ms) as f64 / 1e3,
+                hub_back.as_secs_f64(),
                 m.failures.load(Ordering::Relaxed),
                 m.refusals.load(Ordering::Relaxed),
                 s.dials,
