@@ -23,7 +23,7 @@ use otter_proto::{
 };
 use otter_tunnel::TransportKind;
 
-use crate::common::{Figure, Figures, Latency, cpu_secs, rss_kib, status_kib};
+use crate::common::{Figure, Figures, Latency, cpu_secs, rss_kib, status_kib, udp_drops};
 
 /// A hub child's place among replicas sharing etcd.
 #[derive(Debug, Clone)]
@@ -410,6 +410,16 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         connect_all.as_secs_f64(),
     );
+    // Handshakes the hub's QUIC socket had no room for: each costs its
+    // agent a retransmission timeout.
+    if let Some(drops) = udp_drops(hub.tunnel.port()) {
+        figs.add(
+            &format!("scale.hub-udp-drops.n{n}"),
+            "datagrams",
+            None,
+            drops as f64,
+        );
+    }
 
     // Idle with keepalives.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -495,6 +505,9 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         }
         figs.add(&name("hub-peak-rss"), "MiB", None, peak as f64 / 1024.0);
         figs.add(&name("hub-cpu"), "CPU s", None, cpu);
+        if let Some(drops) = udp_drops(tunnel) {
+            figs.add(&name("hub-udp-drops"), "datagrams", None, drops as f64);
+        }
         let bound = backoff_bound(outage);
         let rounds: Vec<u32> = agents
             .iter()
