@@ -396,6 +396,9 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         .lines()
         .map(str::to_owned)
         .collect();
+    // The CPU the first connect takes, hub and agents apart: on 2 shared
+    // cores their sum over 2 is the least time it can take.
+    let (hub_cpu0, own_cpu0) = (cpu_secs(&hub.pid()), cpu_secs("self"));
     let t = Instant::now();
     let mut agents = Vec::with_capacity(n);
     for (i, tok) in tokens.iter().enumerate().take(n) {
@@ -410,6 +413,19 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         connect_all.as_secs_f64(),
     );
+    for (who, before, now) in [
+        ("hub", hub_cpu0, cpu_secs(&hub.pid())),
+        ("agents", own_cpu0, cpu_secs("self")),
+    ] {
+        if let (Some(before), Some(now)) = (before, now) {
+            figs.add(
+                &format!("scale.connect-all-cpu-{who}.n{n}"),
+                "CPU s",
+                None,
+                now - before,
+            );
+        }
+    }
     // Handshakes the hub's QUIC socket had no room for: each costs its
     // agent a retransmission timeout.
     if let Some(drops) = udp_drops(hub.tunnel.port()) {
