@@ -82,6 +82,12 @@ struct State {
     /// By id, so the first is the oldest.
     pending: BTreeMap<u64, Pending>,
     by_source: HashMap<IpAddr, usize>,
+    /// Sources holding more than `heavy` places: while there are none,
+    /// only age can make a victim, and the scan for one stops at the
+    /// first young handshake (the map is in age order).
+    heavy_sources: usize,
+    /// Half a source's share, the holding past which it is heavy.
+    heavy: usize,
     refused: u64,
     evicted: u64,
 }
@@ -270,7 +276,10 @@ impl Handshakes {
         };
         Arc::new(Handshakes {
             limits,
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                heavy: limits.per_source / 2,
+                ..State::default()
+            }),
             freed: Notify::new(),
         })
     }
@@ -296,14 +305,19 @@ impl Handshakes {
             // its share: a few sources flooding on purpose make room for
             // anyone else at once, while a storm of genuine agents (one or
             // two handshakes a source) waits its turn.
-            let heavy = self.limits.per_source / 2;
+            // One clock read for the whole scan: in a storm every place is
+            // taken and every new connection scans.
+            let now = Instant::now();
+            let evict_after = self.limits.evict_after;
+            let any_heavy = s.heavy_sources > 0;
             let victim = s
                 .pending
                 .iter()
+                .take_while(|(_, p)| any_heavy || now.duration_since(p.started) >= evict_after)
                 .filter(|(_, p)| !p.hubs_move.load(Ordering::Relaxed))
                 .find(|(_, p)| {
-                    p.started.elapsed() >= self.limits.evict_after
-                        || s.by_source.get(&p.source).is_some_and(|n| *n > heavy)
+                    now.duration_since(p.started) >= evict_after
+                        || s.by_source.get(&p.source).is_some_and(|n| *n > s.heavy)
                 })
                 .map(|(id, _)| *id);
             let Some(id) = victim else {
@@ -326,7 +340,12 @@ impl Handshakes {
                 hubs_move: hubs_move.clone(),
             },
         );
-        *s.by_source.entry(source).or_default() += 1;
+        let heavy = s.heavy;
+        let held = s.by_source.entry(source).or_default();
+        *held += 1;
+        if *held == heavy + 1 {
+            s.heavy_sources += 1;
+        }
         Verdict::Go(Handshake {
             gate: self.clone(),
             id,
@@ -388,6 +407,9 @@ impl State {
     fn remove(&mut self, id: u64) -> Option<Pending> {
         let gone = self.pending.remove(&id)?;
         if let Some(n) = self.by_source.get_mut(&gone.source) {
+            if *n == self.heavy + 1 {
+                self.heavy_sources -= 1;
+            }
             *n -= 1;
             if *n == 0 {
                 self.by_source.remove(&gone.source);
@@ -505,6 +527,30 @@ mod tests {
         assert!(!light.evicted().is_cancelled());
         // Holding 2 (half) is no longer more than half: the next waits.
         assert!(matches!(gate.try_begin(ip("10.0.0.4")), Verdict::Full));
+        assert_eq!(gate.evicted(), 1);
+    }
+
+    #[test]
+    fn a_source_back_under_half_its_share_is_light_again() {
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 4,
+            per_source: 4,
+            evict_after: Duration::from_secs(60),
+        });
+        let mut heavy: Vec<_> = (0..3).map(|_| go(gate.try_begin(ip("10.0.0.2")))).collect();
+        // It lets one go itself: holding 2 of 4 is no longer heavy, so
+        // none of its young handshakes is a victim any more.
+        drop(heavy.pop());
+        let light: Vec<_> = (1..=2)
+            .map(|i| go(gate.try_begin(ip(&format!("10.0.1.{i}")))))
+            .collect();
+        assert!(matches!(gate.try_begin(ip("10.0.0.3")), Verdict::Full));
+        // Heavy again: its oldest goes at once.
+        drop(light);
+        heavy.push(go(gate.try_begin(ip("10.0.0.2"))));
+        let _l = go(gate.try_begin(ip("10.0.1.1")));
+        let _newcomer = go(gate.try_begin(ip("10.0.0.3")));
+        assert!(heavy[0].evicted().is_cancelled());
         assert_eq!(gate.evicted(), 1);
     }
 
