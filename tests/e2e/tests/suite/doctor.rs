@@ -174,6 +174,52 @@ async fn the_doctor_names_what_stands_between_the_agent_and_its_hub() {
     hub.hub.shutdown().await;
 }
 
+/// The doctor beside a live tunnel (an owner runs `otter-agent doctor` on
+/// a working agent, or the agent runs it itself after a few failed rounds
+/// just as its hub comes back) leaves that tunnel alone: its QUIC check
+/// carries no identity and is not a tunnel, so the hub admits nothing and
+/// replaces nothing. (It used to present the agent's certificate: the hub
+/// admitted the check and closed the agent's tunnel as replaced.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_beside_a_live_tunnel_leaves_it_alone() {
+    let hub = TestHub::start().await;
+    let state = tempfile::tempdir().unwrap();
+    let keep = IdentityStore::Dir(state.path().to_owned());
+    let token = hub.hub.mint_join_token("edge-1").unwrap();
+    let agent = start_agent_with(&hub, "edge-1", "a1", &token, TransportKind::Quic, |c| {
+        c.state = Some(keep.clone());
+    });
+    let up = agent
+        .agent
+        .wait_for(std::time::Duration::from_secs(60), |s| {
+            s.connected == Some(TransportKind::Quic)
+        })
+        .await
+        .expect("the agent connects over QUIC");
+
+    let mut config = AgentConfig::new(hub.api_url(), "edge-1", "a1", hub.hub.ca_pem());
+    config.state = Some(keep);
+    config.transports = vec![TransportKind::Quic, TransportKind::H2];
+    for _ in 0..3 {
+        let checks = doctor::run(&config).await;
+        let (v, detail) = verdict_of(&checks, "quic");
+        assert_eq!(v, Verdict::Ok, "{detail}");
+        // The doctor had the agent's identity to hand.
+        let (v, detail) = verdict_of(&checks, "identity");
+        assert_eq!(v, Verdict::Ok, "{detail}");
+    }
+    // A replaced tunnel is drained and closed at once when idle: well
+    // within this.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let now = agent.agent.status();
+    assert_eq!(now.connected, Some(TransportKind::Quic));
+    assert_eq!(
+        (now.connects, now.last_tunnel_end.map(|e| e.to_string())),
+        (up.connects, None),
+        "the agent's tunnel was closed beside the doctor"
+    );
+}
+
 /// An agent whose tunnel never comes up runs the doctor itself after a few
 /// failed rounds, keeps what it found in its status and logs it: here the
 /// hub lists a tunnel port where nothing listens, and the doctor says so
