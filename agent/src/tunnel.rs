@@ -98,6 +98,8 @@ pub struct AgentStatus {
     pub doctor: Vec<crate::doctor::Check>,
     /// When that doctor run ended (unix seconds, the agent's clock).
     pub doctor_at: Option<i64>,
+    /// Doctor runs the agent started itself.
+    pub doctor_runs: u32,
 }
 
 /// Failed dial rounds in a row after which the agent runs its doctor and
@@ -485,6 +487,7 @@ impl Supervisor {
     /// keeps and logs what it found: the owner reads the cause in the
     /// agent's log and status instead of guessing from dial errors.
     fn run_doctor(&self) {
+        self.status.send_modify(|s| s.doctor_runs += 1);
         let (config, status) = (self.config.clone(), self.status.clone());
         let creds = self.creds.clone();
         self.tasks.spawn(async move {

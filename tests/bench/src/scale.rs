@@ -426,6 +426,14 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             );
         }
     }
+    // Agents that ran their doctor (three failed rounds in a row).
+    let doctors: u32 = agents.iter().map(|(a, _)| a.status().doctor_runs).sum();
+    figs.add(
+        &format!("scale.doctor-runs.n{n}"),
+        "runs",
+        None,
+        f64::from(doctors),
+    );
     // Handshakes the hub's QUIC socket had no room for: each costs its
     // agent a retransmission timeout.
     if let Some(drops) = udp_drops(hub.tunnel.port()) {
@@ -606,6 +614,15 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             "tunnels",
             None,
             f64::from(quiet),
+        );
+        // The agents' own doctor runs (after a few failed rounds in a
+        // row), over the bench so far: each costs the hub TLS handshakes.
+        let doctors: u32 = agents.iter().map(|(a, _)| a.status().doctor_runs).sum();
+        figs.add(
+            &name("doctor-runs-so-far"),
+            "runs",
+            None,
+            f64::from(doctors),
         );
         figs.add(&name("agents-over-backoff"), "agents", None, over as f64);
         figs.note(
