@@ -606,24 +606,22 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             .filter(|(_, m)| m.refusals.load(Ordering::Relaxed) > 0)
             .count();
         figs.add(&name("agents-told-to-wait"), "agents", None, refused as f64);
-        // New tunnels dialled beside a quiet one (a restarted hub's reset
-        // that never arrived), over the bench so far.
-        let quiet: u32 = agents.iter().map(|(a, _)| a.status().quiet_probes).sum();
-        figs.add(
-            &name("quiet-probes-so-far"),
-            "tunnels",
-            None,
-            f64::from(quiet),
-        );
-        // The agents' own doctor runs (after a few failed rounds in a
-        // row), over the bench so far: each costs the hub TLS handshakes.
-        let doctors: u32 = agents.iter().map(|(a, _)| a.status().doctor_runs).sum();
-        figs.add(
-            &name("doctor-runs-so-far"),
-            "runs",
-            None,
-            f64::from(doctors),
-        );
+        // Over the bench so far: new tunnels dialled beside a quiet one (a
+        // restarted hub's reset that never arrived), and the agents' own
+        // doctor runs (after a few failed rounds in a row; each costs the
+        // hub TLS handshakes).
+        let (quiet, doctors) = agents
+            .iter()
+            .map(|(a, _)| a.status())
+            .fold((0u32, 0u32), |(q, d), s| {
+                (q + s.quiet_probes, d + s.doctor_runs)
+            });
+        for (what, unit, sum) in [
+            ("quiet-probes-so-far", "tunnels", quiet),
+            ("doctor-runs-so-far", "runs", doctors),
+        ] {
+            figs.add(&name(what), unit, None, f64::from(sum));
+        }
         figs.add(&name("agents-over-backoff"), "agents", None, over as f64);
         figs.note(
             &name("agents-over-backoff"),
