@@ -33,6 +33,9 @@ pub struct TunnelEntry {
     pub remote: SocketAddr,
     /// Unix seconds.
     pub connected_at: i64,
+    /// When its connection reached the hub (see
+    /// [`otter_tunnel::transport::Accepted::began`]).
+    pub began: std::time::Instant,
     /// One permit per call in flight; the bound on concurrent calls.
     pub calls: Arc<Semaphore>,
     pub max_calls: u32,

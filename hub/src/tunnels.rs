@@ -55,6 +55,8 @@ enum Refused {
     },
     #[error("certificate {serial} of cluster {cluster} was superseded by a renewal")]
     Superseded { serial: String, cluster: String },
+    #[error("cluster {0} has a tunnel from this agent dialled after this one")]
+    Stale(String),
 }
 
 fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
@@ -115,6 +117,18 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
     if link.cert_serial == peer.serial && link.prev_serial.is_some() {
         forget_previous_serial(state, &cluster, &peer.serial);
     }
+    // The tunnel the agent dialled last wins, not the one admitted last: a
+    // connection that reached the hub before the agent's live tunnel did
+    // is one the agent gave up on (its handshake or its admission outlasted
+    // the agent's bound) and would only displace the tunnel in use. A make-
+    // before-break dial, a renewal's, a restarted agent's all come later.
+    if state
+        .registry
+        .get(&cluster)
+        .is_some_and(|live| live.agent_id == peer.identity.agent_id && live.began > a.began)
+    {
+        return refuse(Refused::Stale(cluster));
+    }
     audit(&cluster, &link.tenant, "admitted");
     let max_calls = state.config.max_calls_per_tunnel;
     let entry = Arc::new(TunnelEntry {
@@ -126,6 +140,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
         transport: a.transport,
         remote: a.remote,
         connected_at: unix_now(),
+        began: a.began,
         calls: Arc::new(Semaphore::new(max_calls as usize)),
         max_calls,
         diagnosis: Default::default(),

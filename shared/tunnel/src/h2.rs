@@ -285,6 +285,7 @@ pub async fn accept_loop_paced(
             },
             _ = shutdown.cancelled() => return,
         };
+        let began = std::time::Instant::now();
         let place = tokio::select! {
             p = handshakes.begin(remote.ip()) => p,
             _ = shutdown.cancelled() => return,
@@ -360,6 +361,7 @@ pub async fn accept_loop_paced(
                 remote,
                 transport,
                 admission: Some(admission),
+                began,
             }))
         };
         crate::handshakes::spawn(

@@ -334,6 +334,7 @@ pub async fn accept_loop_paced(
             }
         };
         let remote = incoming.remote_address();
+        let began = std::time::Instant::now();
         if handshakes.busy() && !incoming.remote_address_validated() && incoming.may_retry() {
             let _ = incoming.retry();
             continue;
@@ -341,7 +342,7 @@ pub async fn accept_loop_paced(
         let (out, shutdown, pacer) = (out.clone(), shutdown.clone(), pacer.clone());
         match handshakes.try_begin(remote.ip()) {
             crate::handshakes::Verdict::Go(place) => {
-                handshake(incoming, place, pacer, out, shutdown);
+                handshake(incoming, place, pacer, out, shutdown, began);
             }
             crate::handshakes::Verdict::Refused => incoming.refuse(),
             // Every place is taken (a reconnect storm): the attempt waits
@@ -362,7 +363,7 @@ pub async fn accept_loop_paced(
                     };
                     tracing::debug!(%remote, waited_ms = waited.elapsed().as_millis() as u64, placed = place.is_some(), "QUIC attempt waited for a handshake place");
                     match place {
-                        Some(place) => handshake(incoming, place, pacer, out, shutdown),
+                        Some(place) => handshake(incoming, place, pacer, out, shutdown, began),
                         None => incoming.refuse(),
                     }
                 });
@@ -394,6 +395,7 @@ fn handshake(
     pacer: Arc<crate::pace::Pacer>,
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
+    began: std::time::Instant,
 ) {
     let remote = incoming.remote_address();
     let evicted = place.evicted();
@@ -426,6 +428,7 @@ fn handshake(
             remote,
             transport: TransportKind::Quic,
             admission: Some(admission),
+            began,
         }))
     };
     crate::handshakes::spawn(

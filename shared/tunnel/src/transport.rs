@@ -166,6 +166,10 @@ pub struct Accepted {
     pub transport: TransportKind,
     /// The tunnel's slot among those being set up; drop it once set up.
     pub admission: Option<crate::pace::Admission>,
+    /// When the connection reached the hub (its TCP accept, its first QUIC
+    /// packet taken): of two tunnels of one agent, the one that reached
+    /// the hub later is the one the agent dialled later.
+    pub began: std::time::Instant,
 }
 
 /// A connection on the tunnel port that asked for the hub's link API

@@ -416,6 +416,96 @@ async fn a_live_tunnel_is_closed_when_its_certificate_expires() {
     hub.hub.shutdown().await;
 }
 
+/// Of two tunnels of one agent, the one dialled last is kept, whichever the
+/// hub admits last. A connection that reached the hub before the agent's
+/// live tunnel did (a dial the agent gave up on, its handshake or its
+/// admission outlasting the agent's bound) is refused when it completes,
+/// and the live tunnel goes on serving; a dial that comes after the live
+/// tunnel still replaces it (make before break).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_dialled_before_the_live_one_does_not_displace_it() {
+    let hub = TestHub::start().await;
+    let channel = hub.channel().await;
+    let token = hub.hub.mint_join_token("edge-d").unwrap();
+    let (key, csr) = otter_pki::csr::generate("edge-d", "d1").unwrap();
+    let cert = LinkServiceClient::new(channel.clone())
+        .register(RegisterRequest {
+            cluster: Some("edge-d".into()),
+            csr: Some(csr.as_bytes().to_vec()),
+            agent_id: Some("d1".into()),
+            agent_version: Some("v0.1.0".into()),
+            rancher_project_id: None,
+            join_token: Some(token),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .certificate
+        .unwrap();
+    let cert = String::from_utf8(cert).unwrap();
+    let handshakes = hub.hub.state.pacer.handshakes().clone();
+
+    // The early dial reaches the hub and stalls before its TLS handshake.
+    let early = tokio::net::TcpStream::connect(hub.hub.tunnel_addr)
+        .await
+        .unwrap();
+    otter_e2e::double::wait_until(
+        async || handshakes.pending() == 1,
+        "the hub took the early connection",
+    )
+    .await;
+    // The agent's live tunnel, dialled after it.
+    let live = serve(
+        dial(&hub, TransportKind::H2, &cert, &key).await.unwrap(),
+        "edge-d",
+        "live",
+    );
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    let via = async || {
+        ResourceServiceClient::new(channel.clone())
+            .get(with_token(get("edge-d", "x"), &hub.admin_token))
+            .await
+            .map(|r| field(r.get_ref(), "agent"))
+            .unwrap_or_default()
+    };
+    assert_eq!(via().await, "live");
+
+    // The early dial completes now, with the same certificate: refused.
+    let tls = Arc::new(agent_tls(&hub, TransportKind::H2, &cert, &key));
+    let mut stale = otter_tunnel::h2::dial_tcp(
+        Box::new(early),
+        "localhost".try_into().unwrap(),
+        tls,
+        Default::default(),
+    )
+    .await
+    .expect("the TLS handshake itself completes");
+    match tokio::time::timeout(WAIT, stale.accept()).await {
+        Ok(Ok(Some(_))) => panic!("the hub admitted the stale tunnel"),
+        Ok(_) => {}
+        Err(_) => panic!("the stale tunnel was neither refused nor closed"),
+    }
+    assert!(!live.is_finished(), "the live tunnel was closed");
+    assert_eq!(via().await, "live");
+
+    // A dial after the live tunnel replaces it, and the hub closes the old.
+    let newer = serve(
+        dial(&hub, TransportKind::H2, &cert, &key).await.unwrap(),
+        "edge-d",
+        "newer",
+    );
+    otter_e2e::double::wait_until(
+        async || via().await == "newer",
+        "calls through the newer tunnel",
+    )
+    .await;
+    tokio::time::timeout(WAIT, live)
+        .await
+        .expect("the replaced tunnel is closed")
+        .unwrap();
+    assert!(!newer.is_finished());
+}
+
 /// The certificate serial is pinned: once an agent renewed and its new
 /// certificate carried a tunnel, a copy of the old certificate (and key)
 /// is refused at the tunnel and at renewal. Until then the old one still
