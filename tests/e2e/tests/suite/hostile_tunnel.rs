@@ -47,6 +47,34 @@ fn cert_from(
     (ca.sign_agent_csr(&csr, &id, life).unwrap().pem, key)
 }
 
+/// A Register of `cluster`/`agent` with `csr`, on `token` (empty: a
+/// renewal, on the caller's certificate).
+fn register_request(cluster: &str, agent: &str, token: &str, csr: &str) -> RegisterRequest {
+    RegisterRequest {
+        cluster: Some(cluster.into()),
+        csr: Some(csr.as_bytes().to_vec()),
+        agent_id: Some(agent.into()),
+        agent_version: Some("v0.1.0".into()),
+        rancher_project_id: None,
+        join_token: Some(token.into()),
+    }
+}
+
+/// Certificate and key PEM of `cluster`/`agent`, enrolled on a fresh join
+/// token as its agent would.
+async fn enrolled(hub: &TestHub, cluster: &str, agent: &str) -> (String, String) {
+    let token = hub.hub.mint_join_token(cluster).unwrap();
+    let (key, csr) = otter_pki::csr::generate(cluster, agent).unwrap();
+    let cert = LinkServiceClient::new(hub.channel().await)
+        .register(register_request(cluster, agent, &token, &csr))
+        .await
+        .unwrap()
+        .into_inner()
+        .certificate
+        .unwrap();
+    (String::from_utf8(cert).unwrap(), key)
+}
+
 /// Dials the hub's tunnel port as an agent would, presenting `cert`.
 async fn dial(
     hub: &TestHub,
@@ -270,14 +298,8 @@ async fn a_certificate_of_cluster_a_cannot_serve_cluster_b() {
     // Cluster A's agent registers the ordinary way and gets its certificate.
     let (key, csr) = otter_pki::csr::generate("edge-a", "a1").unwrap();
     let token_a = hub.hub.mint_join_token("edge-a").unwrap();
-    let register = |cluster: &str, token: &str, csr: &str| RegisterRequest {
-        cluster: Some(cluster.into()),
-        csr: Some(csr.as_bytes().to_vec()),
-        agent_id: Some("a1".into()),
-        agent_version: Some("v0.1.0".into()),
-        rancher_project_id: None,
-        join_token: Some(token.into()),
-    };
+    let register =
+        |cluster: &str, token: &str, csr: &str| register_request(cluster, "a1", token, csr);
     let resp = LinkServiceClient::new(channel.clone())
         .register(register("edge-a", &token_a, &csr))
         .await
@@ -426,23 +448,7 @@ async fn a_live_tunnel_is_closed_when_its_certificate_expires() {
 async fn a_tunnel_dialled_before_the_live_one_does_not_displace_it() {
     let hub = TestHub::start().await;
     let channel = hub.channel().await;
-    let token = hub.hub.mint_join_token("edge-d").unwrap();
-    let (key, csr) = otter_pki::csr::generate("edge-d", "d1").unwrap();
-    let cert = LinkServiceClient::new(channel.clone())
-        .register(RegisterRequest {
-            cluster: Some("edge-d".into()),
-            csr: Some(csr.as_bytes().to_vec()),
-            agent_id: Some("d1".into()),
-            agent_version: Some("v0.1.0".into()),
-            rancher_project_id: None,
-            join_token: Some(token),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .certificate
-        .unwrap();
-    let cert = String::from_utf8(cert).unwrap();
+    let (cert, key) = enrolled(&hub, "edge-d", "d1").await;
     let handshakes = hub.hub.state.pacer.handshakes().clone();
 
     // The early dial reaches the hub and stalls before its TLS handshake.
@@ -515,24 +521,7 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
     use otter_hub::store::StoreExt;
     let hub = TestHub::start().await;
     let channel = hub.channel().await;
-    let token = hub.hub.mint_join_token("edge-c").unwrap();
-    let register = |token: &str, csr: &str| RegisterRequest {
-        cluster: Some("edge-c".into()),
-        csr: Some(csr.as_bytes().to_vec()),
-        agent_id: Some("c1".into()),
-        agent_version: Some("v0.1.0".into()),
-        rancher_project_id: None,
-        join_token: Some(token.into()),
-    };
-    let (key1, csr) = otter_pki::csr::generate("edge-c", "c1").unwrap();
-    let cert1 = LinkServiceClient::new(channel.clone())
-        .register(register(&token, &csr))
-        .await
-        .unwrap()
-        .into_inner()
-        .certificate
-        .unwrap();
-    let cert1 = String::from_utf8(cert1).unwrap();
+    let (cert1, key1) = enrolled(&hub, "edge-c", "c1").await;
     // Renews with it (a copy of it is kept: the attacker's).
     let renew = |cert: String, key: String| {
         let channel_ca = hub.hub.ca_pem().to_owned();
@@ -541,7 +530,7 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
             let mtls = otter_e2e::client_channel(addr, &channel_ca, Some((&cert, &key))).await;
             let (key, csr) = otter_pki::csr::generate("edge-c", "c1").unwrap();
             LinkServiceClient::new(mtls)
-                .register(register("", &csr))
+                .register(register_request("edge-c", "c1", "", &csr))
                 .await
                 .map(|r| {
                     (
@@ -612,14 +601,8 @@ async fn the_tunnel_port_renews_and_answers_nothing_else() {
     let channel = hub.channel().await;
     let token = hub.hub.mint_join_token("edge-r").unwrap();
     let other_token = hub.hub.mint_join_token("edge-s").unwrap();
-    let register = |cluster: &str, token: &str, csr: &str| RegisterRequest {
-        cluster: Some(cluster.into()),
-        csr: Some(csr.as_bytes().to_vec()),
-        agent_id: Some("r1".into()),
-        agent_version: Some("v0.1.0".into()),
-        rancher_project_id: None,
-        join_token: Some(token.into()),
-    };
+    let register =
+        |cluster: &str, token: &str, csr: &str| register_request(cluster, "r1", token, csr);
     let (key, csr) = otter_pki::csr::generate("edge-r", "r1").unwrap();
     let cert = LinkServiceClient::new(channel.clone())
         .register(register("edge-r", &token, &csr))
