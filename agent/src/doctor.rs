@@ -602,8 +602,9 @@ fn refused_udp(e: &otter_tunnel::TunnelError) -> bool {
 }
 
 /// ALPN the QUIC check offers: one the hub does not speak, so the hub ends
-/// the handshake at the first packet it reads (an alert, before any
-/// key exchange or signature). The check needs only that answer; a
+/// the handshake while answering the first packet (an alert in place of
+/// its certificate: a key exchange, no signature). The check needs only
+/// that answer; a
 /// handshake that went through with the agent's certificate was admitted
 /// as a tunnel and replaced the agent's own (in a reconnect storm, where
 /// the doctor runs after a few failed rounds, the hub closed live tunnels
