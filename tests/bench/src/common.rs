@@ -198,6 +198,27 @@ pub fn rss_kib(pid: &str) -> Option<u64> {
     status_kib(pid, "VmRSS:")
 }
 
+/// UDP sockets with receive offload on, one per address family, held for
+/// the process's life.
+///
+/// Every QUIC endpoint quinn makes first probes the kernel with two
+/// throwaway IPv6 sockets, one of them with UDP receive offload on. The
+/// kernel counts the sockets that have it on with a static key, and
+/// patches its own code (stopping every CPU) each time that count leaves
+/// or reaches zero. An agent makes one endpoint in its life, on its own
+/// machine; this process makes one per simulated agent, so each probe
+/// paid two patches: a quarter of the simulated agents' CPU in a first
+/// connect of 10,000, and interrupts on the hub's cores. With these sockets
+/// open the count never reaches zero and a probe costs what it costs an
+/// agent.
+pub fn hold_udp_offload_keys() -> Vec<std::net::UdpSocket> {
+    ["[::1]:0", "127.0.0.1:0"]
+        .into_iter()
+        .filter_map(|addr| std::net::UdpSocket::bind(addr).ok())
+        .filter(|socket| quinn::udp::UdpSocketState::new(socket.into()).is_ok())
+        .collect()
+}
+
 /// Datagrams the kernel dropped for want of room in the receive buffers of
 /// the UDP sockets bound to `port` (the last column of /proc/net/udp*),
 /// since those sockets were made.

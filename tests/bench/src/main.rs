@@ -66,6 +66,8 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+    // Before any QUIC endpoint: this process makes one per simulated agent.
+    let _offload_keys = common::hold_udp_offload_keys();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cmd = args.first().map(String::as_str).unwrap_or("");
     let samples = || -> anyhow::Result<PathBuf> { arg(&args, 1, "samples file") };
