@@ -92,13 +92,15 @@ impl Liveness {
 /// up without the hub asking every agent on a timer.
 #[derive(Debug, Default)]
 pub struct Diagnosis {
-    report: std::sync::Mutex<Option<(std::time::Instant, i64, serde_json::Value)>>,
+    /// Shared, not copied, with each reader: ListLinks reads every
+    /// tunnel's report, and a copy of each was a quarter of its work.
+    report: std::sync::Mutex<Option<(std::time::Instant, i64, Arc<serde_json::Value>)>>,
     refreshing: std::sync::atomic::AtomicBool,
 }
 
 impl Diagnosis {
     /// The latest report and when it came (Unix seconds).
-    pub fn report(&self) -> Option<(i64, serde_json::Value)> {
+    pub fn report(&self) -> Option<(i64, Arc<serde_json::Value>)> {
         self.lock().as_ref().map(|(_, at, v)| (*at, v.clone()))
     }
 
@@ -110,7 +112,11 @@ impl Diagnosis {
     }
 
     pub fn set(&self, report: serde_json::Value) {
-        *self.lock() = Some((std::time::Instant::now(), crate::unix_now(), report));
+        *self.lock() = Some((
+            std::time::Instant::now(),
+            crate::unix_now(),
+            Arc::new(report),
+        ));
     }
 
     /// Whether the caller should fetch a new report now: the one kept is
@@ -130,7 +136,7 @@ impl Diagnosis {
 
     fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, i64, serde_json::Value)>> {
+    ) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, i64, Arc<serde_json::Value>)>> {
         self.report
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -235,6 +235,20 @@ impl<S: Store> Store for SealedStore<S> {
             .collect()
     }
 
+    fn for_each_raw(
+        &self,
+        tree: &str,
+        visit: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        if !Self::sealed_tree(tree) {
+            return self.inner.for_each_raw(tree, visit);
+        }
+        for (key, raw) in self.inner.scan_raw(tree)? {
+            visit(&key, &self.unseal(tree, &key, &raw)?)?;
+        }
+        Ok(())
+    }
+
     fn put_leased(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {
         // Never a sealed tree: routing records hold no secret.
         self.inner.put_leased(tree, key, value)
@@ -307,6 +321,8 @@ mod tests {
             );
             sealed.put(tree::META, "manifest-url-key", &"abc").unwrap();
             assert_eq!(sealed.scan_raw(tree::META).unwrap().len(), 2);
+            let opened: Vec<String> = sealed.scan(tree::META).unwrap();
+            assert!(opened.contains(&"abc".to_owned()), "{opened:?}");
             assert!(
                 sealed
                     .compare_and_swap_raw(

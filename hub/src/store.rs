@@ -135,6 +135,20 @@ pub trait Store: Send + Sync + 'static {
     fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool>;
     /// Every (key, value) of a tree, in key order.
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>>;
+    /// [`Store::scan_raw`] a record at a time, to a reader that keeps
+    /// what it makes of each (ListLinks, 10,000 links five times a second
+    /// from a dashboard): a store that can lend its values saves a copy
+    /// of the whole tree. Stops at the first error.
+    fn for_each_raw(
+        &self,
+        tree: &str,
+        visit: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        for (key, value) in self.scan_raw(tree)? {
+            visit(&key, &value)?;
+        }
+        Ok(())
+    }
     /// Writes `value` for as long as this replica lives: on a store shared
     /// by replicas it goes when the replica does (an etcd lease), so what
     /// it says (which replica holds a cluster's tunnel) cannot outlive a
@@ -253,10 +267,12 @@ pub trait StoreExt: Store {
     }
 
     fn scan<T: DeserializeOwned>(&self, tree: &str) -> Result<Vec<T>> {
-        self.scan_raw(tree)?
-            .into_iter()
-            .map(|(k, v)| decode(tree, &k, &v))
-            .collect()
+        let mut records = Vec::new();
+        self.for_each_raw(tree, &mut |key, raw| {
+            records.push(decode(tree, key, raw)?);
+            Ok(())
+        })?;
+        Ok(records)
     }
 }
 
@@ -543,6 +559,18 @@ impl Store for SledStore {
             .collect()
     }
 
+    fn for_each_raw(
+        &self,
+        tree: &str,
+        visit: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        for kv in self.tree(tree)?.iter() {
+            let (key, value) = kv.map_err(sled_err)?;
+            visit(&String::from_utf8_lossy(&key), &value)?;
+        }
+        Ok(())
+    }
+
     fn flush(&self) -> Result<()> {
         self.db.flush().map_err(sled_err)?;
         Ok(())
@@ -635,6 +663,27 @@ pub(crate) mod tests {
         let all: Vec<serde_json::Value> = s.scan(tree::LINKS).unwrap();
         assert_eq!(all, vec![serde_json::json!({"cluster": "edge-1"})]);
         assert!(s.writable());
+    }
+
+    #[test]
+    fn a_scan_goes_in_key_order_and_stops_at_a_record_that_does_not_decode() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStore::open(dir.path()).unwrap();
+        for (key, raw) in [("c", "3"), ("a", "1"), ("b", "2")] {
+            s.put_raw(tree::LINKS, key, raw.as_bytes()).unwrap();
+        }
+        let all: Vec<i64> = s.scan(tree::LINKS).unwrap();
+        assert_eq!(all, vec![1, 2, 3]);
+        s.put_raw(tree::LINKS, "b", b"not json").unwrap();
+        let mut seen = Vec::new();
+        let read = s.for_each_raw(tree::LINKS, &mut |key, raw| {
+            seen.push(key.to_owned());
+            decode::<i64>(tree::LINKS, key, raw).map(drop)
+        });
+        let err = read.unwrap_err().to_string();
+        assert!(err.contains("links/b"), "{err}");
+        assert_eq!(seen, ["a", "b"]);
+        assert!(s.scan::<i64>(tree::LINKS).is_err());
     }
 
     fn mode(path: &Path) -> u32 {
