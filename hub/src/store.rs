@@ -550,13 +550,12 @@ impl Store for SledStore {
     }
 
     fn scan_raw(&self, tree: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.tree(tree)?
-            .iter()
-            .map(|kv| {
-                let (k, v) = kv.map_err(sled_err)?;
-                Ok((String::from_utf8_lossy(&k).into_owned(), v.to_vec()))
-            })
-            .collect()
+        let mut all = Vec::new();
+        self.for_each_raw(tree, &mut |key, value| {
+            all.push((key.to_owned(), value.to_vec()));
+            Ok(())
+        })?;
+        Ok(all)
     }
 
     fn for_each_raw(
