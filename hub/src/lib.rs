@@ -39,6 +39,7 @@ pub mod forward;
 pub mod kube_proxy;
 pub mod limits;
 pub mod link_service;
+pub mod links;
 pub mod manifest;
 pub mod methods;
 pub mod metrics;

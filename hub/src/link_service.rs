@@ -471,18 +471,16 @@ impl LinkService for LinkSvc {
         request: Request<ListLinksRequest>,
     ) -> Result<Response<ListLinksResponse>, Status> {
         let caller = auth::verified(request.extensions())?;
-        let records = self
-            .state
-            .store
-            .scan::<LinkRecord>(tree::LINKS)
-            .map_err(|e| e.into_status())?;
         // Only the caller's tenants' links; the agent, its address and
         // certificate only to the tenant's admins.
-        let links = records
-            .into_iter()
-            .filter_map(|r| caller.role_in(&r.tenant).map(|role| (role, r)))
-            .map(|(role, r)| link_view(&self.state, r, role))
-            .collect();
+        let links = crate::links::read(&self.state, move |state, records| {
+            records
+                .iter()
+                .filter_map(|r| caller.role_in(&r.tenant).map(|role| (role, r)))
+                .map(|(role, r)| link_view(state, r, role))
+                .collect()
+        })
+        .await?;
         Ok(Response::new(ListLinksResponse { links }))
     }
 
@@ -913,7 +911,7 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
 
 /// A link as ListLinks shows it to a caller with `role` in its tenant: the
 /// agent, its address, certificate serial and diagnosis to admins only.
-pub fn link_view(state: &Arc<HubState>, r: LinkRecord, role: crate::tenancy::Role) -> Link {
+pub fn link_view(state: &Arc<HubState>, r: &LinkRecord, role: crate::tenancy::Role) -> Link {
     let admin = role == crate::tenancy::Role::Admin;
     let live = state
         .registry
@@ -932,10 +930,10 @@ pub fn link_view(state: &Arc<HubState>, r: LinkRecord, role: crate::tenancy::Rol
         .filter(|t| crate::tunnels::unresponsive(state, t))
         .map(|t| t.liveness.silent_for());
     Link {
-        cluster: Some(r.cluster),
-        agent_version: Some(r.agent_version),
-        rancher_project_id: Some(r.rancher_project_id),
-        agent_id: admin.then_some(r.agent_id),
+        cluster: Some(r.cluster.clone()),
+        agent_version: Some(r.agent_version.clone()),
+        rancher_project_id: Some(r.rancher_project_id.clone()),
+        agent_id: admin.then(|| r.agent_id.clone()),
         state: Some(match &live {
             Some(_) if silent.is_some() => LinkState::Unresponsive,
             Some(_) => LinkState::Connected,
@@ -956,7 +954,7 @@ pub fn link_view(state: &Arc<HubState>, r: LinkRecord, role: crate::tenancy::Rol
         })),
         first_seen: Some(timestamp(r.first_seen)),
         certificate_expires: Some(timestamp(r.cert_not_after)),
-        certificate_serial: admin.then_some(r.cert_serial),
+        certificate_serial: admin.then(|| r.cert_serial.clone()),
         remote_address: live
             .as_ref()
             .filter(|_| admin)
@@ -965,8 +963,12 @@ pub fn link_view(state: &Arc<HubState>, r: LinkRecord, role: crate::tenancy::Rol
             crate::tunnels::refresh_diagnosis(state, t);
             diagnosis(t)
         }),
-        tenant: Some(r.tenant),
-        labels: r.labels.into_iter().collect(),
+        tenant: Some(r.tenant.clone()),
+        labels: r
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 

@@ -100,6 +100,8 @@ pub struct HubState {
     pub uploads: crate::uploads::Uploads,
     /// Links' last-seen times, written off the tunnels' paths.
     pub last_seen: crate::tunnels::LastSeen,
+    /// Links as listings read them, decoded once per change.
+    pub links: crate::links::Links,
 }
 
 impl std::fmt::Debug for HubState {
@@ -365,6 +367,7 @@ impl Hub {
             fan_outs: Default::default(),
             uploads: Default::default(),
             last_seen: Default::default(),
+            links: Default::default(),
             api_pending,
         });
         let shutdown = CancellationToken::new();

@@ -154,7 +154,7 @@ struct Asker {
 }
 
 impl FleetSvc {
-    fn plan(&self, caller: &Principal, fan: Option<FanOut>) -> Result<Plan, Status> {
+    async fn plan(&self, caller: &Principal, fan: Option<FanOut>) -> Result<Plan, Status> {
         let fan = fan.unwrap_or_default();
         let selector = Selector::parse(fan.link_selector.as_deref().unwrap_or_default())
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -163,18 +163,17 @@ impl FleetSvc {
             .filter(|ms| *ms > 0)
             .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms.into()))
             .min(MAX_TIMEOUT);
-        let links = self
-            .state
-            .store
-            .scan::<LinkRecord>(tree::LINKS)
-            .map_err(|e| e.into_status())?;
         // Only the caller's tenants' links: another tenant's cluster is
         // neither asked nor named.
-        let mut clusters: Vec<String> = links
-            .into_iter()
-            .filter(|l| caller.role_in(&l.tenant).is_some() && selector.matches(&l.labels))
-            .map(|l| l.cluster)
-            .collect();
+        let caller = caller.clone();
+        let mut clusters: Vec<String> = crate::links::read(&self.state, move |_, links| {
+            links
+                .iter()
+                .filter(|l| caller.role_in(&l.tenant).is_some() && selector.matches(&l.labels))
+                .map(|l| l.cluster.clone())
+                .collect()
+        })
+        .await?;
         clusters.sort();
         Ok(Plan { clusters, timeout })
     }
@@ -463,7 +462,7 @@ impl fleet_service_server::FleetService for FleetSvc {
             .and_then(|t| t.diagnosis.report())
             .map(|(_, report)| report)
             .unwrap_or_default();
-        let link = crate::link_service::link_view(&self.state, record, role);
+        let link = crate::link_service::link_view(&self.state, &record, role);
         Ok(Response::new(DescribeLinkResponse {
             link: Some(link),
             doctor_checks: doctor_checks(&report),
@@ -542,7 +541,7 @@ impl fleet_service_server::FleetService for FleetSvc {
     ) -> Result<Response<Self::ListResourcesStream>, Status> {
         let asker = self.asker(&request, LIST_RESOURCES)?;
         let req = request.into_inner();
-        let plan = self.plan(&asker.caller, req.fan_out)?;
+        let plan = self.plan(&asker.caller, req.fan_out).await?;
         let place = FanOuts::enter(&self.state, &asker.caller.user)?;
         let one = resource::ListRequest {
             cluster: None,
@@ -582,7 +581,7 @@ impl fleet_service_server::FleetService for FleetSvc {
                 "name is required (ListResources lists every object)",
             ));
         }
-        let plan = self.plan(&asker.caller, req.fan_out)?;
+        let plan = self.plan(&asker.caller, req.fan_out).await?;
         let place = FanOuts::enter(&self.state, &asker.caller.user)?;
         let one = resource::GetRequest {
             cluster: None,

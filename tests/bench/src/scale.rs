@@ -222,6 +222,111 @@ pub async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Opt
     )
 }
 
+/// The size of a ListLinks answer, in bytes.
+async fn list_links_size(ch: &tonic::transport::Channel, token: &str) -> anyhow::Result<usize> {
+    let r = LinkServiceClient::new(ch.clone())
+        .max_decoding_message_size(64 << 20)
+        .list_links(with_token(ListLinksRequest {}, token))
+        .await?;
+    Ok(prost::Message::encoded_len(&r.into_inner()))
+}
+
+/// Gets to one cluster through the hub, alone and while dashboards poll
+/// ListLinks over the whole fleet back to back, each on a connection of
+/// its own: listings of every link must not hold up the calls beside them.
+async fn gets_beside_list_links(
+    figs: &mut Figures,
+    ch: &tonic::transport::Channel,
+    hub: &HubProc,
+    ca: &str,
+    token: &str,
+    n: usize,
+) -> anyhow::Result<()> {
+    const GETS: usize = 400;
+    const DASHBOARDS: usize = 3;
+    let gets = || async {
+        let mut out = Vec::with_capacity(GETS);
+        for _ in 0..GETS {
+            let t = Instant::now();
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                otter_proto::resource::v1::resource_service_client::ResourceServiceClient::new(
+                    ch.clone(),
+                )
+                .get(with_token(
+                    otter_proto::resource::v1::GetRequest {
+                        cluster: Some("c-0".into()),
+                        version: Some("v1".into()),
+                        resource: Some("pods".into()),
+                        name: Some("p".into()),
+                        ..Default::default()
+                    },
+                    token,
+                )),
+            )
+            .await??;
+            out.push(t.elapsed());
+        }
+        anyhow::Ok(Latency::of(&out))
+    };
+    let alone = gets().await?;
+    let polling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let listed = Arc::new(AtomicU32::new(0));
+    // Each dashboard is a program of its own: a thread and runtime apart,
+    // so decoding its answers does not hold up this runtime's Gets. More
+    // of them than the hub has cores, each listing back to back.
+    let dashboards: Vec<_> = (0..DASHBOARDS)
+        .map(|_| {
+            let (polling, listed, token) = (polling.clone(), listed.clone(), token.to_owned());
+            let (api, ca) = (hub.api, ca.to_owned());
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            Ok(std::thread::spawn(move || {
+                runtime.block_on(async move {
+                    let dashboard = crate::calls::hub_channel(api, &ca).await?;
+                    // Bounded by the flag and by this cap.
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    while polling.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        if list_links_size(&dashboard, &token).await.is_ok() {
+                            listed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    anyhow::Ok(())
+                })
+            }))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let beside = gets().await;
+    polling.store(false, Ordering::Relaxed);
+    for dashboard in dashboards {
+        dashboard
+            .join()
+            .map_err(|_| anyhow::anyhow!("a dashboard thread panicked"))??;
+    }
+    let beside = beside?;
+    for (q, a, b) in [
+        ("p50", alone.p50, beside.p50),
+        ("p99", alone.p99, beside.p99),
+    ] {
+        let base = format!("scale.get-{q}.n{n}");
+        figs.add(&base, "µs", None, a);
+        figs.add(
+            &format!("scale.get-{q}-beside-listlinks.n{n}"),
+            "µs",
+            Some(&base),
+            b,
+        );
+    }
+    eprintln!(
+        "bench: Get p99 {:.0} µs alone, {:.0} µs beside {} ListLinks",
+        alone.p99,
+        beside.p99,
+        listed.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
 /// Polls ListLinks until `n` links are connected; the time it took.
 async fn wait_links(
     ch: &tonic::transport::Channel,
@@ -469,12 +574,27 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         idle_cpu * 100.0,
     );
-    let mut lat = Vec::new();
+    let (mut lat, c0) = (Vec::new(), cpu_secs(&hub.pid()).unwrap_or(0.0));
+    let (t0, mut size) = (Instant::now(), 0);
     for _ in 0..20 {
         let t = Instant::now();
-        connected_links(&ch, &token).await;
+        size = list_links_size(&ch, &token).await?;
         lat.push(t.elapsed());
     }
+    // The hub's CPU per call, less what it spends idle meanwhile.
+    let list_cpu = cpu_secs(&hub.pid()).unwrap_or(0.0) - c0 - idle_cpu * t0.elapsed().as_secs_f64();
+    figs.add(
+        &format!("scale.listlinks-hub-cpu.n{n}"),
+        "ms",
+        None,
+        list_cpu.max(0.0) * 1000.0 / 20.0,
+    );
+    figs.add(
+        &format!("scale.listlinks-size.n{n}"),
+        "KiB",
+        None,
+        size as f64 / 1024.0,
+    );
     let l = Latency::of(&lat);
     figs.add(
         &format!("scale.listlinks-p50.n{n}"),
@@ -489,6 +609,7 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         l.max / 1000.0,
     );
 
+    gets_beside_list_links(&mut figs, &ch, &hub, &ca, &token, n).await?;
     fan_out(&mut figs, &ch, &token, &hub.pid(), n).await?;
 
     // Reconnect storm: the hub stops (gracefully, then by SIGKILL as in a
