@@ -872,8 +872,21 @@ pub fn manifest_from_url(
 
 /// The agent's report, plus the round-trip time the hub measures.
 fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDiagnosis {
-    let (reported_at, report) = t.diagnosis.report().unzip();
-    let report = report.unwrap_or_default();
+    let mut shown = t
+        .diagnosis
+        .shown()
+        .map(|shown| (*shown).clone())
+        .unwrap_or_default();
+    shown.rtt_micros = t.opener.rtt().map(|d| d.as_micros() as i64);
+    shown
+}
+
+/// What ListLinks shows of an agent's `report`, fetched at `reported_at`
+/// (Unix seconds); made once per report.
+pub fn diagnosis_shown(
+    report: &serde_json::Value,
+    reported_at: i64,
+) -> otter_proto::link::v1::LinkDiagnosis {
     let text = |key: &str| {
         report[key]
             .as_str()
@@ -898,14 +911,14 @@ fn diagnosis(t: &crate::registry::TunnelEntry) -> otter_proto::link::v1::LinkDia
     otter_proto::link::v1::LinkDiagnosis {
         attempts,
         proxy: report["proxy"].as_str().map(str::to_owned),
-        rtt_micros: t.opener.rtt().map(|d| d.as_micros() as i64),
+        rtt_micros: None,
         clock_skew_millis: report["clock_skew_ms"].as_i64(),
         last_renewal_error: text("last_renewal_error"),
         renewal_failures: report["renewal_failures"]
             .as_u64()
             .and_then(|n| u32::try_from(n).ok()),
         last_tunnel_end: text("last_tunnel_end"),
-        reported_at: reported_at.map(timestamp),
+        reported_at: Some(timestamp(reported_at)),
     }
 }
 

@@ -92,16 +92,33 @@ impl Liveness {
 /// up without the hub asking every agent on a timer.
 #[derive(Debug, Default)]
 pub struct Diagnosis {
-    /// Shared, not copied, with each reader: ListLinks reads every
-    /// tunnel's report, and a copy of each was a quarter of its work.
-    report: std::sync::Mutex<Option<(std::time::Instant, i64, Arc<serde_json::Value>)>>,
+    kept: std::sync::Mutex<Option<Report>>,
     refreshing: std::sync::atomic::AtomicBool,
+}
+
+/// A report as fetched and as ListLinks shows it. Both are shared, not
+/// copied, with each reader: ListLinks reads every tunnel's report, and a
+/// copy of each was a quarter of its work, then reading the shown fields
+/// out of the JSON again for every listing was half of what remained.
+#[derive(Debug, Clone)]
+struct Report {
+    fetched: std::time::Instant,
+    /// Unix seconds.
+    at: i64,
+    json: Arc<serde_json::Value>,
+    shown: Arc<otter_proto::link::v1::LinkDiagnosis>,
 }
 
 impl Diagnosis {
     /// The latest report and when it came (Unix seconds).
     pub fn report(&self) -> Option<(i64, Arc<serde_json::Value>)> {
-        self.lock().as_ref().map(|(_, at, v)| (*at, v.clone()))
+        self.lock().as_ref().map(|r| (r.at, r.json.clone()))
+    }
+
+    /// The latest report as ListLinks shows it, without the round-trip
+    /// time (the hub measures that, it is not in the report).
+    pub fn shown(&self) -> Option<Arc<otter_proto::link::v1::LinkDiagnosis>> {
+        self.lock().as_ref().map(|r| r.shown.clone())
     }
 
     /// Takes `older`'s report (a replaced tunnel of the same agent), so a
@@ -112,11 +129,14 @@ impl Diagnosis {
     }
 
     pub fn set(&self, report: serde_json::Value) {
-        *self.lock() = Some((
-            std::time::Instant::now(),
-            crate::unix_now(),
-            Arc::new(report),
-        ));
+        let at = crate::unix_now();
+        let shown = Arc::new(crate::link_service::diagnosis_shown(&report, at));
+        *self.lock() = Some(Report {
+            fetched: std::time::Instant::now(),
+            at,
+            json: Arc::new(report),
+            shown,
+        });
     }
 
     /// Whether the caller should fetch a new report now: the one kept is
@@ -126,7 +146,7 @@ impl Diagnosis {
         let stale = self
             .lock()
             .as_ref()
-            .is_none_or(|(at, _, _)| at.elapsed() >= max_age);
+            .is_none_or(|r| r.fetched.elapsed() >= max_age);
         stale && !self.refreshing.swap(true, Ordering::AcqRel)
     }
 
@@ -134,10 +154,8 @@ impl Diagnosis {
         self.refreshing.store(false, Ordering::Release);
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, i64, Arc<serde_json::Value>)>> {
-        self.report
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Report>> {
+        self.kept
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
