@@ -35,7 +35,7 @@ fn listings() -> usize {
 #[derive(Debug)]
 pub struct Links {
     memo: Mutex<Memo>,
-    listing: Semaphore,
+    listing: Arc<Semaphore>,
 }
 
 #[derive(Debug, Default)]
@@ -55,10 +55,7 @@ struct Decoded {
 
 impl Default for Links {
     fn default() -> Self {
-        Self {
-            memo: Mutex::default(),
-            listing: Semaphore::new(listings()),
-        }
+        Self::with_places(listings())
     }
 }
 
@@ -117,22 +114,44 @@ where
     T: Send + 'static,
     F: FnOnce(&Arc<HubState>, Vec<Arc<LinkRecord>>) -> T + Send + 'static,
 {
-    let _place = state
+    let s = state.clone();
+    state
         .links
-        .listing
-        .acquire()
+        .off_the_workers(move || {
+            let all = s.links.all(&*s.store).map_err(|e| e.into_status())?;
+            Ok(view(&s, all))
+        })
+        .await?
+}
+
+impl Links {
+    fn with_places(places: usize) -> Self {
+        Self {
+            memo: Mutex::default(),
+            listing: Arc::new(Semaphore::new(places)),
+        }
+    }
+
+    /// Runs `work` on a blocking thread once a listing's place is free.
+    async fn off_the_workers<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Status> {
+        let place = self
+            .listing
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("the hub is shutting down"))?;
+        // The place goes with the thread: a caller that goes away does not
+        // free it while its listing still runs.
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            work()
+        })
         .await
-        .map_err(|_| Status::unavailable("the hub is shutting down"))?;
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || {
-        let all = state
-            .links
-            .all(&*state.store)
-            .map_err(|e| e.into_status())?;
-        Ok(view(&state, all))
-    })
-    .await
-    .map_err(|e| Status::internal(format!("listing links failed: {e}")))?
+        .map_err(|e| Status::internal(format!("listing links failed: {e}")))
+    }
 }
 
 #[cfg(test)]
@@ -184,5 +203,44 @@ mod tests {
         links.all(&store).unwrap();
         store.put_raw(tree::LINKS, "a", b"{not json").unwrap();
         assert!(links.all(&store).is_err());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_keeps_its_place_until_it_ends_even_when_its_caller_goes_away() {
+        let links = Arc::new(Links::with_places(1));
+        let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let (links, started) = (links.clone(), started.clone());
+            tokio::spawn(async move {
+                links
+                    .off_the_workers(move || {
+                        let _ = started.send("first");
+                        let _ = released.recv();
+                    })
+                    .await
+            })
+        };
+        assert_eq!(starts.recv().await, Some("first"));
+        // Its caller goes away while the listing runs.
+        first.abort();
+        let second = {
+            let links = links.clone();
+            tokio::spawn(async move {
+                links
+                    .off_the_workers(move || {
+                        let _ = started.send("second");
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(
+            starts.try_recv().is_err(),
+            "a second listing started while the first still ran"
+        );
+        release.send(()).unwrap();
+        assert_eq!(starts.recv().await, Some("second"));
+        second.await.unwrap().unwrap();
     }
 }
