@@ -547,6 +547,7 @@ impl Hub {
         self.shutdown.cancel();
         self.state.uploads.stop();
         let tunnels = self.state.registry.all();
+        let step = std::time::Instant::now();
         // Goodbyes go out together: a stop waits at most one goodbye's bound.
         futures::future::join_all(
             tunnels
@@ -561,6 +562,7 @@ impl Hub {
             // table, which is emptied below, maybe before it runs.
             crate::tunnels::touch(&self.state, &t.cluster, "");
         }
+        slow_step(step, "saying goodbye on every tunnel");
         if self.state.config.store.is_some()
             && let Err(e) = self
                 .state
@@ -575,11 +577,17 @@ impl Hub {
         // this returns.
         self.state.registry.clear();
         self.state.tasks.close();
+        // Each step of the stop that takes long says so, with what it waited
+        // for: a stop is normally over in a second or two.
+        let step = std::time::Instant::now();
         if tokio::time::timeout(Duration::from_secs(10), self.state.tasks.wait())
             .await
             .is_err()
         {
-            tracing::warn!("some hub tasks did not stop within 10 s");
+            tracing::warn!(
+                running = self.state.tasks.len(),
+                "hub tasks did not stop within 10 s"
+            );
         }
         // The tunnels, all closed now, recorded when they were last seen:
         // written while they closed, the rest now.
@@ -587,14 +595,38 @@ impl Hub {
         stop_writer.cancel();
         let _ = writer.await;
         let _ = self.state.store.flush();
+        slow_step(step, "writing the links' last-seen times");
         // Connection tasks the HTTP server spawned for in-flight streams may
         // still hold the state (and with it the store's file lock) for a
         // moment; wait, bounded, until this is the last reference, so a hub
         // started right after on the same data dir can open it.
+        let step = std::time::Instant::now();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while Arc::strong_count(&self.state) > 1 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        if Arc::strong_count(&self.state) > 1 {
+            tracing::warn!(
+                holders = Arc::strong_count(&self.state) - 1,
+                "connection tasks still hold the hub's state after 5 s"
+            );
+        } else {
+            slow_step(
+                step,
+                "waiting for connection tasks to let go of the hub's state",
+            );
+        }
+    }
+}
+
+/// Logs a step of the stop that took over 2 s.
+fn slow_step(started: std::time::Instant, what: &str) {
+    let took = started.elapsed();
+    if took > Duration::from_secs(2) {
+        tracing::warn!(
+            took_ms = took.as_millis() as u64,
+            "stopping: {what} was slow"
+        );
     }
 }
 

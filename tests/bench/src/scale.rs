@@ -137,10 +137,12 @@ impl HubProc {
             .args([api.to_string(), tunnel.to_string(), clusters.to_string()])
             .args(replica_args)
             // OTTER_BENCH_HUB_LOG: the hub's log filter, to see why
-            // (the agents in this process keep OTTER_LOG's).
+            // (the agents in this process keep OTTER_LOG's). Warnings by
+            // default: a run without trouble has none, and a slow stop
+            // says which of its steps took the time.
             .env(
                 "OTTER_LOG",
-                std::env::var("OTTER_BENCH_HUB_LOG").unwrap_or_else(|_| "error".into()),
+                std::env::var("OTTER_BENCH_HUB_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
