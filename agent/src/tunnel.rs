@@ -1312,8 +1312,8 @@ async fn kept_identity(mut config: AgentConfig) -> (AgentConfig, Option<Credenti
     (config, creds)
 }
 
-/// Registers or renews; a renewal that fails falls back to the join token,
-/// when there is one (a new one after `otter re-enroll`).
+/// Registers or renews; a renewal the hub refuses falls back to the join
+/// token, when there is one.
 async fn obtain(
     config: &AgentConfig,
     current: Option<&Credentials>,
@@ -1344,32 +1344,13 @@ async fn obtain(
             AgentError::Config("no join token and no saved certificate".into())
         }));
     }
-    let (new, _) = enroll::register(config, None)
-        .await
-        .map_err(|enrollment| reported_error(renewed, enrollment))?;
+    let (new, _) = enroll::register(config, None).await?;
     status.send_modify(|s| {
         s.registrations += 1;
         s.cert_serial = new.serial.clone();
         s.cert_not_after = new.not_after;
     });
     Ok(new)
-}
-
-/// What a failed [`obtain`] reports when the join token was tried after a
-/// renewal failed. The token is usually the one that enrolled this agent,
-/// so it is refused as spent; that says what to do only when the hub refused
-/// the renewal too (a replaced agent, a re-enrollment). A renewal that did
-/// not reach the hub, or that the hub failed, is the reason to report: a
-/// storm's slowest agents read "join token was already used" while their
-/// hub was restarting.
-fn reported_error(renewal: Option<AgentError>, enrollment: AgentError) -> AgentError {
-    match renewal {
-        Some(renewal) if !renewal.refused_by_hub() => {
-            tracing::debug!(error = %enrollment, "the join token did not help either");
-            renewal
-        }
-        _ => enrollment,
-    }
 }
 
 /// Sleeps for the next backoff delay; false when shutting down.
@@ -1736,41 +1717,6 @@ async fn resolve(url: &Url) -> Result<(String, SocketAddr)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_renewal_that_failed_short_of_a_refusal_is_reported_over_the_spent_token() {
-        let spent = || {
-            AgentError::Register(tonic::Status::unauthenticated(
-                "join token was already used",
-            ))
-        };
-        let out_of_reach = AgentError::Connect("connection refused".into());
-        assert!(matches!(
-            reported_error(Some(out_of_reach), spent()),
-            AgentError::Connect(_)
-        ));
-        let failed = AgentError::Register(tonic::Status::unavailable("store unavailable"));
-        assert!(
-            reported_error(Some(failed), spent())
-                .to_string()
-                .contains("store")
-        );
-        // A refused renewal: the join token was the way, its answer stands.
-        let replaced = AgentError::Register(tonic::Status::permission_denied(
-            "this certificate's agent has been replaced; register with a join token",
-        ));
-        assert!(
-            reported_error(Some(replaced), spent())
-                .to_string()
-                .contains("already used")
-        );
-        // No renewal (a first enrollment): the enrollment's own error.
-        assert!(
-            reported_error(None, spent())
-                .to_string()
-                .contains("already used")
-        );
-    }
     use TransportKind::{H2, Quic, Ws};
 
     #[test]
