@@ -138,6 +138,13 @@ impl AgentError {
             _ => None,
         }
     }
+
+    /// Whether the hub answered and refused (an identity it does not take),
+    /// as opposed to not being reached, failing, or being busy.
+    pub fn refused_by_hub(&self) -> bool {
+        matches!(self, Self::Register(s)
+            if matches!(s.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied))
+    }
 }
 
 /// Result alias for the agent.

@@ -1344,13 +1344,35 @@ async fn obtain(
             AgentError::Config("no join token and no saved certificate".into())
         }));
     }
-    let (new, _) = enroll::register(config, None).await?;
+    let (new, _) = enroll::register(config, None)
+        .await
+        .map_err(|enrollment| reported_error(renewed, enrollment))?;
     status.send_modify(|s| {
         s.registrations += 1;
         s.cert_serial = new.serial.clone();
         s.cert_not_after = new.not_after;
     });
     Ok(new)
+}
+
+/// What a failed [`obtain`] reports when the join token was tried after a
+/// renewal failed. That token is usually the spent one that enrolled this
+/// agent, so its refusal says what to do only when the hub refused the
+/// renewal too (a replaced agent, a re-enrollment); a renewal that did not
+/// reach the hub, or that the hub failed, is the reason to report (a
+/// storm's slowest agents read "join token was already used" while their
+/// hub restarted). A busy answer stands whatever the renewal's error: its
+/// retry hint is when to come back, and without it the agent would back off
+/// instead. So what the agent does next is the same either way; only what
+/// it says changes.
+fn reported_error(renewal: Option<AgentError>, enrollment: AgentError) -> AgentError {
+    match renewal {
+        Some(renewal) if !renewal.refused_by_hub() && enrollment.retry_after().is_none() => {
+            tracing::debug!(error = %enrollment, "the join token did not help either");
+            renewal
+        }
+        _ => enrollment,
+    }
 }
 
 /// Sleeps for the next backoff delay; false when shutting down.
@@ -1718,6 +1740,41 @@ async fn resolve(url: &Url) -> Result<(String, SocketAddr)> {
 mod tests {
     use super::*;
     use TransportKind::{H2, Quic, Ws};
+
+    #[test]
+    fn a_renewal_that_failed_short_of_a_refusal_is_reported_over_the_spent_token() {
+        let spent = || {
+            AgentError::Register(tonic::Status::unauthenticated(
+                "join token was already used",
+            ))
+        };
+        let out_of_reach = || AgentError::Connect("connection refused".into());
+        assert!(matches!(
+            reported_error(Some(out_of_reach()), spent()),
+            AgentError::Connect(_)
+        ));
+        let failed = AgentError::Register(tonic::Status::unavailable("store unavailable"));
+        let reported = reported_error(Some(failed), spent()).to_string();
+        assert!(reported.contains("store"), "{reported}");
+        // A refused renewal: the join token was the way, its answer stands.
+        let replaced = AgentError::Register(tonic::Status::permission_denied(
+            "this certificate's agent has been replaced; register with a join token",
+        ));
+        let reported = reported_error(Some(replaced), spent()).to_string();
+        assert!(reported.contains("already used"), "{reported}");
+        // No renewal (a first enrollment): the enrollment's own error.
+        let reported = reported_error(None, spent()).to_string();
+        assert!(reported.contains("already used"), "{reported}");
+        // A busy hub's answer keeps its hint, so the agent comes back when
+        // told and not after its backoff.
+        let mut busy = tonic::Status::unavailable("registrations are paced");
+        busy.metadata_mut().insert(
+            otter_tunnel::pace::GRPC_RETRY_AFTER_MS,
+            "1500".parse().expect("ascii"),
+        );
+        let kept = reported_error(Some(out_of_reach()), AgentError::Register(busy));
+        assert_eq!(kept.retry_after(), Some(Duration::from_millis(1500)));
+    }
 
     #[test]
     fn replicas_urls_are_dialled_one_replica_at_a_time_round_and_round() {
