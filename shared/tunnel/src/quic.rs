@@ -119,6 +119,40 @@ fn size_buffers(socket: &std::net::UdpSocket) {
     let _ = s.set_send_buffer_size(SOCKET_BUFFER);
 }
 
+/// Receive buffer of the hub's QUIC socket, which every agent's packets
+/// share: when its thousands of agents redial at once (a restart), the
+/// first flight of each arrives together, faster than two cores take it
+/// in. At [`SOCKET_BUFFER`] the kernel dropped 7,000-9,200 datagrams in
+/// a graceful restart of 10,000 agents, and an agent whose Initial is
+/// dropped waits a second or more for its retransmission.
+const HUB_RECV_BUFFER: usize = 32 * 1024 * 1024;
+
+/// The hub's socket: as [`size_buffers`], with a receive buffer of
+/// [`HUB_RECV_BUFFER`] as far as the kernel's `rmem_max` allows, and past it
+/// where the hub may (`CAP_NET_ADMIN`). Short of it, the hub says so once at
+/// start: a fleet of a few thousand QUIC agents needs `rmem_max` raised on
+/// the hub's nodes (it is a node-wide setting, not a pod's).
+fn size_hub_buffers(socket: &std::net::UdpSocket) {
+    size_buffers(socket);
+    let s = socket2::SockRef::from(socket);
+    let _ = s.set_recv_buffer_size(HUB_RECV_BUFFER);
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::socket::setsockopt(
+        socket,
+        nix::sys::socket::sockopt::RcvBufForce,
+        &HUB_RECV_BUFFER,
+    );
+    // Linux reports twice the size asked for (its bookkeeping share).
+    let granted = s.recv_buffer_size().unwrap_or(0) / 2;
+    if granted < HUB_RECV_BUFFER {
+        tracing::info!(
+            granted_bytes = granted,
+            wanted_bytes = HUB_RECV_BUFFER,
+            "the QUIC socket's receive buffer is smaller than wanted: when many agents reconnect at once their first packets may be dropped and they wait for retransmissions (raise net.core.rmem_max on the hub's nodes)"
+        );
+    }
+}
+
 /// The hub's side: like [`transport_config`], but accepting no streams.
 /// The agent opens none, and quinn sets aside state for every stream a
 /// peer may open (1,024 would be most of an idle tunnel's memory).
@@ -163,7 +197,7 @@ pub fn hub_endpoint_on(
     settings: &QuicSettings,
     secret: &[u8],
 ) -> Result<Endpoint> {
-    size_buffers(&socket);
+    size_hub_buffers(&socket);
     let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     // The agent is the QUIC client but opens no streams of its own.
@@ -833,6 +867,40 @@ mod tests {
     use quinn_proto::{ConnectionId, ConnectionIdGenerator};
 
     use super::KeyedCids;
+
+    /// The hub's socket takes a storm-sized receive buffer: all of it where
+    /// the process may go past `rmem_max`, else as much as `rmem_max` lets.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_hubs_quic_socket_asks_for_a_storm_sized_receive_buffer() {
+        use super::{HUB_RECV_BUFFER, size_hub_buffers};
+        let bind = || std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let may_force = nix::sys::socket::setsockopt(
+            &bind(),
+            nix::sys::socket::sockopt::RcvBufForce,
+            &HUB_RECV_BUFFER,
+        )
+        .is_ok();
+        let rmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let socket = bind();
+        size_hub_buffers(&socket);
+        let granted = socket2::SockRef::from(&socket)
+            .recv_buffer_size()
+            .expect("SO_RCVBUF")
+            / 2;
+        let expected = if may_force {
+            HUB_RECV_BUFFER
+        } else {
+            HUB_RECV_BUFFER.min(rmem_max)
+        };
+        assert!(
+            granted >= expected,
+            "granted {granted} bytes, expected at least {expected} (may force: {may_force}, rmem_max {rmem_max})"
+        );
+    }
 
     fn keyed(secret: &[u8]) -> KeyedCids {
         KeyedCids {
