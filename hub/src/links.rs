@@ -101,7 +101,8 @@ impl Links {
     }
 
     /// How many decoded records are kept (what the last listing saw).
-    pub fn kept(&self) -> usize {
+    #[cfg(test)]
+    fn kept(&self) -> usize {
         let memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
         memo.by_cluster.len()
     }
