@@ -71,6 +71,11 @@ pub struct Metrics {
     pub audit_dropped: Counter<u64, AtomicU64>,
     /// Watches and followed logs opened again on a cluster's next tunnel.
     pub streams_resumed: Counter<u64, AtomicU64>,
+    /// Datagrams the kernel dropped at the QUIC tunnel socket for want of
+    /// buffer room (read from the kernel at each scrape).
+    pub quic_socket_drops: Gauge<i64, AtomicI64>,
+    /// The QUIC tunnel socket's port, once bound (0: none).
+    quic_port: std::sync::atomic::AtomicU16,
     /// TLS session tickets the tunnel port's listeners opened (sessions
     /// resumed), per listener.
     pub tls_tickets_accepted: Family<ListenerLabel, Gauge<i64, AtomicI64>>,
@@ -125,6 +130,12 @@ impl Default for Metrics {
         let admissions_peak = Gauge::<i64, AtomicI64>::default();
         let admissions_max = Gauge::<i64, AtomicI64>::default();
         let tunnel_refusals = Gauge::<i64, AtomicI64>::default();
+        let quic_socket_drops = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "quic_socket_drops",
+            "Datagrams the kernel dropped at the QUIC tunnel socket for want of buffer room since the hub started (agents' first packets in a reconnect storm: raise net.core.rmem_max)",
+            quic_socket_drops.clone(),
+        );
         registry.register(
             "tunnel_admissions_in_progress",
             "Tunnels being set up right now",
@@ -190,6 +201,8 @@ impl Default for Metrics {
             tunnel_bytes,
             registers,
             admissions_in_progress,
+            quic_socket_drops,
+            quic_port: Default::default(),
             admissions_peak,
             admissions_max,
             tunnel_refusals,
@@ -225,6 +238,25 @@ impl Metrics {
         self.tunnel_refusals.set(m(tunnels.refused()));
         self.registrations_peak.set(n(registrations.peak()));
         self.registration_refusals.set(m(registrations.refused()));
+    }
+
+    /// Names the QUIC tunnel socket's port, whose drops [`Self::quic_socket`]
+    /// reads.
+    pub fn watch_quic_socket(&self, port: u16) {
+        self.quic_port
+            .store(port, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Reads the QUIC tunnel socket's drops from the kernel, before a render.
+    pub fn quic_socket(&self) {
+        let port = self.quic_port.load(std::sync::atomic::Ordering::Relaxed);
+        if port == 0 {
+            return;
+        }
+        if let Some(drops) = otter_tunnel::quic::kernel_drops(port) {
+            self.quic_socket_drops
+                .set(i64::try_from(drops).unwrap_or(i64::MAX));
+        }
     }
 
     /// Copies the ticket counts of the tunnel port in, before a render.

@@ -131,6 +131,7 @@ fn not_ready(state: &HubState) -> Option<&'static str> {
 pub fn metrics(state: &HubState) -> http::Response<HttpBody> {
     state.metrics.pacers(&state.pacer, &state.register_pacer);
     state.metrics.tickets(&state.tickets);
+    state.metrics.quic_socket();
     let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,

@@ -297,6 +297,7 @@ impl Hub {
             &quic_settings,
             &quic_reset_secret(&*store)?,
         )?;
+        let quic_port = endpoint.local_addr()?.port();
 
         let methods = Methods::load_with(
             otter_proto::FILE_DESCRIPTOR_SET,
@@ -334,6 +335,7 @@ impl Hub {
             config.admission_retry_after,
         );
         let metrics = Arc::new(Metrics::default());
+        metrics.watch_quic_socket(quic_port);
         let audit = match &config.audit_log {
             Some(target) => crate::audit::Audit::start(target.clone(), metrics.clone())?,
             None => crate::audit::Audit::off(metrics.clone()),

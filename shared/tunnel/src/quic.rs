@@ -153,6 +153,29 @@ fn size_hub_buffers(socket: &std::net::UdpSocket) {
     }
 }
 
+/// Datagrams the kernel dropped for want of room in the receive buffers of
+/// this network namespace's UDP sockets bound to `port` (the last column
+/// of /proc/net/udp and udp6), since those sockets were made; `None` where
+/// there is no such table or no such socket.
+pub fn kernel_drops(port: u16) -> Option<u64> {
+    let mut found = None;
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local = fields.get(1).and_then(|a| a.rsplit(':').next());
+            if local.and_then(|p| u16::from_str_radix(p, 16).ok()) != Some(port) {
+                continue;
+            }
+            let drops: u64 = fields.last()?.parse().ok()?;
+            *found.get_or_insert(0) += drops;
+        }
+    }
+    found
+}
+
 /// The hub's side: like [`transport_config`], but accepting no streams.
 /// The agent opens none, and quinn sets aside state for every stream a
 /// peer may open (1,024 would be most of an idle tunnel's memory).

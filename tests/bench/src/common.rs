@@ -219,28 +219,6 @@ pub fn hold_udp_offload_keys() -> Vec<std::net::UdpSocket> {
         .collect()
 }
 
-/// Datagrams the kernel dropped for want of room in the receive buffers of
-/// the UDP sockets bound to `port` (the last column of /proc/net/udp*),
-/// since those sockets were made.
-pub fn udp_drops(port: u16) -> Option<u64> {
-    let mut found = None;
-    for table in ["/proc/net/udp", "/proc/net/udp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let local = fields.get(1).and_then(|a| a.rsplit(':').next());
-            if local.and_then(|p| u16::from_str_radix(p, 16).ok()) != Some(port) {
-                continue;
-            }
-            let drops: u64 = fields.last()?.parse().ok()?;
-            *found.get_or_insert(0) += drops;
-        }
-    }
-    found
-}
-
 /// (command name, user + system CPU seconds) of a /proc stat file.
 fn parse_stat(text: &str) -> Option<(String, f64)> {
     let open = text.find('(')?;

@@ -23,7 +23,8 @@ use otter_proto::{
 };
 use otter_tunnel::TransportKind;
 
-use crate::common::{Figure, Figures, Latency, cpu_secs, rss_kib, status_kib, udp_drops};
+use crate::common::{Figure, Figures, Latency, cpu_secs, rss_kib, status_kib};
+use otter_tunnel::quic::kernel_drops as udp_drops;
 
 /// A hub child's place among replicas sharing etcd.
 #[derive(Debug, Clone)]

@@ -584,3 +584,54 @@ fn otter_cli(fleet: &Fleet, name: &str, args: &[&str]) -> String {
     assert_eq!(code, Some(0), "{}", p.tail(20));
     p.stdout()
 }
+
+/// A hub that falls behind its QUIC socket (frozen here with SIGSTOP, as a
+/// reconnect storm's first packets outrun two busy cores) loses datagrams
+/// in the kernel, and says how many on `/metrics`, so an operator sees when
+/// `net.core.rmem_max` is too small. Afterwards it serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_behind_its_quic_socket_counts_the_drops() {
+    let sim = kube_sim::KubeSim::start(sim_config())
+        .await
+        .expect("kube-sim");
+    let fleet = Fleet::start(&sim, &["quic"]).await;
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let before = metric(&fleet.hub_metrics().await, "otter_hub_quic_socket_drops");
+
+    // Far more than the hub's buffer holds (32 MiB asked; about 2.3 KiB of
+    // it per small datagram on loopback), sent while it reads nothing.
+    const SENT: u64 = 80_000;
+    let pid = fleet.hub.as_ref().expect("hub").pid().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, pid.as_str()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let junk = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let datagram = [0x5a_u8; 1200];
+    for _ in 0..SENT {
+        // Loopback: a datagram the receiver has no room for is dropped at
+        // its socket, not held back here.
+        let _ = junk.send_to(&datagram, ("127.0.0.1", fleet.tunnel));
+    }
+    signal("-CONT");
+
+    let m = until_metrics(
+        "the drops counted",
+        || fleet.hub_metrics(),
+        |m| metric(m, "otter_hub_quic_socket_drops") > before,
+    )
+    .await;
+    let dropped = metric(&m, "otter_hub_quic_socket_drops") - before;
+    eprintln!("quic socket: {SENT} junk datagrams sent to a frozen hub, {dropped} dropped");
+    assert!(dropped <= SENT as f64, "{m}");
+    // The hub and its QUIC agent go on.
+    fleet.all_connected(&channel).await;
+    drop(fleet);
+    sim.shutdown().await;
+}
