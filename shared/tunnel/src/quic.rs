@@ -122,9 +122,9 @@ fn size_buffers(socket: &std::net::UdpSocket) {
 /// Receive buffer of the hub's QUIC socket, which every agent's packets
 /// share: when its thousands of agents redial at once (a restart), the
 /// first flight of each arrives together, faster than two cores take it
-/// in. At [`SOCKET_BUFFER`] the kernel dropped 7,000-9,200 datagrams in
-/// a graceful restart of 10,000 agents, and an agent whose Initial is
-/// dropped waits a second or more for its retransmission.
+/// in. At [`SOCKET_BUFFER`] the kernel dropped 1,558-11,368 datagrams in
+/// a graceful restart of 10,000 agents (eleven runs), and an agent whose
+/// Initial is dropped waits a second or more for its retransmission.
 const HUB_RECV_BUFFER: usize = 32 * 1024 * 1024;
 
 /// The hub's socket: as [`size_buffers`], with a receive buffer of
