@@ -106,16 +106,17 @@ const ACK_DELAY_BOUND: Duration = Duration::from_millis(1);
 /// Kernel buffer asked for each way of a QUIC socket.
 const SOCKET_BUFFER: usize = 4 * 1024 * 1024;
 
-/// Gives a QUIC socket room for a burst. The kernel's default (about
+/// Gives a QUIC socket room for a burst: `recv` bytes to receive into,
+/// [`SOCKET_BUFFER`] to send from. The kernel's default (about
 /// 208 KiB) holds a fraction of a millisecond at loopback speed, or a
 /// hundred-odd handshakes: a receiver that falls behind for longer drops
 /// datagrams and the sender resends them (at 10 Gbit/s over loopback,
 /// 3.5 % of the hub's packets were lost this way; with 4 MiB, a few at
 /// start). The kernel caps the size at its `rmem_max`/`wmem_max`; a
 /// smaller buffer than asked for is no error.
-fn size_buffers(socket: &std::net::UdpSocket) {
+fn size_buffers(socket: &std::net::UdpSocket, recv: usize) {
     let s = socket2::SockRef::from(socket);
-    let _ = s.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = s.set_recv_buffer_size(recv);
     let _ = s.set_send_buffer_size(SOCKET_BUFFER);
 }
 
@@ -133,9 +134,8 @@ const HUB_RECV_BUFFER: usize = 32 * 1024 * 1024;
 /// start: a fleet of a few thousand QUIC agents needs `rmem_max` raised on
 /// the hub's nodes (it is a node-wide setting, not a pod's).
 fn size_hub_buffers(socket: &std::net::UdpSocket) {
-    size_buffers(socket);
+    size_buffers(socket, HUB_RECV_BUFFER);
     let s = socket2::SockRef::from(socket);
-    let _ = s.set_recv_buffer_size(HUB_RECV_BUFFER);
     #[cfg(target_os = "linux")]
     let _ = nix::sys::socket::setsockopt(
         socket,
@@ -763,7 +763,7 @@ impl Dialer {
             .max_udp_payload_size(MAX_UDP_PAYLOAD)
             .map_err(|e| TunnelError::protocol(format!("QUIC endpoint: {e}")))?;
         let socket = std::net::UdpSocket::bind(bind)?;
-        size_buffers(&socket);
+        size_buffers(&socket, SOCKET_BUFFER);
         let endpoint = Endpoint::new_with_abstract_socket(
             endpoint_config,
             None,
