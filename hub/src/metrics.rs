@@ -63,6 +63,12 @@ pub struct Metrics {
     pub admissions_peak: Gauge<i64, AtomicI64>,
     pub admissions_max: Gauge<i64, AtomicI64>,
     pub tunnel_refusals: Gauge<i64, AtomicI64>,
+    /// The tunnel port's handshakes not yet verified (see
+    /// `otter_tunnel::handshakes`): pending now, dropped for a newcomer and
+    /// refused for their source's share since the hub started.
+    pub handshakes_pending: Gauge<i64, AtomicI64>,
+    pub handshakes_evicted: Gauge<i64, AtomicI64>,
+    pub handshakes_refused: Gauge<i64, AtomicI64>,
     pub registrations_peak: Gauge<i64, AtomicI64>,
     pub registration_refusals: Gauge<i64, AtomicI64>,
     /// kubectl exec / attach / port-forward connections relayed right now.
@@ -156,6 +162,24 @@ impl Default for Metrics {
             "Tunnels told to come back later since the hub started",
             tunnel_refusals.clone(),
         );
+        let handshakes_pending = Gauge::<i64, AtomicI64>::default();
+        let handshakes_evicted = Gauge::<i64, AtomicI64>::default();
+        let handshakes_refused = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "tunnel_handshakes_pending",
+            "Connections to the tunnel port whose TLS or QUIC handshake has not yet verified a client certificate",
+            handshakes_pending.clone(),
+        );
+        registry.register(
+            "tunnel_handshakes_evicted",
+            "Handshakes dropped for a newer connection since the hub started, every place being taken (stalled or slow peers)",
+            handshakes_evicted.clone(),
+        );
+        registry.register(
+            "tunnel_handshakes_refused",
+            "Connections refused at once since the hub started for their source holding more than its share of the pending handshakes",
+            handshakes_refused.clone(),
+        );
         let registrations_peak = Gauge::<i64, AtomicI64>::default();
         let registration_refusals = Gauge::<i64, AtomicI64>::default();
         registry.register(
@@ -206,6 +230,9 @@ impl Default for Metrics {
             admissions_peak,
             admissions_max,
             tunnel_refusals,
+            handshakes_pending,
+            handshakes_evicted,
+            handshakes_refused,
             registrations_peak,
             registration_refusals,
             kube_upgraded,
@@ -236,6 +263,10 @@ impl Metrics {
         self.admissions_peak.set(n(tunnels.peak()));
         self.admissions_max.set(n(tunnels.max()));
         self.tunnel_refusals.set(m(tunnels.refused()));
+        let handshakes = tunnels.handshakes();
+        self.handshakes_pending.set(n(handshakes.pending()));
+        self.handshakes_evicted.set(m(handshakes.evicted()));
+        self.handshakes_refused.set(m(handshakes.refused()));
         self.registrations_peak.set(n(registrations.peak()));
         self.registration_refusals.set(m(registrations.refused()));
     }

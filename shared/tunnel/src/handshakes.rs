@@ -21,8 +21,12 @@
 //!   would be lost, and its agent would come back for more. When no
 //!   pending handshake may go (a real reconnect storm), new connections
 //!   wait in the kernel's backlog instead. Whose move it is, is known
-//!   only where the connection's reads are [`watched`](Handshake::watch);
-//!   a connection not watched counts as waiting for its peer.
+//!   where the connection's reads are [`watched`](Handshake::watch); a
+//!   QUIC handshake's is the hub's while datagrams wait unread at its
+//!   socket ([`waits_on`](Handshake::waits_on)): in a reconnect storm an
+//!   agent's next flight waits there, seconds behind the others'. A
+//!   connection neither watched nor waiting on a socket counts as waiting
+//!   for its peer.
 //!
 //! A handshake leaves the pending set as soon as the client certificate is
 //! verified; from then on the agent is paced by admission as before.
@@ -99,6 +103,9 @@ struct Pending {
     evict: CancellationToken,
     /// Set while the hub owes the connection its next move.
     hubs_move: Arc<AtomicBool>,
+    /// `hubs_move` is a socket's, shared by every QUIC handshake
+    /// ([`Handshake::waits_on`]).
+    on_socket: bool,
 }
 
 /// What a new connection gets.
@@ -131,6 +138,20 @@ impl Handshake {
             io,
             hubs_move: self.hubs_move.clone(),
         }
+    }
+
+    /// For a QUIC handshake, whose datagrams share the hub's socket with
+    /// every other connection's and cannot be told apart before they are
+    /// read: its next move is taken to be the hub's while that socket has
+    /// datagrams waiting (see [`crate::udp::Unread`]), as a TCP
+    /// connection's is while bytes wait on it.
+    pub fn waits_on(mut self, socket: &crate::udp::Unread) -> Self {
+        self.hubs_move = socket.flag();
+        if let Some(p) = self.gate.lock().pending.get_mut(&self.id) {
+            p.hubs_move = self.hubs_move.clone();
+            p.on_socket = true;
+        }
+        self
     }
 
     /// Cancelled when this handshake is dropped for a newcomer: the
@@ -310,14 +331,16 @@ impl Handshakes {
             let now = Instant::now();
             let evict_after = self.limits.evict_after;
             let any_heavy = s.heavy_sources > 0;
+            // A socket with datagrams waiting does not shelter a heavy
+            // source's handshakes: a flood of junk could keep it so.
             let victim = s
                 .pending
                 .iter()
                 .take_while(|(_, p)| any_heavy || now.duration_since(p.started) >= evict_after)
-                .filter(|(_, p)| !p.hubs_move.load(Ordering::Relaxed))
                 .find(|(_, p)| {
-                    now.duration_since(p.started) >= evict_after
-                        || s.by_source.get(&p.source).is_some_and(|n| *n > s.heavy)
+                    let heavy = s.by_source.get(&p.source).is_some_and(|n| *n > s.heavy);
+                    let hubs_move = p.hubs_move.load(Ordering::Relaxed) && !(p.on_socket && heavy);
+                    !hubs_move && (now.duration_since(p.started) >= evict_after || heavy)
                 })
                 .map(|(id, _)| *id);
             let Some(id) = victim else {
@@ -338,6 +361,7 @@ impl Handshakes {
                 source,
                 evict: evict.clone(),
                 hubs_move: hubs_move.clone(),
+                on_socket: false,
             },
         );
         let heavy = s.heavy;
@@ -510,6 +534,79 @@ mod tests {
         assert!(a.evicted().is_cancelled());
         assert!(!b.evicted().is_cancelled());
         assert_eq!(gate.evicted(), 1);
+    }
+
+    /// A QUIC handshake is not dropped while datagrams wait unread at the
+    /// hub's socket (its agent's next flight may be among them), and may
+    /// be once a read finds none. Real datagrams on a loopback socket.
+    #[tokio::test]
+    async fn a_quic_handshake_is_not_dropped_while_datagrams_wait_at_its_socket() {
+        use std::{io::IoSliceMut, task::Poll};
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = socket.local_addr().unwrap();
+        let unread = crate::udp::Unread::default();
+        let socket = crate::udp::wrap(socket, unread.clone()).unwrap();
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 2,
+            per_source: 8,
+            evict_after: Duration::ZERO,
+        });
+        let quic = go(gate.try_begin(ip("10.0.0.1"))).waits_on(&unread);
+        let tcp = go(gate.try_begin(ip("10.0.0.2")));
+        let _tcp_io = tcp.watch(tokio::io::empty());
+
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..8 {
+            peer.send_to(b"flight", to).unwrap();
+        }
+        let mut storage = [[0u8; 64]; 2];
+        let mut meta = [quinn::udp::RecvMeta::default(); 2];
+        let mut read = |cx: &mut std::task::Context<'_>| {
+            let [a, b] = &mut storage;
+            let mut bufs = [IoSliceMut::new(a), IoSliceMut::new(b)];
+            socket.poll_recv(cx, &mut bufs, &mut meta)
+        };
+        // A read that fills both buffers: more wait behind them.
+        let first = tokio::time::timeout(Duration::from_secs(5), std::future::poll_fn(&mut read))
+            .await
+            .expect("the datagrams arrive");
+        assert_eq!(first.unwrap(), 2);
+        assert!(unread.waiting());
+        assert!(matches!(gate.try_begin(ip("10.0.0.3")), Verdict::Full));
+        assert_eq!(gate.evicted(), 0);
+        // Read until none is left: the peer's move, and the QUIC one goes.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut reads = 0;
+        while let Poll::Ready(r) = read(&mut cx) {
+            r.unwrap();
+            reads += 1;
+            assert!(reads < 8, "the socket never ran dry");
+        }
+        assert!(!unread.waiting());
+        let _newcomer = go(gate.try_begin(ip("10.0.0.3")));
+        assert!(quic.evicted().is_cancelled());
+        assert!(!tcp.evicted().is_cancelled());
+        assert_eq!(gate.evicted(), 1);
+    }
+
+    /// A busy socket does not shelter a source holding more than half its
+    /// share: a junk flood could keep the socket busy for ever.
+    #[test]
+    fn a_busy_socket_does_not_shelter_a_heavy_source() {
+        let gate = Handshakes::new(HandshakeLimits {
+            max_pending: 4,
+            per_source: 4,
+            evict_after: Duration::from_secs(60),
+        });
+        let busy = crate::udp::Unread::default();
+        busy.flag().store(true, Ordering::Relaxed);
+        let light = go(gate.try_begin(ip("10.0.0.1"))).waits_on(&busy);
+        let heavy: Vec<_> = (0..3)
+            .map(|_| go(gate.try_begin(ip("10.0.0.2"))).waits_on(&busy))
+            .collect();
+        let _newcomer = go(gate.try_begin(ip("10.0.0.3")));
+        assert!(heavy[0].evicted().is_cancelled());
+        assert!(!light.evicted().is_cancelled());
     }
 
     #[test]

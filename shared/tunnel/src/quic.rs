@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     Result, TunnelError,
     transport::{Accepted, Acceptor, BoxFuture, Keepalive, Opener, TransportKind, TunnelStream},
+    udp::Unread,
 };
 
 /// ALPN protocol of this transport.
@@ -197,7 +198,7 @@ pub fn hub_endpoint(
     addr: SocketAddr,
     tls: rustls::ServerConfig,
     settings: &QuicSettings,
-) -> Result<Endpoint> {
+) -> Result<HubEndpoint> {
     let mut secret = [0u8; 32];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
         .map_err(|_| TunnelError::protocol("no randomness for the QUIC reset key"))?;
@@ -219,7 +220,7 @@ pub fn hub_endpoint_on(
     tls: rustls::ServerConfig,
     settings: &QuicSettings,
     secret: &[u8],
-) -> Result<Endpoint> {
+) -> Result<HubEndpoint> {
     size_hub_buffers(&socket);
     let crypto = QuicServerConfig::try_from(tls).map_err(quic_tls_error)?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
@@ -261,12 +262,30 @@ pub fn hub_endpoint_on(
     // packet that drew it, so it cannot amplify, and quinn answers only
     // connection IDs that carry this hub's keyed hash.
     config.min_reset_interval(Duration::ZERO);
-    Ok(Endpoint::new_with_abstract_socket(
+    let unread = Unread::default();
+    let endpoint = Endpoint::new_with_abstract_socket(
         config,
         Some(server),
-        crate::udp::wrap(socket)?,
+        crate::udp::wrap(socket, unread.clone())?,
         Arc::new(quinn::TokioRuntime),
-    )?)
+    )?;
+    Ok(HubEndpoint { endpoint, unread })
+}
+
+/// The hub's QUIC endpoint, with what its socket tells of the datagrams
+/// waiting to be read (the accept loop's handshakes go by it).
+#[derive(Clone, Debug)]
+pub struct HubEndpoint {
+    endpoint: Endpoint,
+    unread: Unread,
+}
+
+impl std::ops::Deref for HubEndpoint {
+    type Target = Endpoint;
+
+    fn deref(&self) -> &Endpoint {
+        &self.endpoint
+    }
 }
 
 /// Random part of a connection ID the hub issues, and the keyed hash of it
@@ -342,7 +361,7 @@ impl quinn_proto::ConnectionIdGenerator for KeyedCids {
 /// Accepts QUIC connections and hands each, with its verified client
 /// certificate, to `out`.
 pub async fn accept_loop(
-    endpoint: Endpoint,
+    endpoint: HubEndpoint,
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
 ) {
@@ -369,7 +388,7 @@ pub async fn accept_loop(
 /// for one when all are taken, which an attempt does for up to
 /// `place_wait` (see [`place_wait`]).
 pub async fn accept_loop_paced(
-    endpoint: Endpoint,
+    endpoint: HubEndpoint,
     out: mpsc::Sender<Accepted>,
     shutdown: CancellationToken,
     pacer: Arc<crate::pace::Pacer>,
@@ -397,9 +416,17 @@ pub async fn accept_loop_paced(
             continue;
         }
         let (out, shutdown, pacer) = (out.clone(), shutdown.clone(), pacer.clone());
+        let unread = endpoint.unread.clone();
         match handshakes.try_begin(remote.ip()) {
             crate::handshakes::Verdict::Go(place) => {
-                handshake(incoming, place, pacer, out, shutdown, began);
+                handshake(
+                    incoming,
+                    place.waits_on(&unread),
+                    pacer,
+                    out,
+                    shutdown,
+                    began,
+                );
             }
             crate::handshakes::Verdict::Refused => incoming.refuse(),
             // Every place is taken (a reconnect storm): the attempt waits
@@ -420,7 +447,14 @@ pub async fn accept_loop_paced(
                     };
                     tracing::debug!(%remote, waited_ms = waited.elapsed().as_millis() as u64, placed = place.is_some(), "QUIC attempt waited for a handshake place");
                     match place {
-                        Some(place) => handshake(incoming, place, pacer, out, shutdown, began),
+                        Some(place) => handshake(
+                            incoming,
+                            place.waits_on(&unread),
+                            pacer,
+                            out,
+                            shutdown,
+                            began,
+                        ),
                         None => incoming.refuse(),
                     }
                 });

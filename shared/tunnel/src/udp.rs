@@ -12,7 +12,8 @@
 //!
 //! An agent's socket also reads the kernel's reports of datagrams refused
 //! on arrival ([`Refusals`]): where a TCP connection to a dead process gets
-//! a reset at once, QUIC would otherwise learn only from silence.
+//! a reset at once, QUIC would otherwise learn only from silence. The
+//! hub's tells whether datagrams wait unread ([`Unread`]).
 
 use std::{
     collections::HashMap,
@@ -20,7 +21,10 @@ use std::{
     io::{self, IoSliceMut},
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
 };
 
@@ -30,14 +34,51 @@ use quinn::{AsyncUdpSocket, UdpPoller, udp::RecvMeta, udp::Transmit};
 /// IP and UDP headers, rounded down.
 const MAX_SEND: usize = 65_000;
 
-/// Wraps quinn's socket for the tokio runtime.
-pub(crate) fn wrap(socket: std::net::UdpSocket) -> io::Result<Arc<dyn AsyncUdpSocket>> {
+/// Wraps quinn's socket for the tokio runtime; its reads tell `unread`
+/// whether more datagrams wait.
+pub(crate) fn wrap(
+    socket: std::net::UdpSocket,
+    unread: Unread,
+) -> io::Result<Arc<dyn AsyncUdpSocket>> {
     let inner = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
     Ok(Arc::new(Batched {
         inner,
         reports: false,
+        unread,
         _reader: None,
     }))
+}
+
+/// Whether datagrams wait unread at a socket: set when a read fills every
+/// buffer quinn offered (so more are likely queued behind them), cleared
+/// when a read finds none.
+///
+/// In a reconnect storm the hub's socket queues seconds of datagrams
+/// behind the handshakes its CPU is busy with (up to 22 MiB of them with
+/// 10,000 agents), and an agent's next flight waits there with the rest.
+/// Which connection a waiting datagram belongs to is known only once it
+/// is read, so while any wait, every QUIC handshake may be owed the hub's
+/// move ([`crate::handshakes::Handshake::waits_on`]).
+#[derive(Clone, Debug, Default)]
+pub struct Unread(Arc<AtomicBool>);
+
+impl Unread {
+    /// Whether the last read left datagrams waiting.
+    pub fn waiting(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+
+    fn note(&self, read: &Poll<io::Result<usize>>, offered: usize) {
+        match read {
+            Poll::Ready(Ok(n)) => self.0.store(*n >= offered, Ordering::Relaxed),
+            Poll::Pending => self.0.store(false, Ordering::Relaxed),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
 }
 
 /// Like [`wrap`], and counts in `refusals` the datagrams to a watched
@@ -61,6 +102,7 @@ pub(crate) fn wrap_counting_refusals(
     Ok(Arc::new(Batched {
         inner,
         reports: reader.is_some(),
+        unread: Unread::default(),
         _reader: reader,
     }))
 }
@@ -290,6 +332,8 @@ struct Batched {
     inner: Arc<dyn AsyncUdpSocket>,
     /// The kernel reports errors to this socket ([`read_reports`]).
     reports: bool,
+    /// Whether the last read left datagrams waiting.
+    unread: Unread,
     /// Stops the reports' reader with the socket.
     _reader: Option<tokio_util::sync::DropGuard>,
 }
@@ -342,8 +386,11 @@ impl AsyncUdpSocket for Batched {
         bufs: &mut [IoSliceMut<'_>],
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
+        let offered = bufs.len().min(meta.len());
         loop {
-            match self.inner.poll_recv(cx, bufs, meta) {
+            let read = self.inner.poll_recv(cx, bufs, meta);
+            self.unread.note(&read, offered);
+            match read {
                 // quinn ends the endpoint on any receive error but a reset:
                 // one that only says a report arrived (the reader takes it
                 // too, but may come second) is passed over.

@@ -38,7 +38,7 @@ pub struct ReplicaOf {
 /// `hub-child`: a hub in `dir` on the given ports (0: free), with join
 /// tokens for `clusters` clusters written to `dir/bench-tokens`; a replica
 /// on etcd with a peer port when `replica` says so. Prints
-/// `READY <api> <tunnel>` and runs until stdin closes.
+/// `READY <api> <tunnel> <metrics>` and runs until stdin closes.
 pub async fn hub_child(
     dir: PathBuf,
     api: u16,
@@ -50,6 +50,7 @@ pub async fn hub_child(
     config.api_listen = SocketAddr::from(([127, 0, 0, 1], api));
     config.tunnel_listen = SocketAddr::from(([127, 0, 0, 1], tunnel));
     config.drain_timeout = Duration::from_secs(2);
+    config.metrics_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     if let Some(r) = replica {
         config.store = Some(otter_hub::etcd::EtcdOptions::from_url(&r.store)?);
         config.store_key_file = Some(r.key_file);
@@ -75,7 +76,12 @@ pub async fn hub_child(
         }
         std::fs::write(&tokens, text)?;
     }
-    println!("READY {} {}", hub.api_addr, hub.tunnel_addr);
+    let metrics = hub
+        .ops_addrs
+        .first()
+        .map(|(addr, _)| *addr)
+        .context("no metrics port")?;
+    println!("READY {} {} {metrics}", hub.api_addr, hub.tunnel_addr);
     // Runs until the parent closes stdin (or kills us).
     tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -99,6 +105,8 @@ pub struct HubProc {
     _stdout: BufReader<ChildStdout>,
     pub api: SocketAddr,
     tunnel: SocketAddr,
+    /// Plaintext `/metrics`, as a Prometheus server scrapes it.
+    metrics: SocketAddr,
 }
 
 impl HubProc {
@@ -160,7 +168,7 @@ impl HubProc {
             }
         }
         let parts: Vec<&str> = line.split_whitespace().collect();
-        if parts.len() != 3 || parts[0] != "READY" {
+        if parts.len() != 4 || parts[0] != "READY" {
             let _ = child.kill();
             bail!("hub child did not start: {line:?}");
         }
@@ -169,6 +177,7 @@ impl HubProc {
             _stdout: stdout,
             api: parts[1].parse()?,
             tunnel: parts[2].parse()?,
+            metrics: parts[3].parse()?,
         })
     }
 
@@ -178,6 +187,17 @@ impl HubProc {
 
     pub fn tunnel_port(&self) -> u16 {
         self.tunnel.port()
+    }
+
+    /// Handshakes the hub dropped for a newer connection since it started
+    /// (`otter_hub_tunnel_handshakes_evicted`): each is work thrown away
+    /// and an agent sent back to retry.
+    async fn handshakes_evicted(&self) -> anyhow::Result<f64> {
+        let text = otter_e2e::procs::http_get(self.metrics, "/metrics")
+            .await
+            .context("the hub's /metrics did not answer")?;
+        otter_agent::gauges::sample(&text, "otter_hub_tunnel_handshakes_evicted")
+            .context("no otter_hub_tunnel_handshakes_evicted on /metrics")
     }
 
     pub fn kill(mut self) {
@@ -579,6 +599,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
             drops as f64,
         );
     }
+    figs.add(
+        &format!("scale.handshakes-evicted.n{n}"),
+        "handshakes",
+        None,
+        hub.handshakes_evicted().await?,
+    );
 
     // Idle with keepalives.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -683,6 +709,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         if let Some(drops) = udp_drops(tunnel) {
             figs.add(&name("hub-udp-drops"), "datagrams", None, drops as f64);
         }
+        figs.add(
+            &name("handshakes-evicted"),
+            "handshakes",
+            None,
+            restarted.handshakes_evicted().await?,
+        );
         let bound = backoff_bound(outage);
         let rounds: Vec<u32> = agents
             .iter()

@@ -192,6 +192,21 @@ async fn stalled_handshakes_from_many_sources_are_evicted_for_an_agent() {
     wait_connected(&channel, &hub.admin_token, 1).await;
     let took = started.elapsed();
     assert!(handshakes.evicted() > 0);
+    // An operator sees it: the pending places and the evictions.
+    let state = &hub.hub.state;
+    state.metrics.pacers(&state.pacer, &state.register_pacer);
+    let text = state.metrics.render();
+    let metric = |name: &str| otter_agent::gauges::sample(&text, name).unwrap_or(-1.0);
+    let shown = metric("otter_hub_tunnel_handshakes_evicted");
+    assert!(
+        shown >= 1.0 && shown <= handshakes.evicted() as f64,
+        "evictions on /metrics: {shown}"
+    );
+    assert!(metric("otter_hub_tunnel_handshakes_pending") >= 1.0);
+    assert_eq!(
+        metric("otter_hub_tunnel_handshakes_refused"),
+        handshakes.refused() as f64
+    );
     println!(
         "{} stalled handshakes from 50 sources, 64 places: {} evicted; the agent connected {:.2} s after starting",
         held.len(),
