@@ -415,20 +415,17 @@ pub async fn accept_loop_paced(
             let _ = incoming.retry();
             continue;
         }
-        let (out, shutdown, pacer) = (out.clone(), shutdown.clone(), pacer.clone());
-        let unread = endpoint.unread.clone();
+        let attempt = Attempt {
+            incoming,
+            unread: endpoint.unread.clone(),
+            pacer: pacer.clone(),
+            out: out.clone(),
+            shutdown: shutdown.clone(),
+            began,
+        };
         match handshakes.try_begin(remote.ip()) {
-            crate::handshakes::Verdict::Go(place) => {
-                handshake(
-                    incoming,
-                    place.waits_on(&unread),
-                    pacer,
-                    out,
-                    shutdown,
-                    began,
-                );
-            }
-            crate::handshakes::Verdict::Refused => incoming.refuse(),
+            crate::handshakes::Verdict::Go(place) => attempt.start(place),
+            crate::handshakes::Verdict::Refused => attempt.incoming.refuse(),
             // Every place is taken (a reconnect storm): the attempt waits
             // for one, as a TCP connection waits in the kernel's backlog,
             // in a task of its own so the loop goes on taking packets.
@@ -443,19 +440,12 @@ pub async fn accept_loop_paced(
                     let waited = std::time::Instant::now();
                     let place = tokio::select! {
                         p = tokio::time::timeout(place_wait, handshakes.begin(remote.ip())) => p.ok().flatten(),
-                        _ = shutdown.cancelled() => None,
+                        _ = attempt.shutdown.cancelled() => None,
                     };
                     tracing::debug!(%remote, waited_ms = waited.elapsed().as_millis() as u64, placed = place.is_some(), "QUIC attempt waited for a handshake place");
                     match place {
-                        Some(place) => handshake(
-                            incoming,
-                            place.waits_on(&unread),
-                            pacer,
-                            out,
-                            shutdown,
-                            began,
-                        ),
-                        None => incoming.refuse(),
+                        Some(place) => attempt.start(place),
+                        None => attempt.incoming.refuse(),
                     }
                 });
             }
@@ -476,6 +466,31 @@ const WAIT_FOR_PLACE: Duration = Duration::from_secs(5);
 /// default) bounds the wait from its side.
 pub fn place_wait(settings: &QuicSettings) -> Duration {
     WAIT_FOR_PLACE.min(settings.keepalive.timeout / 2)
+}
+
+/// A connection attempt the accept loop took, with what its handshake needs
+/// once it has a place among the pending handshakes.
+struct Attempt {
+    incoming: quinn::Incoming,
+    /// The hub socket's datagrams waiting: whose move the handshake's is.
+    unread: Unread,
+    pacer: Arc<crate::pace::Pacer>,
+    out: mpsc::Sender<Accepted>,
+    shutdown: CancellationToken,
+    began: std::time::Instant,
+}
+
+impl Attempt {
+    fn start(self, place: crate::handshakes::Handshake) {
+        handshake(
+            self.incoming,
+            place.waits_on(&self.unread),
+            self.pacer,
+            self.out,
+            self.shutdown,
+            self.began,
+        );
+    }
 }
 
 /// Runs the handshake of `incoming`, which holds `place`, and admits the
