@@ -331,16 +331,19 @@ impl Handshakes {
             let now = Instant::now();
             let evict_after = self.limits.evict_after;
             let any_heavy = s.heavy_sources > 0;
-            // A socket with datagrams waiting does not shelter a heavy
-            // source's handshakes: a flood of junk could keep it so.
             let victim = s
                 .pending
                 .iter()
                 .take_while(|(_, p)| any_heavy || now.duration_since(p.started) >= evict_after)
                 .find(|(_, p)| {
-                    let heavy = s.by_source.get(&p.source).is_some_and(|n| *n > s.heavy);
-                    let hubs_move = p.hubs_move.load(Ordering::Relaxed) && !(p.on_socket && heavy);
-                    !hubs_move && (now.duration_since(p.started) >= evict_after || heavy)
+                    let heavy = || s.by_source.get(&p.source).is_some_and(|n| *n > s.heavy);
+                    if p.hubs_move.load(Ordering::Relaxed) {
+                        // A socket with datagrams waiting does not shelter
+                        // a heavy source: a flood of junk could keep it so.
+                        p.on_socket && heavy()
+                    } else {
+                        now.duration_since(p.started) >= evict_after || heavy()
+                    }
                 })
                 .map(|(id, _)| *id);
             let Some(id) = victim else {
