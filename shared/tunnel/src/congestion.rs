@@ -1,4 +1,5 @@
-//! quinn's BBR, held steady through its round-trip probe.
+//! quinn's BBR, held steady through its round-trip probe and bounded to
+//! the path's delivery rate.
 //!
 //! BBR (v1, as quinn has it) drops its window to three quarters of its
 //! estimate of the path's bandwidth-delay product for 200 ms whenever it
@@ -12,6 +13,27 @@
 //! whatever the probe sees, so here the probe only slows the sender.
 //! [`SteadyBbr`] keeps the window BBR had before a probe until the probe is
 //! over, or until a loss says the path has less room.
+//!
+//! quinn's BBR leaves its start-up only on acknowledgements of a sender
+//! that is not app-limited, and quinn counts a connection app-limited
+//! whenever its last attempt to send found nothing to send and no window
+//! in the way. A tunnel's sender mostly is: its bytes come from calls whose
+//! own bounds (a stream's window, a port-forward's 4 MiB queue) run out
+//! before the connection's window does. So BBR stayed in start-up, where
+//! its window grows by every byte acknowledged and no loss lowers it: to
+//! 140 MB over a 100 ms, 100 Mbit/s link, with 4 MiB in flight on a path
+//! that holds 1.25 MB and queues as much again. The link's full queue
+//! dropped 15 % of the hub's datagrams (TCP under HTTP/2, 4 %). So
+//! [`SteadyBbr`] measures the path's delivery rate itself ([`Delivery`]),
+//! and once the rate stops growing (BBR's own rule) or a loss shows the
+//! path full, bounds the window to what that rate sends in the path's
+//! least round trip and a quarter more ([`RATE_WINDOW_GAIN`]): the queue
+//! it keeps is a quarter of a round trip at most, and the spare quarter is
+//! how the rate finds more room. On that link 1,088 of 301,881 datagrams
+//! were dropped. Where the round trip is short the bound is never less
+//! than [`RATE_WINDOW_FLOOR`] of sending at that rate: there
+//! acknowledgements come in bursts that a window of one round trip would
+//! not cover, and a queue of a few milliseconds costs little.
 
 use std::{
     any::Any,
@@ -30,6 +52,26 @@ const PROBE_AFTER: Duration = Duration::from_secs(10);
 /// 200 ms and the round trip that ends it, with room for long paths.
 const HOLD_FOR: Duration = Duration::from_secs(1);
 
+/// The window over the path's delivery rate times its least round trip:
+/// a quarter to spare, which is also how the rate finds more room.
+const RATE_WINDOW_GAIN: f64 = 1.25;
+
+/// The least window, as a time of sending at the path's delivery rate.
+const RATE_WINDOW_FLOOR: Duration = Duration::from_millis(4);
+
+/// Spans of delivery the rate is the best of (each at least a round trip).
+const SPANS: usize = 10;
+
+/// A span lasts at least this, however short the round trip: over
+/// loopback acknowledgements come in bursts.
+const SPAN_FLOOR: Duration = Duration::from_millis(1);
+
+/// The rate has found the path's bandwidth once it grew by less than
+/// this over [`FLAT_SPANS`] spans in a row (BBR's own rule for leaving
+/// its start-up).
+const GROWTH: f64 = 1.25;
+const FLAT_SPANS: u32 = 3;
+
 /// Builds [`SteadyBbr`] controllers.
 #[derive(Debug, Default)]
 pub struct SteadyBbrConfig(Arc<BbrConfig>);
@@ -41,7 +83,8 @@ impl ControllerFactory for SteadyBbrConfig {
 }
 
 /// A congestion controller that is `inner` (quinn's BBR) except during
-/// its round-trip probes (see the module's notes).
+/// its round-trip probes, with its window bounded to what the path's
+/// delivery rate sends (see the module's notes).
 pub struct SteadyBbr {
     inner: Box<dyn Controller>,
     /// When `inner` last started a probe, as its own rule has it.
@@ -52,6 +95,93 @@ pub struct SteadyBbr {
     now: Option<Instant>,
     /// When a loss was last reported.
     last_loss: Option<Instant>,
+    /// The path's least round trip seen.
+    min_rtt: Option<Duration>,
+    delivery: Delivery,
+}
+
+/// The rate at which the path delivers, as bytes acknowledged over spans
+/// of at least a round trip. quinn's BBR keeps its own estimate as the
+/// highest rate between two acknowledgements or two sends it ever saw,
+/// which one burst of acknowledgements inflates for the connection's life.
+#[derive(Debug, Clone, Default)]
+struct Delivery {
+    /// When the span under way started.
+    start: Option<Instant>,
+    /// Bytes acknowledged in it.
+    acked: u64,
+    /// Whether any of them were sent while the sender had nothing more
+    /// to send: such a span says nothing of the path, unless ...
+    limited: bool,
+    /// ... a loss in it says the sender had reached the path's limit.
+    lost: bool,
+    /// The last spans' rates, bytes per second, oldest first.
+    rates: std::collections::VecDeque<f64>,
+    /// The best rate when it last grew by [`GROWTH`], and spans since.
+    plateau: f64,
+    flat: u32,
+    /// The rate has found the path's bandwidth.
+    full: bool,
+}
+
+impl Delivery {
+    fn on_ack(&mut self, now: Instant, bytes: u64, app_limited: bool, min_rtt: Duration) {
+        // The first acknowledgement starts the first span; its bytes were
+        // sent before it.
+        let Some(start) = self.start else {
+            self.start = Some(now);
+            return;
+        };
+        self.acked += bytes;
+        self.limited |= app_limited;
+        let span = now.saturating_duration_since(start);
+        if span < min_rtt.max(SPAN_FLOOR) {
+            return;
+        }
+        if !self.limited || self.lost {
+            self.push(self.acked as f64 / span.as_secs_f64());
+        }
+        if self.lost {
+            self.full = true;
+        }
+        self.start = Some(now);
+        self.acked = 0;
+        self.limited = false;
+        self.lost = false;
+    }
+
+    fn on_loss(&mut self) {
+        self.lost = true;
+    }
+
+    fn push(&mut self, rate: f64) {
+        if self.rates.len() == SPANS {
+            self.rates.pop_front();
+        }
+        self.rates.push_back(rate);
+        if self.full {
+            return;
+        }
+        let best = self.best();
+        if best >= self.plateau * GROWTH {
+            self.plateau = best;
+            self.flat = 0;
+        } else {
+            self.flat += 1;
+            self.full = self.flat >= FLAT_SPANS;
+        }
+    }
+
+    fn best(&self) -> f64 {
+        self.rates.iter().copied().fold(0.0, f64::max)
+    }
+
+    /// The window that sends at the path's rate, once that is found.
+    fn bound(&self, min_rtt: Duration) -> Option<u64> {
+        self.full.then(|| {
+            (self.best() * RATE_WINDOW_GAIN * min_rtt.max(RATE_WINDOW_FLOOR).as_secs_f64()) as u64
+        })
+    }
 }
 
 impl std::fmt::Debug for SteadyBbr {
@@ -72,12 +202,22 @@ impl SteadyBbr {
             hold: None,
             now: None,
             last_loss: None,
+            min_rtt: None,
+            delivery: Delivery::default(),
         }
     }
 
     fn held(&self) -> Option<u64> {
         let (window, until) = self.hold?;
         (self.now? < until).then_some(window)
+    }
+
+    /// The window that sends at the path's delivery rate (see the
+    /// module's notes), once that is found; never below the window a
+    /// connection starts with.
+    fn rate_bound(&self) -> Option<u64> {
+        let bound = self.delivery.bound(self.min_rtt?)?;
+        Some(bound.max(self.inner.initial_window()))
     }
 }
 
@@ -96,6 +236,8 @@ impl Controller for SteadyBbr {
         rtt: &RttEstimator,
     ) {
         self.now = Some(now);
+        self.min_rtt = Some(rtt.min());
+        self.delivery.on_ack(now, bytes, app_limited, rtt.min());
         self.inner.on_ack(now, sent, bytes, app_limited, rtt);
     }
 
@@ -146,6 +288,7 @@ impl Controller for SteadyBbr {
         // A loss is the path's word: BBR's own window rules from here.
         self.hold = None;
         self.last_loss = Some(now);
+        self.delivery.on_loss();
         self.inner
             .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
     }
@@ -156,7 +299,8 @@ impl Controller for SteadyBbr {
 
     fn window(&self) -> u64 {
         let window = self.inner.window();
-        self.held().map_or(window, |held| held.max(window))
+        let window = self.held().map_or(window, |held| held.max(window));
+        self.rate_bound().map_or(window, |bound| window.min(bound))
     }
 
     fn metrics(&self) -> ControllerMetrics {
@@ -172,6 +316,8 @@ impl Controller for SteadyBbr {
             hold: self.hold,
             now: self.now,
             last_loss: self.last_loss,
+            min_rtt: self.min_rtt,
+            delivery: self.delivery.clone(),
         })
     }
 
@@ -330,5 +476,87 @@ mod tests {
         });
         cc.on_sent(t0 + HOLD_FOR + ms(1), 1200, 2);
         assert_eq!(cc.window(), PROBE);
+    }
+
+    /// A path's acknowledgements: `rate` bytes per second for `secs`,
+    /// every 5 ms, from `t`; where they end.
+    fn deliver(cc: &mut SteadyBbr, t: Instant, rate: f64, secs: f64, app_limited: bool) -> Instant {
+        let step = ms(5);
+        let per_ack = (rate * step.as_secs_f64()) as u64;
+        let min_rtt = cc.min_rtt.expect("a round trip");
+        let mut now = t;
+        for _ in 0..(secs / step.as_secs_f64()) as u64 {
+            now += step;
+            cc.delivery.on_ack(now, per_ack, app_limited, min_rtt);
+        }
+        now
+    }
+
+    fn over(rtt: Duration) -> SteadyBbr {
+        let mut cc = SteadyBbr::new(Box::new(Fake::default()));
+        cc.min_rtt = Some(rtt);
+        cc
+    }
+
+    #[test]
+    fn once_the_rate_is_found_the_window_sends_it_in_a_round_trip_and_a_quarter() {
+        // 10 MB/s over 100 ms: BBR's own window (2 MB here) would keep
+        // twice the 1 MB in flight that the path holds.
+        let mut cc = over(ms(100));
+        let t = deliver(&mut cc, Instant::now(), 10e6, 0.25, false);
+        assert_eq!(cc.window(), NORMAL, "not found yet: BBR's window");
+        let t = deliver(&mut cc, t, 10e6, 1.0, false);
+        let window = cc.window();
+        assert!((1_240_000..=1_260_000).contains(&window), "{window}");
+        // A quiet spell (keepalives only) does not lower it.
+        let t = deliver(&mut cc, t, 1e3, 5.0, true);
+        assert_eq!(cc.window(), window);
+        // A path that delivers half as much has it halved, ten spans on.
+        deliver(&mut cc, t, 5e6, 1.5, false);
+        let halved = cc.window();
+        assert!((610_000..=640_000).contains(&halved), "{halved}");
+    }
+
+    #[test]
+    fn a_growing_rate_leaves_the_window_to_bbr() {
+        // Doubling every round trip, as in BBR's start-up.
+        let mut cc = over(ms(100));
+        let mut t = Instant::now();
+        let mut rate = 1e5;
+        for _ in 0..12 {
+            t = deliver(&mut cc, t, rate, 0.1, false);
+            rate *= 2.0;
+        }
+        assert_eq!(cc.window(), NORMAL);
+    }
+
+    #[test]
+    fn over_a_short_path_the_window_covers_a_few_milliseconds_and_the_initial_window() {
+        // 1 GB/s over loopback (50 µs): 4 ms of it, 5 MB with the spare
+        // quarter, is above BBR's own window, which stays.
+        let mut cc = over(Duration::from_micros(50));
+        deliver(&mut cc, Instant::now(), 1e9, 0.1, false);
+        assert_eq!(cc.window(), NORMAL);
+        // 1 MB/s over 1 ms: 4 ms of it is 5 kB, below what a connection
+        // starts with, which it gets.
+        let mut cc = over(ms(1));
+        deliver(&mut cc, Instant::now(), 1e6, 0.1, false);
+        assert_eq!(cc.window(), INITIAL);
+    }
+
+    #[test]
+    fn a_loss_makes_a_span_the_sender_did_not_fill_count() {
+        // A tunnel's sender is app-limited in quinn's eyes while a call's
+        // own bound holds its bytes back; such spans say nothing...
+        let mut cc = over(ms(100));
+        let t = deliver(&mut cc, Instant::now(), 10e6, 1.0, true);
+        assert_eq!(cc.window(), NORMAL);
+        // ... until a loss in one says the path was full at that rate.
+        cc.on_congestion_event(t, t, false, 1200);
+        assert!(cc.delivery.lost);
+        cc.inner = Box::new(Fake::default());
+        deliver(&mut cc, t, 10e6, 0.2, true);
+        let window = cc.window();
+        assert!((1_240_000..=1_260_000).contains(&window), "{window}");
     }
 }
