@@ -25,8 +25,8 @@
 //! that holds 1.25 MB and queues as much again. The link's full queue
 //! dropped 15 % of the hub's datagrams (TCP under HTTP/2, 4 %). So
 //! [`SteadyBbr`] measures the path's delivery rate itself ([`Delivery`]),
-//! and once the rate stops growing (BBR's own rule) or a loss shows the
-//! path full, bounds the window to what that rate sends in the path's
+//! and once the rate stops growing (BBR's own rule) or a loss with a
+//! queue behind it shows the path full, bounds the window to what that rate sends in the path's
 //! least round trip and a quarter more ([`RATE_WINDOW_GAIN`]): the queue
 //! it keeps is a quarter of a round trip at most, and the spare quarter is
 //! how the rate finds more room. On that link 1,088 of 301,881 datagrams
@@ -34,6 +34,14 @@
 //! than [`RATE_WINDOW_FLOOR`] of sending at that rate: there
 //! acknowledgements come in bursts that a window of one round trip would
 //! not cover, and a queue of a few milliseconds costs little.
+//!
+//! A loss alone does not show the path full: on a path that drops one
+//! datagram in a hundred at random, nearly every round trip has one, at
+//! whatever rate the calls send. Counting those spans as the path's rate
+//! bound the window to an app-limited rate, and a Connect upload at 1 %
+//! loss trailed HTTP/2. A full path queues before it drops, so a loss
+//! counts only in a span whose smoothed round trip grew by a quarter over
+//! the least ([`QUEUED`]).
 
 use std::{
     any::Any,
@@ -71,6 +79,12 @@ const SPAN_FLOOR: Duration = Duration::from_millis(1);
 /// its start-up).
 const GROWTH: f64 = 1.25;
 const FLAT_SPANS: u32 = 3;
+
+/// A round trip this much above the path's least, as a share of it,
+/// shows a queue at the path's bottleneck; never less than
+/// [`QUEUED_FLOOR`], as a short path's round trip jitters by more.
+const QUEUED: f64 = 0.25;
+const QUEUED_FLOOR: Duration = Duration::from_millis(1);
 
 /// Builds [`SteadyBbr`] controllers.
 #[derive(Debug, Default)]
@@ -113,8 +127,11 @@ struct Delivery {
     /// Whether any of them were sent while the sender had nothing more
     /// to send: such a span says nothing of the path, unless ...
     limited: bool,
-    /// ... a loss in it says the sender had reached the path's limit.
+    /// ... a loss in it ...
     lost: bool,
+    /// ... while a queue grew at the bottleneck says the sender had
+    /// reached the path's limit.
+    queued: bool,
     /// The last spans' rates, bytes per second, oldest first.
     rates: std::collections::VecDeque<f64>,
     /// The best rate when it last grew by [`GROWTH`], and spans since.
@@ -125,7 +142,15 @@ struct Delivery {
 }
 
 impl Delivery {
-    fn on_ack(&mut self, now: Instant, bytes: u64, app_limited: bool, min_rtt: Duration) {
+    /// `rtt` is the smoothed round trip as of this acknowledgement.
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        bytes: u64,
+        app_limited: bool,
+        rtt: Duration,
+        min_rtt: Duration,
+    ) {
         // The first acknowledgement starts the first span; its bytes were
         // sent before it.
         let Some(start) = self.start else {
@@ -134,20 +159,23 @@ impl Delivery {
         };
         self.acked += bytes;
         self.limited |= app_limited;
+        self.queued |= rtt >= min_rtt + min_rtt.mul_f64(QUEUED).max(QUEUED_FLOOR);
         let span = now.saturating_duration_since(start);
         if span < min_rtt.max(SPAN_FLOOR) {
             return;
         }
-        if !self.limited || self.lost {
+        let overflowed = self.lost && self.queued;
+        if !self.limited || overflowed {
             self.push(self.acked as f64 / span.as_secs_f64());
         }
-        if self.lost {
+        if overflowed {
             self.full = true;
         }
         self.start = Some(now);
         self.acked = 0;
         self.limited = false;
         self.lost = false;
+        self.queued = false;
     }
 
     fn on_loss(&mut self) {
@@ -237,7 +265,8 @@ impl Controller for SteadyBbr {
     ) {
         self.now = Some(now);
         self.min_rtt = Some(rtt.min());
-        self.delivery.on_ack(now, bytes, app_limited, rtt.min());
+        self.delivery
+            .on_ack(now, bytes, app_limited, rtt.get(), rtt.min());
         self.inner.on_ack(now, sent, bytes, app_limited, rtt);
     }
 
@@ -481,13 +510,26 @@ mod tests {
     /// A path's acknowledgements: `rate` bytes per second for `secs`,
     /// every 5 ms, from `t`; where they end.
     fn deliver(cc: &mut SteadyBbr, t: Instant, rate: f64, secs: f64, app_limited: bool) -> Instant {
+        let min_rtt = cc.min_rtt.expect("a round trip");
+        deliver_with(cc, t, rate, secs, app_limited, min_rtt)
+    }
+
+    /// As [`deliver`], with the smoothed round trip at `rtt`.
+    fn deliver_with(
+        cc: &mut SteadyBbr,
+        t: Instant,
+        rate: f64,
+        secs: f64,
+        app_limited: bool,
+        rtt: Duration,
+    ) -> Instant {
         let step = ms(5);
         let per_ack = (rate * step.as_secs_f64()) as u64;
         let min_rtt = cc.min_rtt.expect("a round trip");
         let mut now = t;
         for _ in 0..(secs / step.as_secs_f64()) as u64 {
             now += step;
-            cc.delivery.on_ack(now, per_ack, app_limited, min_rtt);
+            cc.delivery.on_ack(now, per_ack, app_limited, rtt, min_rtt);
         }
         now
     }
@@ -545,17 +587,30 @@ mod tests {
     }
 
     #[test]
-    fn a_loss_makes_a_span_the_sender_did_not_fill_count() {
+    fn a_loss_behind_a_queue_makes_a_span_the_sender_did_not_fill_count() {
         // A tunnel's sender is app-limited in quinn's eyes while a call's
         // own bound holds its bytes back; such spans say nothing...
         let mut cc = over(ms(100));
-        let t = deliver(&mut cc, Instant::now(), 10e6, 1.0, true);
+        // (The first acknowledgement starts the first span: from here each
+        // 100 ms delivered is one span.)
+        let t = deliver(&mut cc, Instant::now(), 10e6, 0.005, true);
+        let t = deliver(&mut cc, t, 10e6, 1.0, true);
         assert_eq!(cc.window(), NORMAL);
-        // ... until a loss in one says the path was full at that rate.
+        // ... nor do they with a loss but no queue: a path that drops at
+        // random, at whatever rate the calls send ...
+        let mut t = t;
+        for _ in 0..10 {
+            cc.on_congestion_event(t, t, false, 1200);
+            t = deliver(&mut cc, t, 2e6, 0.1, true);
+        }
+        cc.inner = Box::new(Fake::default());
+        assert_eq!(cc.window(), NORMAL, "random losses bound nothing");
+        // ... until a loss while the round trip grew says the path was
+        // full at that rate.
         cc.on_congestion_event(t, t, false, 1200);
         assert!(cc.delivery.lost);
         cc.inner = Box::new(Fake::default());
-        deliver(&mut cc, t, 10e6, 0.2, true);
+        deliver_with(&mut cc, t, 10e6, 0.1, true, ms(130));
         let window = cc.window();
         assert!((1_240_000..=1_260_000).contains(&window), "{window}");
     }

@@ -9,7 +9,8 @@
 //! transport once the heap kept its top.
 
 /// glibc keeps up to twice this much free memory at its heap's top (see
-/// [`keep_freed_memory`]): twice a QUIC stream's 1 MiB window. Under one
+/// [`keep_freed_memory`]): twice what a QUIC stream's window was (1 MiB)
+/// when this was measured. Under one
 /// bulk stream over QUIC or HTTP/2, 2 MiB took page faults from 78,000 in
 /// two seconds to none; 1 MiB left 50,000 under HTTP/2. An idle hub holds
 /// about as much more memory per arena.

@@ -38,11 +38,23 @@ pub struct QuicSettings {
     pub connect_timeout: Duration,
 }
 
+/// A stream's window covers the bandwidth-delay product of a distant link
+/// more than twice over, because a lost packet holds the window's start
+/// until its copy arrives, a round trip or more later: over a 100 ms,
+/// 100 Mbit/s link one port-forward stream moved 8.8 MB/s with no loss,
+/// 4.6 at 1 % and 3.4 at 5 % with 1 MiB; 11.6 / 8.3 / 6.2 with 2 MiB; and
+/// 11.7 / 11.3 / 9.9 with 4 MiB (the link's 12.5 at most). The windows
+/// are limits, not buffers: a stream holds that much only while its reader
+/// stalls. The connection's is four streams' worth, so a few stalled
+/// readers do not hold up a tunnel's other calls. The cost is over
+/// loopback, where a bulk stream now keeps more in flight: small calls
+/// beside it waited about twice as long at p99, as did calls that bypass
+/// the tunnel altogether on the same two cores.
 impl Default for QuicSettings {
     fn default() -> Self {
         Self {
-            stream_window: 1024 * 1024,
-            connection_window: 8 * 1024 * 1024,
+            stream_window: 4 * 1024 * 1024,
+            connection_window: 16 * 1024 * 1024,
             max_streams: 1024,
             keepalive: Keepalive::default(),
             connect_timeout: HANDSHAKE_TIMEOUT,
