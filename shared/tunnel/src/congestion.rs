@@ -132,8 +132,11 @@ struct Delivery {
     /// ... while a queue grew at the bottleneck says the sender had
     /// reached the path's limit.
     queued: bool,
-    /// The last spans' rates, bytes per second, oldest first.
+    /// The last spans' rates, bytes per second, oldest first, and the
+    /// best of them (kept as spans close: quinn asks for the window
+    /// several times per datagram it sends).
     rates: std::collections::VecDeque<f64>,
+    best: f64,
     /// The best rate when it last grew by [`GROWTH`], and spans since.
     plateau: f64,
     flat: u32,
@@ -187,12 +190,12 @@ impl Delivery {
             self.rates.pop_front();
         }
         self.rates.push_back(rate);
+        self.best = self.rates.iter().copied().fold(0.0, f64::max);
         if self.full {
             return;
         }
-        let best = self.best();
-        if best >= self.plateau * GROWTH {
-            self.plateau = best;
+        if self.best >= self.plateau * GROWTH {
+            self.plateau = self.best;
             self.flat = 0;
         } else {
             self.flat += 1;
@@ -200,14 +203,10 @@ impl Delivery {
         }
     }
 
-    fn best(&self) -> f64 {
-        self.rates.iter().copied().fold(0.0, f64::max)
-    }
-
     /// The window that sends at the path's rate, once that is found.
     fn bound(&self, min_rtt: Duration) -> Option<u64> {
         self.full.then(|| {
-            (self.best() * RATE_WINDOW_GAIN * min_rtt.max(RATE_WINDOW_FLOOR).as_secs_f64()) as u64
+            (self.best * RATE_WINDOW_GAIN * min_rtt.max(RATE_WINDOW_FLOOR).as_secs_f64()) as u64
         })
     }
 }
