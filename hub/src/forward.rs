@@ -474,15 +474,6 @@ impl Drop for CallGuard {
     }
 }
 
-fn count_bytes(metrics: &Metrics, direction: &str, n: usize) {
-    metrics
-        .tunnel_bytes
-        .get_or_create(&crate::metrics::DirectionLabel {
-            direction: direction.to_owned(),
-        })
-        .inc_by(n as u64);
-}
-
 impl Body for PrefixedBody<HttpBody> {
     type Data = Bytes;
     // A concrete error type: a boxed `dyn Error` here trips the compiler's
@@ -494,14 +485,14 @@ impl Body for PrefixedBody<HttpBody> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         if let Some(prefix) = self.prefix.take() {
-            count_bytes(&self.metrics, "to_agent", prefix.len());
+            self.metrics.bytes_to_agent.inc_by(prefix.len() as u64);
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
         let frame = ready!(Pin::new(&mut self.rest).poll_frame(cx));
         if let Some(Ok(f)) = &frame
             && let Some(d) = f.data_ref()
         {
-            count_bytes(&self.metrics, "to_agent", d.len());
+            self.metrics.bytes_to_agent.inc_by(d.len() as u64);
         }
         Poll::Ready(frame.map(|r| r.map_err(|e| std::io::Error::other(e.to_string()))))
     }
@@ -571,7 +562,7 @@ impl Body for GrpcTunnelBody {
             other => {
                 if let Some(Ok(f)) = &other {
                     if let Some(d) = f.data_ref() {
-                        count_bytes(&self.metrics, "from_agent", d.len());
+                        self.metrics.bytes_from_agent.inc_by(d.len() as u64);
                     } else if let Some(code) = f
                         .trailers_ref()
                         .and_then(|t| t.get("grpc-status"))

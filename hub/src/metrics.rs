@@ -58,6 +58,10 @@ pub struct Metrics {
     pub tunnels: Family<TransportLabel, Gauge<i64, AtomicI64>>,
     pub calls_in_flight: Gauge<i64, AtomicI64>,
     pub tunnel_bytes: Family<DirectionLabel, Counter<u64, AtomicU64>>,
+    /// The two series of `tunnel_bytes`, held so that counting a frame
+    /// looks nothing up (a bulk stream counts thousands a second).
+    pub bytes_to_agent: Counter<u64, AtomicU64>,
+    pub bytes_from_agent: Counter<u64, AtomicU64>,
     pub registers: Family<OutcomeLabel, Counter>,
     pub admissions_in_progress: Gauge<i64, AtomicI64>,
     pub admissions_peak: Gauge<i64, AtomicI64>,
@@ -109,6 +113,14 @@ impl Default for Metrics {
         let tunnels = Family::<TransportLabel, Gauge<i64, AtomicI64>>::default();
         let calls_in_flight = Gauge::<i64, AtomicI64>::default();
         let tunnel_bytes = Family::<DirectionLabel, Counter<u64, AtomicU64>>::default();
+        let direction = |d: &str| {
+            tunnel_bytes
+                .get_or_create(&DirectionLabel {
+                    direction: d.to_owned(),
+                })
+                .clone()
+        };
+        let (bytes_to_agent, bytes_from_agent) = (direction("to_agent"), direction("from_agent"));
         let registers = Family::<OutcomeLabel, Counter>::default();
         registry.register("requests", "RPCs by method and gRPC code", requests.clone());
         registry.register(
@@ -223,6 +235,8 @@ impl Default for Metrics {
             tunnels,
             calls_in_flight,
             tunnel_bytes,
+            bytes_to_agent,
+            bytes_from_agent,
             registers,
             admissions_in_progress,
             quic_socket_drops,

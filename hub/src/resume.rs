@@ -11,6 +11,7 @@
 //! never half-delivered; it comes again from the resumed Watch.
 
 use std::{
+    collections::VecDeque,
     future::Future,
     pin::Pin,
     sync::Arc,
@@ -18,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use otter_proto::{
@@ -62,8 +63,9 @@ struct EventVersion {
 /// goes on from there.
 trait Progress: Send + Unpin + 'static {
     /// One whole response message from the cluster (without its gRPC
-    /// prefix); what to pass on in its place.
-    fn take(&mut self, message: &[u8]) -> Result<Passed, Status>;
+    /// prefix), read where it lies in the frames it came in; what to pass
+    /// on in its place.
+    fn take(&mut self, message: Parts<'_>) -> Result<Passed, Status>;
     /// The request message that goes on from what was passed on.
     fn next_request(&mut self) -> Vec<u8>;
 }
@@ -115,7 +117,7 @@ fn line_time(line: &[u8]) -> Option<(Timestamp, usize)> {
 }
 
 impl Progress for LogProgress {
-    fn take(&mut self, message: &[u8]) -> Result<Passed, Status> {
+    fn take(&mut self, message: Parts<'_>) -> Result<Passed, Status> {
         let data = PodLogResponse::decode(message)
             .map_err(|e| Status::internal(format!("log message from the cluster: {e}")))?
             .data
@@ -184,7 +186,7 @@ pub struct WatchProgress {
 }
 
 impl Progress for WatchProgress {
-    fn take(&mut self, message: &[u8]) -> Result<Passed, Status> {
+    fn take(&mut self, message: Parts<'_>) -> Result<Passed, Status> {
         if let Ok(EventVersion {
             resource_version: Some(v),
         }) = EventVersion::decode(message)
@@ -304,8 +306,7 @@ fn resuming<P: Progress>(
         Resuming {
             inner,
             reopen,
-            pending: BytesMut::new(),
-            progress,
+            passing: Passing::new(progress),
             reopening: None,
             done: false,
         }
@@ -379,58 +380,210 @@ pub(crate) fn framed(message: &[u8]) -> Bytes {
 
 type Opening = Pin<Box<dyn Future<Output = Result<HttpBody, Status>> + Send>>;
 
+/// Bytes from the cluster not yet passed on, in the frames they came in:
+/// a message is held until it is whole, and passed on without a copy. The
+/// frames are slices of the tunnel reader's buffers, so what is held keeps
+/// those alive: at most [`MAX_EVENT`] and the one buffer being filled.
+#[derive(Debug, Default)]
+struct Held {
+    frames: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Held {
+    fn push(&mut self, frame: Bytes) {
+        if !frame.is_empty() {
+            self.len += frame.len();
+            self.frames.push_back(frame);
+        }
+    }
+
+    /// The gRPC prefix of the first message (compression flag, length),
+    /// once its five bytes are here, wherever the frames cut them.
+    fn prefix(&self) -> Option<(u8, usize)> {
+        if self.len < 5 {
+            return None;
+        }
+        let mut head = [0u8; 5];
+        let mut n = 0;
+        for frame in &self.frames {
+            let k = (5 - n).min(frame.len());
+            head[n..n + k].copy_from_slice(&frame[..k]);
+            n += k;
+            if n == 5 {
+                break;
+            }
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        Some((head[0], len))
+    }
+
+    /// The first `n` bytes (no more than are held), as slices of the frames.
+    fn split(&mut self, n: usize) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let mut left = n.min(self.len);
+        self.len -= left;
+        while left > 0 {
+            let Some(front) = self.frames.front_mut() else {
+                break;
+            };
+            if front.len() <= left {
+                left -= front.len();
+                out.extend(self.frames.pop_front());
+            } else {
+                out.push(front.split_to(left));
+                left = 0;
+            }
+        }
+        out
+    }
+
+    fn clear(&mut self) {
+        self.frames.clear();
+        self.len = 0;
+    }
+}
+
+/// One message's bytes across the frames they came in, read as a [`Buf`]
+/// (prost decodes from it; a field it skips is never copied).
+pub(crate) struct Parts<'a> {
+    parts: &'a [Bytes],
+    at: usize,
+    offset: usize,
+    left: usize,
+}
+
+impl<'a> Parts<'a> {
+    /// The bytes of `parts` after the first `skip`.
+    fn new(parts: &'a [Bytes], skip: usize) -> Self {
+        let mut this = Parts {
+            parts,
+            at: 0,
+            offset: 0,
+            left: parts.iter().map(Bytes::len).sum(),
+        };
+        this.advance(skip.min(this.left));
+        this
+    }
+}
+
+impl Buf for Parts<'_> {
+    fn remaining(&self) -> usize {
+        self.left
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.parts.get(self.at).map_or(&[], |p| &p[self.offset..])
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        assert!(cnt <= self.left, "advanced past the message's end");
+        self.left -= cnt;
+        while cnt > 0 {
+            let here = self.parts[self.at].len() - self.offset;
+            if cnt < here {
+                self.offset += cnt;
+                return;
+            }
+            cnt -= here;
+            self.at += 1;
+            self.offset = 0;
+        }
+    }
+}
+
+/// Pieces shorter than this are passed on together, copied into one
+/// frame, so a run of small events does not become a frame each.
+const SMALL_PIECE: usize = 4 * 1024;
+/// At most this much is gathered so.
+const GATHERED: usize = 16 * 1024;
+
+/// What a resumed call has received and not yet passed on.
+struct Passing<P> {
+    /// Bytes of messages not yet whole.
+    held: Held,
+    /// Whole messages' bytes to pass on, in order.
+    ready: VecDeque<Bytes>,
+    progress: P,
+}
+
+impl<P: Progress> Passing<P> {
+    fn new(progress: P) -> Self {
+        Passing {
+            held: Held::default(),
+            ready: VecDeque::new(),
+            progress,
+        }
+    }
+
+    /// Takes a frame from the cluster, and the whole messages it completes
+    /// through the progress.
+    fn push(&mut self, frame: Bytes) -> Result<(), Status> {
+        self.held.push(frame);
+        while let Some((compressed, len)) = self.held.prefix() {
+            if len > MAX_EVENT {
+                return Err(Status::resource_exhausted(format!(
+                    "streamed message of {len} bytes is over the limit of {MAX_EVENT}"
+                )));
+            }
+            if self.held.len < 5 + len {
+                break;
+            }
+            let message = self.held.split(5 + len);
+            if compressed != 0 {
+                // Compressed: passed on as it came, not read.
+                self.ready.extend(message);
+                continue;
+            }
+            match self.progress.take(Parts::new(&message, 5))? {
+                Passed::AsIs => self.ready.extend(message),
+                Passed::Instead(other) => self.ready.push_back(framed(&other)),
+                Passed::Nothing => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The next bytes to pass on: a piece as it came, or small pieces
+    /// gathered into one.
+    fn next_ready(&mut self) -> Option<Bytes> {
+        let first = self.ready.pop_front()?;
+        if first.len() >= SMALL_PIECE || self.ready.front().is_none_or(|b| b.len() >= SMALL_PIECE) {
+            return Some(first);
+        }
+        let mut out = BytesMut::from(&first[..]);
+        while let Some(next) = self.ready.front()
+            && next.len() < SMALL_PIECE
+            && out.len() + next.len() <= GATHERED
+        {
+            out.extend_from_slice(next);
+            self.ready.pop_front();
+        }
+        Some(out.freeze())
+    }
+}
+
 struct Resuming<P> {
     inner: HttpBody,
     reopen: Arc<Reopen>,
-    /// Bytes of messages not yet whole.
-    pending: BytesMut,
-    progress: P,
+    passing: Passing<P>,
     reopening: Option<Opening>,
     /// The call's status was passed on.
     done: bool,
 }
 
 impl<P: Progress> Resuming<P> {
-    /// Takes the whole messages at the front of `pending` through the
-    /// progress; what is to be passed on, framed.
-    fn whole_messages(&mut self) -> Result<Option<Bytes>, Status> {
-        let mut out = BytesMut::new();
-        while let Some(head) = self.pending.get(..5) {
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            if len > MAX_EVENT {
-                return Err(Status::resource_exhausted(format!(
-                    "streamed message of {len} bytes is over the limit of {MAX_EVENT}"
-                )));
-            }
-            if self.pending.len() < 5 + len {
-                break;
-            }
-            let message = self.pending.split_to(5 + len);
-            if message[0] != 0 {
-                // Compressed: passed on as it came, not read.
-                out.extend_from_slice(&message);
-                continue;
-            }
-            match self.progress.take(&message[5..])? {
-                Passed::AsIs => out.extend_from_slice(&message),
-                Passed::Instead(other) => out.extend_from_slice(&framed(&other)),
-                Passed::Nothing => {}
-            }
-        }
-        Ok((!out.is_empty()).then(|| out.freeze()))
-    }
-
     /// The tunnel is gone: what was half-received is dropped, and the call
     /// is opened again from what was passed on.
     fn lost(&mut self, why: &dyn std::fmt::Display) {
         tracing::info!(cluster = %self.reopen.cluster, reason = %why, "a resumable call lost its tunnel; resuming");
-        self.pending.clear();
+        self.passing.held.clear();
         // The dead attempt's body holds its call slot and place in the
         // in-flight gauge: let them go while the cluster is away.
         self.inner = http_body_util::Empty::new()
             .map_err(|never| match never {})
             .boxed_unsync();
-        let request = self.progress.next_request();
+        let request = self.passing.progress.next_request();
         self.reopening = Some(Box::pin(self.reopen.clone().open(request)));
     }
 }
@@ -458,16 +611,16 @@ impl<P: Progress> Body for Resuming<P> {
                     }
                 }
             }
+            // Whole messages go out before anything more is read, so a
+            // drop noticed on the next read never cuts one.
+            if let Some(data) = self.passing.next_ready() {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
             match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        self.pending.extend_from_slice(&data);
-                        match self.whole_messages() {
-                            Ok(Some(messages)) => {
-                                return Poll::Ready(Some(Ok(Frame::data(messages))));
-                            }
-                            Ok(None) => {}
-                            Err(status) => return Poll::Ready(Some(Err(Box::new(status)))),
+                        if let Err(status) = self.passing.push(data) {
+                            return Poll::Ready(Some(Err(Box::new(status))));
                         }
                     }
                     Err(frame) => {
@@ -490,7 +643,7 @@ impl<P: Progress> Body for Resuming<P> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.done && self.passing.ready.is_empty()
     }
 }
 
@@ -503,13 +656,125 @@ mod tests {
             data: Some(text.as_bytes().to_vec()),
         }
         .encode_to_vec();
-        match p.take(&message).unwrap() {
+        match p.take(Parts::new(&[Bytes::from(message)], 0)).unwrap() {
             Passed::Instead(m) => {
                 String::from_utf8(PodLogResponse::decode(&m[..]).unwrap().data.unwrap()).unwrap()
             }
             Passed::Nothing => String::new(),
             Passed::AsIs => panic!("log lines are always rewritten"),
         }
+    }
+
+    /// A watch event as the hub reads it: a large object, then its
+    /// resourceVersion (tag 3).
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Event {
+        #[prost(bytes = "vec", optional, tag = "2")]
+        object: Option<Vec<u8>>,
+        #[prost(string, optional, tag = "3")]
+        resource_version: Option<String>,
+    }
+
+    fn watch_progress() -> WatchProgress {
+        WatchProgress {
+            request: WatchRequest::default(),
+            version: None,
+        }
+    }
+
+    /// The framed events, and where each ends in the stream.
+    fn events(sizes: &[usize]) -> (Vec<u8>, Vec<usize>) {
+        let mut stream = Vec::new();
+        let mut ends = Vec::new();
+        for (i, size) in sizes.iter().enumerate() {
+            let event = Event {
+                object: Some((0..*size).map(|b| (b * 7 + i) as u8).collect()),
+                resource_version: Some(format!("{}", 100 + i)),
+            };
+            stream.extend_from_slice(&framed(&event.encode_to_vec()));
+            ends.push(stream.len());
+        }
+        (stream, ends)
+    }
+
+    #[test]
+    fn watch_events_cut_anywhere_pass_on_whole_with_their_version_kept() {
+        let (stream, ends) = events(&[0, 3, 40_000, 200, 100_000, 1]);
+        // Cuts into two frames around every message's start (its prefix
+        // cut too), and frames of a few sizes.
+        let mut cuts: Vec<Vec<usize>> = std::iter::once(0)
+            .chain(ends.iter().copied())
+            .flat_map(|end| end.saturating_sub(3)..end + 7)
+            .filter(|c| (1..stream.len()).contains(c))
+            .map(|c| vec![c])
+            .collect();
+        for size in [1, 5, 6, 4096, 16_384, 65_536] {
+            cuts.push((size..stream.len()).step_by(size).collect());
+        }
+        for cut in cuts {
+            let mut passing = Passing::new(watch_progress());
+            let mut out = Vec::new();
+            let mut start = 0;
+            for end in cut.into_iter().chain([stream.len()]) {
+                passing
+                    .push(Bytes::copy_from_slice(&stream[start..end]))
+                    .unwrap();
+                while let Some(b) = passing.next_ready() {
+                    out.extend_from_slice(&b);
+                }
+                // Only whole messages are passed on.
+                assert!(out.is_empty() || ends.contains(&out.len()));
+                start = end;
+            }
+            assert_eq!(out, stream);
+            assert_eq!(passing.held.len, 0);
+            assert_eq!(passing.progress.version.as_deref(), Some("105"));
+        }
+    }
+
+    #[test]
+    fn a_large_event_passes_on_in_the_frames_it_came_in() {
+        let stream = Bytes::from(events(&[300_000]).0);
+        let mut passing = Passing::new(watch_progress());
+        let frames: Vec<Bytes> = (0..stream.len())
+            .step_by(65_536)
+            .map(|at| stream.slice(at..(at + 65_536).min(stream.len())))
+            .collect();
+        for frame in &frames[..frames.len() - 1] {
+            passing.push(frame.clone()).unwrap();
+            assert!(passing.next_ready().is_none(), "held until whole");
+        }
+        passing.push(frames[frames.len() - 1].clone()).unwrap();
+        // The same memory the frames came in: no copy on the way.
+        for frame in &frames {
+            let out = passing.next_ready().unwrap();
+            assert_eq!(out.as_ptr(), frame.as_ptr());
+            assert_eq!(out.len(), frame.len());
+        }
+        assert!(passing.next_ready().is_none());
+        assert_eq!(passing.progress.version.as_deref(), Some("100"));
+    }
+
+    #[test]
+    fn small_events_pass_on_gathered_and_an_oversized_one_is_refused() {
+        let (stream, _) = events(&[10; 300]);
+        let mut passing = Passing::new(watch_progress());
+        passing.push(Bytes::from(stream.clone())).unwrap();
+        let mut pieces = 0;
+        let mut out = Vec::new();
+        while let Some(b) = passing.next_ready() {
+            assert!(b.len() <= GATHERED);
+            out.extend_from_slice(&b);
+            pieces += 1;
+        }
+        assert_eq!(out, stream);
+        assert!(pieces < 10, "{pieces} pieces for 300 small events");
+
+        let mut passing = Passing::new(watch_progress());
+        let mut head = vec![0u8];
+        head.extend_from_slice(&((MAX_EVENT + 1) as u32).to_be_bytes());
+        let status = passing.push(Bytes::from(head)).unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted);
     }
 
     #[test]
