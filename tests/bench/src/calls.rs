@@ -37,6 +37,9 @@ const HUB_ADMINS: &str = "otter:default:admins";
 
 const POD: &str = "bench-0";
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the head-of-line scenario's bulk stream runs alone, measured,
+/// before the small calls start beside it.
+const BULK_ALONE: Duration = Duration::from_secs(2);
 
 /// HTTPS client of the test server: one HTTP/2 connection, shared.
 #[derive(Clone, Debug)]
@@ -650,6 +653,16 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 }
             });
             tokio::time::sleep(Duration::from_millis(500)).await;
+            // The bulk stream's rate alone, to read its rate beside the
+            // small calls against.
+            let (a0, alone_from) = (
+                bulk_bytes.load(std::sync::atomic::Ordering::Relaxed),
+                Instant::now(),
+            );
+            tokio::time::sleep(BULK_ALONE).await;
+            let alone = (bulk_bytes.load(std::sync::atomic::Ordering::Relaxed) - a0) as f64 * 8.0
+                / 1e9
+                / alone_from.elapsed().as_secs_f64();
             // How late a 10 ms timer fires while the bulk stream runs: a
             // task that never yields holds its worker thread, and whatever
             // is queued behind it (another tunnel's keepalive) waits.
@@ -731,7 +744,14 @@ pub async fn run(calls: usize, hol_calls: usize, runs: usize) -> anyhow::Result<
                 Some(&neighbour_name),
                 shared.p99,
             );
-            figs.add(&format!("hol.{cluster}.bulk-rate"), "Gbit/s", None, rate);
+            let alone_name = format!("hol.{cluster}.bulk-alone-rate");
+            figs.add(&alone_name, "Gbit/s", None, alone);
+            figs.add(
+                &format!("hol.{cluster}.bulk-rate"),
+                "Gbit/s",
+                Some(&alone_name),
+                rate,
+            );
         }
     }
     figs.note(
