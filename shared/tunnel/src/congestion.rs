@@ -26,10 +26,10 @@
 //! dropped 15 % of the hub's datagrams (TCP under HTTP/2, 4 %). So
 //! [`SteadyBbr`] measures the path's delivery rate itself ([`Delivery`]),
 //! and once the rate stops growing (BBR's own rule) or a loss with a
-//! queue behind it shows the path full, bounds the window to what that rate sends in the path's
-//! least round trip and a quarter more ([`RATE_WINDOW_GAIN`]): the queue
-//! it keeps is a quarter of a round trip at most, and the spare quarter is
-//! how the rate finds more room. On that link 1,088 of 301,881 datagrams
+//! queue behind it shows the path full, bounds the window to what that
+//! rate sends in the path's least round trip and a quarter more
+//! ([`RATE_WINDOW_GAIN`]): the queue it keeps is a quarter of a round trip
+//! at most, and the spare quarter is how the rate finds more room. On that link 1,088 of 301,881 datagrams
 //! were dropped. Where the round trip is short the bound is never less
 //! than [`RATE_WINDOW_FLOOR`] of sending at that rate: there
 //! acknowledgements come in bursts that a window of one round trip would
