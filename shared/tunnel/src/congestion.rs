@@ -111,6 +111,9 @@ pub struct SteadyBbr {
     last_loss: Option<Instant>,
     /// The path's least round trip seen.
     min_rtt: Option<Duration>,
+    /// Bytes acknowledged since quinn last ended a batch of
+    /// acknowledgements.
+    acked: u64,
     delivery: Delivery,
 }
 
@@ -130,8 +133,11 @@ struct Delivery {
     /// ... a loss in it ...
     lost: bool,
     /// ... while a queue grew at the bottleneck says the sender had
-    /// reached the path's limit.
+    /// reached the path's limit; or the sender had its whole window out
+    /// (quinn flags a sender its pacer holds as app-limited, so a window
+    /// at the bound's floor would never count and never grow).
     queued: bool,
+    filled: bool,
     /// The last spans' rates, bytes per second, oldest first, and the
     /// best of them (kept as spans close: quinn asks for the window
     /// several times per datagram it sends).
@@ -168,7 +174,7 @@ impl Delivery {
             return;
         }
         let overflowed = self.lost && self.queued;
-        if !self.limited || overflowed {
+        if !self.limited || self.filled || overflowed {
             self.push(self.acked as f64 / span.as_secs_f64());
         }
         if overflowed {
@@ -179,6 +185,7 @@ impl Delivery {
         self.limited = false;
         self.lost = false;
         self.queued = false;
+        self.filled = false;
     }
 
     fn on_loss(&mut self) {
@@ -230,6 +237,7 @@ impl SteadyBbr {
             now: None,
             last_loss: None,
             min_rtt: None,
+            acked: 0,
             delivery: Delivery::default(),
         }
     }
@@ -264,6 +272,7 @@ impl Controller for SteadyBbr {
     ) {
         self.now = Some(now);
         self.min_rtt = Some(rtt.min());
+        self.acked += bytes;
         self.delivery
             .on_ack(now, bytes, app_limited, rtt.get(), rtt.min());
         self.inner.on_ack(now, sent, bytes, app_limited, rtt);
@@ -277,6 +286,13 @@ impl Controller for SteadyBbr {
         largest_packet_num_acked: Option<u64>,
     ) {
         self.now = Some(now);
+        // What was in flight before these acknowledgements: a sender with
+        // its whole window out (an eighth spare) was held by the window.
+        let before = in_flight + std::mem::take(&mut self.acked);
+        let window = self.window();
+        if before >= window - window / 8 {
+            self.delivery.filled = true;
+        }
         // BBR's rule for starting a probe, read before it acts on it.
         let probes = !app_limited
             && self
@@ -345,6 +361,7 @@ impl Controller for SteadyBbr {
             now: self.now,
             last_loss: self.last_loss,
             min_rtt: self.min_rtt,
+            acked: self.acked,
             delivery: self.delivery.clone(),
         })
     }
@@ -583,6 +600,29 @@ mod tests {
         let mut cc = over(ms(1));
         deliver(&mut cc, Instant::now(), 1e6, 0.1, false);
         assert_eq!(cc.window(), INITIAL);
+    }
+
+    #[test]
+    fn a_window_at_the_floor_grows_though_its_sender_looks_app_limited() {
+        // The bound found a near-zero rate (a span of small calls with a
+        // loss behind a queue): the window is the floor, the initial one.
+        let mut cc = over(ms(100));
+        let t = deliver(&mut cc, Instant::now(), 1e3, 0.005, true);
+        cc.on_congestion_event(t, t, false, 1200);
+        cc.inner = Box::new(Fake::default());
+        let mut t = deliver_with(&mut cc, t, 1e3, 0.1, true, ms(130));
+        assert_eq!(cc.window(), INITIAL);
+        // A transfer then keeps that window in flight, paced, so quinn
+        // flags it app-limited: each round trip delivers the window, and
+        // the window grows by its spare quarter (twenty round trips take
+        // it from 0.24 MB to 2 MB).
+        for _ in 0..20 {
+            let window = cc.window();
+            cc.on_end_acks(t, window, true, None);
+            t = deliver(&mut cc, t, window as f64 / 0.1, 0.1, true);
+        }
+        // Up past the bound, to BBR's own window.
+        assert_eq!(cc.window(), NORMAL);
     }
 
     #[test]
