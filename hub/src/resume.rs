@@ -392,9 +392,20 @@ struct Held {
 
 impl Held {
     fn push(&mut self, frame: Bytes) {
-        if !frame.is_empty() {
-            self.len += frame.len();
-            self.frames.push_back(frame);
+        if frame.is_empty() {
+            return;
+        }
+        self.len += frame.len();
+        self.frames.push_back(frame);
+        // An agent sending tiny frames must not make the hub hold a handle
+        // (and a buffer) per byte: past this many, what is held is copied
+        // into one frame, so memory stays within the event bound.
+        if self.frames.len() > MAX_HELD_FRAMES {
+            let mut whole = BytesMut::with_capacity(self.len);
+            for f in self.frames.drain(..) {
+                whole.extend_from_slice(&f);
+            }
+            self.frames.push_back(whole.freeze());
         }
     }
 
@@ -491,6 +502,9 @@ impl Buf for Parts<'_> {
         }
     }
 }
+
+/// The most frames held apart before they are copied into one.
+const MAX_HELD_FRAMES: usize = 256;
 
 /// Pieces shorter than this are passed on together, copied into one
 /// frame, so a run of small events does not become a frame each.
@@ -730,6 +744,24 @@ mod tests {
             assert_eq!(passing.held.len, 0);
             assert_eq!(passing.progress.version.as_deref(), Some("105"));
         }
+    }
+
+    #[test]
+    fn an_event_in_one_byte_frames_is_held_in_few_frames() {
+        let (stream, _) = events(&[100_000]);
+        let mut passing = Passing::new(watch_progress());
+        for b in &stream[..stream.len() - 1] {
+            passing.push(Bytes::copy_from_slice(&[*b])).unwrap();
+            assert!(passing.held.frames.len() <= MAX_HELD_FRAMES + 1);
+        }
+        passing
+            .push(Bytes::copy_from_slice(&stream[stream.len() - 1..]))
+            .unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = passing.next_ready() {
+            out.extend_from_slice(&b);
+        }
+        assert_eq!(out, stream);
     }
 
     #[test]
