@@ -384,9 +384,17 @@ type Opening = Pin<Box<dyn Future<Output = Result<HttpBody, Status>> + Send>>;
 /// a message is held until it is whole, and passed on without a copy. The
 /// frames are slices of the tunnel reader's buffers, so what is held keeps
 /// those alive: at most [`MAX_EVENT`] and the one buffer being filled.
+///
+/// Frames under [`SMALL_FRAME`] are copied into a tail instead: an agent
+/// sending one-byte frames must not make the hub hold a handle (and a
+/// reader buffer) per byte. Each byte is copied once, so holding stays
+/// linear in what came, and at most two frames per [`SMALL_FRAME`] are
+/// held apart.
 #[derive(Debug, Default)]
 struct Held {
     frames: VecDeque<Bytes>,
+    /// Small frames' bytes after `frames`.
+    tail: BytesMut,
     len: usize,
 }
 
@@ -396,17 +404,25 @@ impl Held {
             return;
         }
         self.len += frame.len();
-        self.frames.push_back(frame);
-        // An agent sending tiny frames must not make the hub hold a handle
-        // (and a buffer) per byte: past this many, what is held is copied
-        // into one frame, so memory stays within the event bound.
-        if self.frames.len() > MAX_HELD_FRAMES {
-            let mut whole = BytesMut::with_capacity(self.len);
-            for f in self.frames.drain(..) {
-                whole.extend_from_slice(&f);
+        if frame.len() < SMALL_FRAME {
+            self.tail.extend_from_slice(&frame);
+            if self.tail.len() >= TAIL {
+                self.frames.push_back(self.tail.split().freeze());
             }
-            self.frames.push_back(whole.freeze());
+            return;
         }
+        if !self.tail.is_empty() {
+            self.frames.push_back(self.tail.split().freeze());
+        }
+        self.frames.push_back(frame);
+    }
+
+    /// The held bytes' pieces, in order.
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        self.frames
+            .iter()
+            .map(|f| &f[..])
+            .chain(std::iter::once(&self.tail[..]))
     }
 
     /// The gRPC prefix of the first message (compression flag, length),
@@ -417,9 +433,9 @@ impl Held {
         }
         let mut head = [0u8; 5];
         let mut n = 0;
-        for frame in &self.frames {
-            let k = (5 - n).min(frame.len());
-            head[n..n + k].copy_from_slice(&frame[..k]);
+        for piece in self.pieces() {
+            let k = (5 - n).min(piece.len());
+            head[n..n + k].copy_from_slice(&piece[..k]);
             n += k;
             if n == 5 {
                 break;
@@ -436,6 +452,7 @@ impl Held {
         self.len -= left;
         while left > 0 {
             let Some(front) = self.frames.front_mut() else {
+                out.push(self.tail.split_to(left).freeze());
                 break;
             };
             if front.len() <= left {
@@ -451,6 +468,7 @@ impl Held {
 
     fn clear(&mut self) {
         self.frames.clear();
+        self.tail.clear();
         self.len = 0;
     }
 }
@@ -503,8 +521,10 @@ impl Buf for Parts<'_> {
     }
 }
 
-/// The most frames held apart before they are copied into one.
-const MAX_HELD_FRAMES: usize = 256;
+/// Frames shorter than this are copied into the held tail.
+const SMALL_FRAME: usize = 4 * 1024;
+/// The tail is held as a frame of its own once this long.
+const TAIL: usize = 64 * 1024;
 
 /// Pieces shorter than this are passed on together, copied into one
 /// frame, so a run of small events does not become a frame each.
@@ -747,13 +767,23 @@ mod tests {
     }
 
     #[test]
-    fn an_event_in_one_byte_frames_is_held_in_few_frames() {
-        let (stream, _) = events(&[100_000]);
+    fn an_event_in_one_byte_frames_is_held_in_few_frames_each_byte_copied_once() {
+        let (stream, _) = events(&[300_000]);
         let mut passing = Passing::new(watch_progress());
+        let mut first_held = None;
         for b in &stream[..stream.len() - 1] {
             passing.push(Bytes::copy_from_slice(&[*b])).unwrap();
-            assert!(passing.held.frames.len() <= MAX_HELD_FRAMES + 1);
+            let held = &passing.held;
+            assert!(held.frames.len() <= 2 * held.len / SMALL_FRAME + 1);
+            // What was held stays where it is: bytes are copied once, not
+            // again with every few frames (quadratic in a large event).
+            match (first_held, held.frames.front()) {
+                (None, Some(f)) => first_held = Some((f.as_ptr(), f.len())),
+                (Some(was), f) => assert_eq!(Some(was), f.map(|f| (f.as_ptr(), f.len()))),
+                (None, None) => {}
+            }
         }
+        assert!(first_held.is_some());
         passing
             .push(Bytes::copy_from_slice(&stream[stream.len() - 1..]))
             .unwrap();
@@ -762,6 +792,8 @@ mod tests {
             out.extend_from_slice(&b);
         }
         assert_eq!(out, stream);
+        assert_eq!(passing.held.len, 0);
+        assert!(passing.held.tail.is_empty());
     }
 
     #[test]

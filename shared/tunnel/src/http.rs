@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use futures::{FutureExt, SinkExt, StreamExt};
 use http_body::{Body, Frame};
 use prost::Message;
@@ -32,8 +32,8 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use crate::{
     Result, TunnelError,
     frame::{
-        Caller, ChunkCodec, ChunkKind, HeaderList, Limits, RequestHead, ResponseHead, from_wire,
-        to_wire,
+        Caller, ChunkCodec, ChunkKind, HEADER_LEN, HeaderList, Limits, RequestHead, ResponseHead,
+        from_wire, to_wire,
     },
     transport::TunnelStream,
 };
@@ -68,6 +68,11 @@ async fn feed_data(writer: &mut Writer, mut data: Bytes, max: usize) -> Result<(
 /// ms with turns of a quarter MiB (50-150 µs of copying and encryption);
 /// the bulk stream alone kept its rate.
 const TURN: usize = 256 * 1024;
+
+/// DATA chunks shorter than this that arrive together reach the hub's
+/// caller gathered, up to [`GATHERED`] bytes in one frame.
+const SMALL_CHUNK: usize = 4 * 1024;
+const GATHERED: usize = 16 * 1024;
 
 /// Counts the bytes a pump moves, to end its turn every [`TURN`].
 #[derive(Debug, Default)]
@@ -357,6 +362,34 @@ impl std::fmt::Debug for ResponseBody {
 }
 
 impl ResponseBody {
+    /// `first` and the small DATA chunks after it already read off the
+    /// stream, as one frame. The agent's body decides how its bytes are cut:
+    /// one cut into single bytes would otherwise reach the caller's
+    /// connection (and anything holding frames) as a frame per byte, each
+    /// with its own bookkeeping. Larger chunks pass as they came.
+    fn gather(&mut self, first: Bytes) -> Bytes {
+        if first.len() >= SMALL_CHUNK {
+            return first;
+        }
+        let max = self.reader.decoder().limits.max_data.min(SMALL_CHUNK - 1);
+        let mut out: Option<BytesMut> = None;
+        loop {
+            let buf = self.reader.read_buffer();
+            if buf.len() < HEADER_LEN || buf[0] != ChunkKind::Data as u8 {
+                break;
+            }
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            let so_far = out.as_ref().map_or(first.len(), BytesMut::len);
+            if len > max || buf.len() < HEADER_LEN + len || so_far + len > GATHERED {
+                break;
+            }
+            out.get_or_insert_with(|| BytesMut::from(&first[..]))
+                .extend_from_slice(&buf[HEADER_LEN..HEADER_LEN + len]);
+            self.reader.read_buffer_mut().advance(HEADER_LEN + len);
+        }
+        out.map_or(first, BytesMut::freeze)
+    }
+
     fn finish(&mut self) {
         self.finished = true;
         if let Some(done) = self.done.take() {
@@ -401,6 +434,7 @@ impl Body for ResponseBody {
                 Poll::Ready(None)
             }
             Some(Ok((ChunkKind::Data, data))) => {
+                let data = self.gather(data);
                 self.turn_over = self.turn.over(data.len());
                 Poll::Ready(Some(Ok(Frame::data(data))))
             }
@@ -523,13 +557,16 @@ where
         let mut tx = Some(tx);
         loop {
             match (reader.next().await, &tx) {
-                (Some(Ok((ChunkKind::Data, data))), Some(sender)) => {
-                    // A service that stopped reading the body just gets no more of it.
-                    if sender.send(Ok(data)).await.is_err() {
+                (Some(Ok((ChunkKind::Data, data))), sender) => {
+                    // A service that stopped reading the body (or never
+                    // read it) just gets no more of it; its call goes on.
+                    if let Some(sender) = sender
+                        && sender.send(Ok(data)).await.is_err()
+                    {
                         tx = None;
                     }
                 }
-                (Some(Ok((ChunkKind::End, _))), Some(_)) => {
+                (Some(Ok((ChunkKind::End, _))), _) => {
                     whole.store(true, std::sync::atomic::Ordering::Relaxed);
                     tx = None;
                 }
@@ -721,6 +758,136 @@ mod tests {
     /// The hub's side: a response read off a stream that always has the
     /// next chunk lets whoever drains it go every quarter MiB, and wakes
     /// it at once to go on.
+    /// Answers without reading the request, once told to.
+    struct Unread {
+        go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+    }
+
+    impl tower_service::Service<http::Request<RequestBody>> for &Unread {
+        type Response = http::Response<BulkBody>;
+        type Error = Infallible;
+        type Future =
+            futures::future::BoxFuture<'static, std::result::Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::result::Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
+            drop(request);
+            let go = self.go.lock().unwrap().take().unwrap();
+            Box::pin(async move {
+                let _ = go.await;
+                let answer = vec![Ok(Frame::data(Bytes::from_static(b"answer")))];
+                Ok(http::Response::new(http_body_util::StreamBody::new(
+                    futures::stream::iter(answer),
+                )))
+            })
+        }
+    }
+
+    /// A service that drops the request unread keeps its call: the rest of
+    /// the request and its end are read and dropped, and only the hub
+    /// closing its side abandons the call.
+    #[tokio::test]
+    async fn a_call_whose_request_goes_unread_is_answered() {
+        use http_body_util::BodyExt;
+        let (hub_send, agent_recv) = tokio::io::duplex(64 * 1024);
+        let (agent_send, hub_recv) = tokio::io::duplex(64 * 1024);
+        let (go, went) = oneshot::channel();
+        let unread = Unread {
+            go: std::sync::Mutex::new(Some(went)),
+        };
+        let agent = tokio::spawn(async move {
+            let stream = TunnelStream {
+                send: Box::new(agent_send),
+                recv: Box::new(agent_recv),
+            };
+            serve(stream, &unread, Limits::default()).await
+        });
+        let stream = TunnelStream {
+            send: Box::new(hub_send),
+            recv: Box::new(hub_recv),
+        };
+        let request = http::Request::post("/svc/Call")
+            .body(http_body_util::Full::new(Bytes::from_static(b"unread")))
+            .unwrap();
+        let sending = forward(stream, "", None, request, Limits::default(), None);
+        let answering = async {
+            // The request and its end reach the agent first.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            go.send(()).unwrap();
+        };
+        let (response, ()) = tokio::join!(sending, answering);
+        let body = response.unwrap().into_body().collect().await.unwrap();
+        assert_eq!(body.to_bytes(), "answer");
+        agent.await.unwrap().unwrap();
+    }
+
+    /// A response body reading `wire` (chunks as the agent writes them).
+    fn body_reading(wire: Vec<u8>) -> ResponseBody {
+        let source: Box<dyn AsyncRead + Send + Unpin> = Box::new(std::io::Cursor::new(wire));
+        ResponseBody {
+            reader: FramedRead::new(source, ChunkCodec::default()),
+            done: None,
+            sent: None,
+            finished: false,
+            turn: Turn::default(),
+            turn_over: false,
+            _guard: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn small_chunks_read_together_reach_the_caller_as_one_frame() {
+        use http_body_util::BodyExt;
+
+        let mut wire = bytes::BytesMut::new();
+        let mut put = |kind, payload: &[u8]| {
+            tokio_util::codec::Encoder::encode(
+                &mut ChunkCodec::default(),
+                (kind, Bytes::copy_from_slice(payload)),
+                &mut wire,
+            )
+            .unwrap();
+        };
+        let sent: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        // One-byte chunks, a large one, a few more small ones.
+        for b in &sent[..30_000] {
+            put(ChunkKind::Data, &[*b]);
+        }
+        put(ChunkKind::Data, &sent[30_000..39_990]);
+        for b in &sent[39_990..] {
+            put(ChunkKind::Data, &[*b]);
+        }
+        let trailers = HeaderList {
+            headers: to_wire(&http::HeaderMap::from_iter([(
+                http::header::HeaderName::from_static("grpc-status"),
+                http::HeaderValue::from_static("0"),
+            )])),
+        };
+        put(ChunkKind::Trailers, &trailers.encode_to_vec());
+        let mut body = body_reading(wire.to_vec());
+        let (mut got, mut frames, mut status) = (Vec::new(), Vec::new(), None);
+        while let Some(frame) = body.frame().await {
+            match frame.unwrap().into_data() {
+                Ok(data) => {
+                    frames.push(data.len());
+                    got.extend_from_slice(&data);
+                }
+                Err(frame) => status = frame.into_trailers().ok(),
+            }
+        }
+        assert_eq!(got, sent, "every byte, in order");
+        assert!(frames.iter().all(|n| *n <= GATHERED), "{frames:?}");
+        // 30,010 one-byte chunks in as many frames as reads of the stream
+        // (8 KiB each, so about 1,400 chunks a frame); the large chunk as
+        // it came.
+        assert!(frames.len() < 100, "{} frames", frames.len());
+        assert!(frames.contains(&9_990), "{frames:?}");
+        assert_eq!(status.unwrap()["grpc-status"], "0");
+    }
+
     #[test]
     fn a_response_read_off_a_stream_that_never_waits_gives_way_every_turn() {
         let codec = ChunkCodec {
@@ -736,17 +903,7 @@ mod tests {
             )
             .unwrap();
         }
-        let source: Box<dyn AsyncRead + Send + Unpin> =
-            Box::new(std::io::Cursor::new(wire.freeze().to_vec()));
-        let mut body = ResponseBody {
-            reader: FramedRead::new(source, codec),
-            done: None,
-            sent: None,
-            finished: false,
-            turn: Turn::default(),
-            turn_over: false,
-            _guard: None,
-        };
+        let mut body = body_reading(wire.freeze().to_vec());
         let woken = Arc::new(AtomicUsize::new(0));
         struct Count(Arc<AtomicUsize>);
         impl std::task::Wake for Count {

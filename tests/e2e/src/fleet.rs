@@ -67,7 +67,7 @@ impl Fleet {
         tenants: &[&str],
         hub_args: &[&str],
     ) -> Fleet {
-        Self::start_full(sim, transports, tenants, hub_args, 1).await
+        Self::start_full(sim, transports, tenants, hub_args, 1, true).await
     }
 
     /// Like [`Fleet::start`], with keepalives every `keepalive_secs` on
@@ -77,7 +77,14 @@ impl Fleet {
         transports: &[&'static str],
         keepalive_secs: u64,
     ) -> Fleet {
-        Self::start_full(sim, transports, &[], &[], keepalive_secs).await
+        Self::start_full(sim, transports, &[], &[], keepalive_secs, true).await
+    }
+
+    /// Like [`Fleet::start`], without starting the agents: their join
+    /// tokens are in the fleet's directory (`token-<i>`) for agents the
+    /// test runs itself.
+    pub async fn start_hub_only(sim: &kube_sim::KubeSim, transports: &[&'static str]) -> Fleet {
+        Self::start_full(sim, transports, &[], &[], 1, false).await
     }
 
     async fn start_full(
@@ -86,6 +93,7 @@ impl Fleet {
         tenants: &[&str],
         hub_args: &[&str],
         keepalive_secs: u64,
+        agents: bool,
     ) -> Fleet {
         let tenant_of = |i: usize| tenants.get(i).copied().unwrap_or("default");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -153,8 +161,10 @@ impl Fleet {
             dir,
         };
         fleet.start_hub();
-        for i in 0..fleet.agents.len() {
-            fleet.start_agent(i);
+        if agents {
+            for i in 0..fleet.agents.len() {
+                fleet.start_agent(i);
+            }
         }
         fleet
     }

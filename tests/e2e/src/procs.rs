@@ -455,11 +455,29 @@ fn rss_kib_of(status: &str) -> Option<u64> {
     vm_rss_kib(&std::fs::read_to_string(status).ok()?)
 }
 
+/// Starts process `pid`'s peak resident memory (VmHWM) again from what it
+/// holds now; false when the kernel refused (not its owner, or too old).
+pub fn reset_peak_rss(pid: u32) -> bool {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// The most resident memory process `pid` has had, in MiB (VmHWM), if it
+/// runs.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(status_kib(&status, "VmHWM:")? as f64 / 1024.0)
+}
+
 /// The VmRSS (KiB) of the text of a `/proc/<pid>/status`.
 fn vm_rss_kib(status: &str) -> Option<u64> {
+    status_kib(status, "VmRSS:")
+}
+
+/// The figure (KiB) of line `key` of a `/proc/<pid>/status` text.
+fn status_kib(status: &str, key: &str) -> Option<u64> {
     status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
+        .find(|l| l.starts_with(key))?
         .split_whitespace()
         .nth(1)?
         .parse()

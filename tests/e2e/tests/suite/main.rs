@@ -23,6 +23,7 @@ mod etcd_quorum;
 mod fleet_fanout;
 mod hostile_api;
 mod hostile_enrollment;
+mod hostile_frames;
 mod hostile_identity;
 mod hostile_lookups;
 mod hostile_tunnel;

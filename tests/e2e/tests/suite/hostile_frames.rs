@@ -1,0 +1,204 @@
+//! An admitted agent that cuts its answers into one-byte frames, through a
+//! hub process: a Watch event and a Get answer of 3 MiB each, every byte a
+//! DATA chunk of its own on the tunnel. Both reach the caller whole, and
+//! the hub's peak memory grows by about what it was sent, not by what a
+//! frame per byte costs (a handle, and the tunnel buffer it pins, for each
+//! byte of a Watch event held until whole: 307 MiB for the 3 MiB event
+//! before the hub gathered small chunks and copied small frames).
+
+use std::{
+    convert::Infallible,
+    future::{Ready, ready},
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+use otter_e2e::{
+    double::{WAIT, get, watch},
+    fleet::Fleet,
+    kube::{sim_config, within},
+    procs::{peak_rss_mib, reset_peak_rss, rss_mib},
+    with_token,
+};
+use otter_proto::resource::v1::{
+    Resource, WatchEvent, resource_service_client::ResourceServiceClient, watch_event,
+};
+use otter_tunnel::TransportKind;
+use prost::Message;
+use prost_types::{Struct, Value, value::Kind};
+
+/// Bytes of the string each answer carries.
+const SIZE: usize = 3 * 1024 * 1024;
+/// Peak hub memory growth allowed while one answer passes: the 3 MiB sent,
+/// a copy on the way out, and the caller connection's buffers. A handle
+/// per held byte alone would be 3 MiB × 32 bytes = 96 MiB.
+const MAX_GROWTH_MIB: f64 = 24.0;
+
+/// An object whose `data` is `SIZE` bytes of a pattern that shows any byte
+/// lost, doubled or moved.
+fn object(name: &str) -> Struct {
+    let data: String = (0..SIZE)
+        .map(|i| char::from(b'a' + (i % 23) as u8))
+        .collect();
+    let text = |s: String| Value {
+        kind: Some(Kind::StringValue(s)),
+    };
+    Struct {
+        fields: [
+            ("name".to_owned(), text(name.to_owned())),
+            ("data".to_owned(), text(data)),
+        ]
+        .into(),
+    }
+}
+
+/// `message` with its gRPC prefix.
+fn framed(message: &[u8]) -> Bytes {
+    let mut out = vec![0];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
+/// The agent's ResourceService, replaced: every call is answered with one
+/// message, a DATA frame per byte, then an OK status.
+#[derive(Clone)]
+struct Crumbs {
+    watch: Bytes,
+    get: Bytes,
+}
+
+impl tonic::server::NamedService for Crumbs {
+    const NAME: &'static str = "otterscale.resource.v1.ResourceService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Crumbs {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let message = if req.uri().path().ends_with("/Watch") {
+            self.watch.clone()
+        } else {
+            self.get.clone()
+        };
+        let mut status = http::HeaderMap::new();
+        status.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let bytes = (0..message.len())
+            .map(move |i| Ok::<_, Infallible>(Frame::data(message.slice(i..i + 1))))
+            .chain(std::iter::once(Ok(Frame::trailers(status))));
+        let body = tonic::body::Body::new(StreamBody::new(futures::stream::iter(bytes)));
+        ready(Ok(http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(body)
+            .expect("response")))
+    }
+}
+
+fn string_field(object: &Struct, key: &str) -> String {
+    match object.fields.get(key).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::StringValue(s)) => s.clone(),
+        other => panic!("field {key}: {other:?}"),
+    }
+}
+
+/// Runs `call`; fails the test when the hub's peak memory meanwhile grew
+/// by [`MAX_GROWTH_MIB`] or more.
+async fn peak_growth<T>(hub: u32, what: &str, call: impl Future<Output = T>) -> T {
+    // The peak from here on: the hub's start-up peak is above its idle
+    // memory, and would hide growth below it.
+    assert!(
+        reset_peak_rss(hub),
+        "cannot reset the hub's peak memory (/proc/{hub}/clear_refs)"
+    );
+    let before = rss_mib(hub).expect("hub memory");
+    let out = call.await;
+    let peak = peak_rss_mib(hub).expect("hub memory");
+    let growth = peak - before;
+    eprintln!("{what}: hub memory {before:.1} MiB, peak {peak:.1} (+{growth:.1})");
+    assert!(
+        growth < MAX_GROWTH_MIB,
+        "the hub's peak memory grew {growth:.1} MiB passing {what}'s {SIZE} bytes in one-byte frames"
+    );
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_cut_into_one_byte_frames_pass_whole_within_bounded_hub_memory() {
+    let sim = kube_sim::KubeSim::start(sim_config()).await.expect("sim");
+    let fleet = Fleet::start_hub_only(&sim, &["quic"]).await;
+    let event = WatchEvent {
+        r#type: Some(watch_event::Type::Added as i32),
+        resource: Some(Resource {
+            object: Some(object("watched")),
+        }),
+        resource_version: Some("7".into()),
+    };
+    let answer = Resource {
+        object: Some(object("got")),
+    };
+    let crumbs = Crumbs {
+        watch: framed(&event.encode_to_vec()),
+        get: framed(&answer.encode_to_vec()),
+    };
+    let routes = tonic::service::Routes::new(crumbs);
+
+    let channel = fleet.channel().await;
+    let token = std::fs::read_to_string(fleet.dir.path().join("token-0")).expect("token");
+    let mut config = otter_agent::AgentConfig::new(
+        format!("https://localhost:{}", fleet.api).parse().unwrap(),
+        "edge-0",
+        "agent-0",
+        &fleet.ca_pem,
+    );
+    config.join_token = otter_agent::config::Secret(token);
+    config.transports = vec![TransportKind::Quic];
+    let agent = otter_agent::Agent::start(config, routes).unwrap();
+    agent
+        .wait_for(WAIT, |s| s.connected.is_some())
+        .await
+        .expect("the agent connects");
+    fleet.all_connected(&channel).await;
+
+    let t = &fleet.admin_token;
+    let mut client =
+        ResourceServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
+    let hub_pid = fleet.hub.as_ref().expect("hub").pid();
+
+    peak_growth(hub_pid, "the Watch", async {
+        let mut events = within("the watch", client.watch(with_token(watch("edge-0"), t)))
+            .await
+            .unwrap()
+            .into_inner();
+        let got = within("the event", events.next())
+            .await
+            .expect("an event")
+            .expect("the event whole");
+        assert_eq!(got, event, "the event as the agent sent it");
+        assert!(within("the watch's end", events.next()).await.is_none());
+    })
+    .await;
+
+    let got = peak_growth(hub_pid, "the Get", async {
+        within("the get", client.get(with_token(get("edge-0", "x"), t)))
+            .await
+            .unwrap()
+            .into_inner()
+    })
+    .await;
+    let object = got.object.expect("an object");
+    assert_eq!(string_field(&object, "name"), "got");
+    assert_eq!(
+        string_field(&object, "data"),
+        string_field(answer.object.as_ref().unwrap(), "data")
+    );
+    agent.shutdown().await;
+}
