@@ -71,17 +71,26 @@ pub struct ChunkCodec {
     pub limits: Limits,
 }
 
+/// The kind byte and payload length of the chunk `src` starts with, once
+/// its header is whole (neither is checked here).
+pub(crate) fn header(src: &[u8]) -> Option<(u8, usize)> {
+    let head: [u8; HEADER_LEN] = src.get(..HEADER_LEN)?.try_into().ok()?;
+    Some((
+        head[0],
+        u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize,
+    ))
+}
+
 impl Decoder for ChunkCodec {
     type Item = (ChunkKind, Bytes);
     type Error = TunnelError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, TunnelError> {
-        if src.len() < HEADER_LEN {
+        let Some((kind, len)) = header(src) else {
             return Ok(None);
-        }
-        let kind = ChunkKind::from_u8(src[0])
-            .ok_or_else(|| TunnelError::protocol(format!("unknown chunk kind {}", src[0])))?;
-        let len = u32::from_be_bytes([src[1], src[2], src[3], src[4]]) as usize;
+        };
+        let kind = ChunkKind::from_u8(kind)
+            .ok_or_else(|| TunnelError::protocol(format!("unknown chunk kind {kind}")))?;
         let max = match kind {
             ChunkKind::Data => self.limits.max_data,
             ChunkKind::End => 0,

@@ -375,10 +375,12 @@ impl ResponseBody {
         let mut out: Option<BytesMut> = None;
         loop {
             let buf = self.reader.read_buffer();
-            if buf.len() < HEADER_LEN || buf[0] != ChunkKind::Data as u8 {
+            let Some((kind, len)) = crate::frame::header(buf) else {
+                break;
+            };
+            if kind != ChunkKind::Data as u8 {
                 break;
             }
-            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
             let so_far = out.as_ref().map_or(first.len(), BytesMut::len);
             if len > max || buf.len() < HEADER_LEN + len || so_far + len > GATHERED {
                 break;
@@ -755,9 +757,6 @@ mod tests {
         );
     }
 
-    /// The hub's side: a response read off a stream that always has the
-    /// next chunk lets whoever drains it go every quarter MiB, and wakes
-    /// it at once to go on.
     /// Answers without reading the request, once told to.
     struct Unread {
         go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
@@ -888,6 +887,9 @@ mod tests {
         assert_eq!(status.unwrap()["grpc-status"], "0");
     }
 
+    /// The hub's side: a response read off a stream that always has the
+    /// next chunk lets whoever drains it go every quarter MiB, and wakes
+    /// it at once to go on.
     #[test]
     fn a_response_read_off_a_stream_that_never_waits_gives_way_every_turn() {
         let codec = ChunkCodec {
