@@ -285,11 +285,15 @@ pub(crate) async fn send(
             .get(otter_tunnel::frame::UPLOAD_ORDER_HEADER)
             .and_then(|v| v.to_str().ok())
     {
-        let place = crate::uploads::Ordered(place.to_owned());
-        parts.extensions.insert(place);
+        parts.extensions.insert(crate::uploads::Ordered {
+            place: place.to_owned(),
+            sent_before: None,
+        });
     }
     strip_client_headers(&mut parts.headers);
-    if let Some(crate::uploads::Ordered(place)) = parts.extensions.get()
+    let ordered = parts.extensions.get::<crate::uploads::Ordered>();
+    let sent_before = ordered.and_then(|o| o.sent_before);
+    if let Some(crate::uploads::Ordered { place, .. }) = ordered
         && let Ok(v) = http::HeaderValue::from_str(place)
     {
         parts
@@ -319,6 +323,9 @@ pub(crate) async fn send(
         }
         Err(e) => return Err(e.status()),
     };
+    if let Some(bytes) = sent_before {
+        call.stream.continues(bytes);
+    }
     metrics.calls_in_flight.inc();
     let tenant = call.tunnel.tenant.clone();
     let guard = CallGuard {

@@ -256,9 +256,16 @@ impl Path {
 /// A write's place on its upload path, `<upload>/<seq>` as the agent
 /// reads it ([`otter_tunnel::frame::UPLOAD_ORDER_HEADER`]): set by the
 /// path's pump, carried to a peer as that header, never taken from a
-/// client.
+/// client. With the bytes the path sent before it, where the pump knows
+/// them: the tunnel sends the batch behind requests that sent less
+/// ([`otter_tunnel::TunnelStream::continues`]), so a path's batches go in
+/// their order. (A peer's copy does not carry them: there the batches go
+/// in turn, as other requests.)
 #[derive(Debug, Clone)]
-pub struct Ordered(pub String);
+pub struct Ordered {
+    pub place: String,
+    pub sent_before: Option<u64>,
+}
 
 /// Writes of one path on their way to the agent at once. Each waits there
 /// for the one before, so far from the cluster a path moves this many
@@ -286,6 +293,7 @@ impl Pump {
         let stop = self.path.ended.clone();
         let upload: u64 = rand::random();
         let mut seq = 0u64;
+        let mut sent = 0u64;
         let mut carried: Option<Chunk> = None;
         let mut calls = futures::stream::FuturesOrdered::new();
         let idle = tokio::time::sleep(IDLE);
@@ -297,15 +305,18 @@ impl Pump {
                 && let Some(first) = carried.take().or_else(|| rx.try_recv().ok())
             {
                 let (data, held) = batch(first, &mut rx, &mut carried);
+                let len = data.len() as u64;
                 let msg = WritePortForwardRequest {
                     session_id: Some(self.key.0.clone()),
                     data: Some(data.into()),
                 };
                 let mut parts = self.parts.clone();
-                parts
-                    .extensions
-                    .insert(Ordered(format!("{upload:x}/{seq:x}")));
+                parts.extensions.insert(Ordered {
+                    place: format!("{upload:x}/{seq:x}"),
+                    sent_before: Some(sent),
+                });
                 seq += 1;
+                sent += len;
                 let call = call_agent(
                     &self.state,
                     &self.caller,

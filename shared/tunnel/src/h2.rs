@@ -183,6 +183,7 @@ impl Opener for H2Opener {
             Ok(TunnelStream {
                 send: Box::new(H2Send::open(stream)),
                 recv: reader(RecvState::Waiting(response)),
+                sent_before: None,
             })
         })
     }
@@ -576,6 +577,7 @@ impl Acceptor for H2Acceptor {
             Ok(Some(TunnelStream {
                 send: Box::new(H2Send::unanswered(respond)),
                 recv: reader(RecvState::Ready(request.into_body())),
+                sent_before: None,
             }))
         })
     }

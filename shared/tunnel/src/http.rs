@@ -798,16 +798,10 @@ mod tests {
             go: std::sync::Mutex::new(Some(went)),
         };
         let agent = tokio::spawn(async move {
-            let stream = TunnelStream {
-                send: Box::new(agent_send),
-                recv: Box::new(agent_recv),
-            };
+            let stream = TunnelStream::new(agent_send, agent_recv);
             serve(stream, &unread, Limits::default()).await
         });
-        let stream = TunnelStream {
-            send: Box::new(hub_send),
-            recv: Box::new(hub_recv),
-        };
+        let stream = TunnelStream::new(hub_send, hub_recv);
         let request = http::Request::post("/svc/Call")
             .body(http_body_util::Full::new(Bytes::from_static(b"unread")))
             .unwrap();

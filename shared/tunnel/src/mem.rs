@@ -45,18 +45,12 @@ impl Opener for MemOpener {
             let (hub_recv, hub_send) = tokio::io::split(hub);
             let (agent_recv, agent_send) = tokio::io::split(agent);
             self.tx
-                .send(TunnelStream {
-                    send: Box::new(agent_send),
-                    recv: Box::new(agent_recv),
-                })
+                .send(TunnelStream::new(agent_send, agent_recv))
                 .await
                 .map_err(|_| {
                     TunnelError::Closed("agent side of in-memory tunnel is gone".into())
                 })?;
-            Ok(TunnelStream {
-                send: Box::new(hub_send),
-                recv: Box::new(hub_recv),
-            })
+            Ok(TunnelStream::new(hub_send, hub_recv))
         })
     }
 

@@ -2,7 +2,14 @@
 //! calls are independent down to packet loss: a lost packet of one call does
 //! not hold up another.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use quinn::{
     Endpoint, TransportConfig, VarInt,
@@ -570,9 +577,11 @@ impl Opener for QuicOpener {
     fn open(&self) -> BoxFuture<'_, Result<TunnelStream>> {
         Box::pin(async move {
             let (send, recv) = self.conn.open_bi().await?;
+            let sent_before = Arc::new(AtomicU64::new(0));
             Ok(TunnelStream {
-                send: Box::new(Prioritized::new(send)),
+                send: Box::new(Prioritized::request(send, sent_before.clone())),
                 recv: Box::new(recv),
+                sent_before: Some(sent_before),
             })
         })
     }
@@ -863,10 +872,7 @@ impl Acceptor for QuicAcceptor {
     fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
         Box::pin(async move {
             match self.conn.accept_bi().await {
-                Ok((send, recv)) => Ok(Some(TunnelStream {
-                    send: Box::new(Prioritized::new(send)),
-                    recv: Box::new(recv),
-                })),
+                Ok((send, recv)) => Ok(Some(TunnelStream::new(Prioritized::answer(send), recv))),
                 Err(quinn::ConnectionError::LocallyClosed) => Ok(None),
                 Err(e) => Err(e.into()),
             }
@@ -895,22 +901,77 @@ impl Acceptor for QuicAcceptor {
     }
 }
 
-/// Bytes a stream sends before it counts as bulk.
+/// Bytes a stream sends before it counts as bulk; on the hub's side, also
+/// the step by which a request's place falls as it sends more.
 const BULK_AFTER: u64 = 256 * 1024;
 
-/// A stream's sending side that steps back once it has sent
-/// [`BULK_AFTER`] bytes: quinn sends a higher priority's data first, so a
-/// small call's request or answer is not queued behind a bulk transfer's
-/// bytes on the same connection (a Get beside a saturating Watch or
-/// port-forward).
+/// The lowest place a request's bytes fall to (2^30 steps of
+/// [`BULK_AFTER`]: 256 TiB sent).
+const LOWEST: u64 = 1 << 30;
+
+/// A stream's sending side with its place among the connection's
+/// senders (quinn sends a higher priority's data first, and streams of
+/// one priority in turn).
+///
+/// An agent's answer steps back once it has sent [`BULK_AFTER`] bytes, so
+/// a small call's answer is not queued behind a bulk transfer's bytes on
+/// the same connection (a Get beside a saturating Watch or port-forward).
+///
+/// A hub's request steps back one place per [`BULK_AFTER`] it has sent,
+/// counting what its upload sent before it ([`TunnelStream::continues`]):
+/// the request that has sent least goes first. A port-forward's upload
+/// path sends a few batches at once, each a stream of its own, and the
+/// agent hands each to the pod only after the one before; sent in turn,
+/// every batch was only whole when all of them were, and each loss held
+/// all of them. In order, with 100 ms and 1 % loss between hub and agent,
+/// the upload went from 7.6-9.8 MB/s to 10.4-10.9 (kubectl's, on one
+/// stream: 11.0-11.1). Two uploads share the path by what each has sent,
+/// so neither waits for the other to end; small requests still go first.
 struct Prioritized {
     send: quinn::SendStream,
     written: u64,
+    /// A hub's request: its place falls as it sends ...
+    request: bool,
+    /// ... from what its upload sent before it, read at the first write.
+    sent_before: Option<Arc<AtomicU64>>,
+    priority: i32,
 }
 
 impl Prioritized {
-    fn new(send: quinn::SendStream) -> Self {
-        Prioritized { send, written: 0 }
+    fn answer(send: quinn::SendStream) -> Self {
+        Prioritized {
+            send,
+            written: 0,
+            request: false,
+            sent_before: None,
+            priority: 0,
+        }
+    }
+
+    fn request(send: quinn::SendStream, sent_before: Arc<AtomicU64>) -> Self {
+        Prioritized {
+            request: true,
+            sent_before: Some(sent_before),
+            ..Self::answer(send)
+        }
+    }
+
+    /// The place of a stream that has sent `written` bytes.
+    fn place(&self, written: u64) -> i32 {
+        let steps = match self.request {
+            true => (written / BULK_AFTER).min(LOWEST),
+            false => u64::from(written >= BULK_AFTER),
+        };
+        -i32::try_from(steps).unwrap_or(i32::MAX)
+    }
+
+    fn take_place(&mut self) {
+        let priority = self.place(self.written);
+        if priority != self.priority {
+            self.priority = priority;
+            // Fails only on a stream already closed or reset.
+            let _ = self.send.set_priority(priority);
+        }
     }
 }
 
@@ -921,13 +982,13 @@ impl tokio::io::AsyncWrite for Prioritized {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        let n = std::task::ready!(std::pin::Pin::new(&mut this.send).poll_write(cx, buf))?;
-        let before = this.written;
-        this.written += n as u64;
-        if before < BULK_AFTER && this.written >= BULK_AFTER {
-            // Fails only on a stream already closed or reset.
-            let _ = this.send.set_priority(-1);
+        if let Some(before) = this.sent_before.take() {
+            this.written = before.load(Ordering::Relaxed);
+            this.take_place();
         }
+        let n = std::task::ready!(std::pin::Pin::new(&mut this.send).poll_write(cx, buf))?;
+        this.written += n as u64;
+        this.take_place();
         std::task::Poll::Ready(Ok(n))
     }
 

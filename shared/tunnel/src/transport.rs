@@ -1,7 +1,15 @@
 //! What every transport provides: the hub opens streams, the agent accepts
 //! them.
 
-use std::{future::Future, pin::Pin, time::Duration};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -54,6 +62,34 @@ impl std::str::FromStr for TransportKind {
 pub struct TunnelStream {
     pub send: Box<dyn AsyncWrite + Send + Unpin>,
     pub recv: Box<dyn AsyncRead + Send + Unpin>,
+    /// Where a transport that schedules its streams' bytes reads what
+    /// [`TunnelStream::continues`] said.
+    pub(crate) sent_before: Option<Arc<AtomicU64>>,
+}
+
+impl TunnelStream {
+    pub fn new(
+        send: impl AsyncWrite + Send + Unpin + 'static,
+        recv: impl AsyncRead + Send + Unpin + 'static,
+    ) -> Self {
+        TunnelStream {
+            send: Box::new(send),
+            recv: Box::new(recv),
+            sent_before: None,
+        }
+    }
+
+    /// This stream's bytes carry on an upload that has already sent
+    /// `bytes` on streams before it (a port-forward's upload path sends
+    /// its batches a few at once, each on a stream of its own). Said
+    /// before the first write. Over QUIC a stream's bytes yield to those
+    /// of streams that have sent less, so the batches of one upload go in
+    /// their order; elsewhere it changes nothing.
+    pub fn continues(&self, bytes: u64) {
+        if let Some(before) = &self.sent_before {
+            before.store(bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 impl std::fmt::Debug for TunnelStream {

@@ -641,6 +641,80 @@ async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
     shutdown.cancel();
 }
 
+/// Over QUIC a hub's request whose upload has sent more yields to one
+/// whose upload has sent less, whichever was opened and written first: a
+/// port-forward's upload path sends a few batches at once, and the agent
+/// takes each only after the one before, so sent in turn each batch was
+/// whole only once all were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_the_request_whose_upload_sent_less_goes_first() {
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, client) = quic_tls();
+    let settings = QuicSettings::default();
+    let (addr, mut rx, shutdown) = quic_hub(server);
+    let mut acceptor = quic::dial(addr, "localhost", client, &settings)
+        .await
+        .unwrap();
+    let tunnel = rx.recv().await.expect("tunnel accepted");
+
+    // 8 MiB each: a later batch (its upload sent 64 MiB before it), opened
+    // first, and an earlier one (1 MiB before it).
+    const EACH: usize = 8 * 1024 * 1024;
+    let later = tunnel.opener.open().await.unwrap();
+    later.continues(64 << 20);
+    let earlier = tunnel.opener.open().await.unwrap();
+    earlier.continues(1 << 20);
+    let write = |mut stream: otter_tunnel::TunnelStream, fill: u8| async move {
+        let chunk = vec![fill; 64 * 1024];
+        for _ in 0..EACH / chunk.len() {
+            stream.send.write_all(&chunk).await.unwrap();
+        }
+        stream.send.shutdown().await.unwrap();
+    };
+    // Bytes read of each (later, earlier), and of the later one when the
+    // earlier one ended.
+    let got = [AtomicUsize::new(0), AtomicUsize::new(0)];
+    let later_at_end = AtomicUsize::new(usize::MAX);
+    let read = |mut stream: otter_tunnel::TunnelStream| {
+        let (got, later_at_end) = (&got, &later_at_end);
+        async move {
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut which = None;
+            loop {
+                let n = stream.recv.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                let i = *which.get_or_insert(usize::from(buf[0] == b'E'));
+                got[i].fetch_add(n, Ordering::SeqCst);
+            }
+            if which == Some(1) {
+                later_at_end.store(got[0].load(Ordering::SeqCst), Ordering::SeqCst);
+            }
+        }
+    };
+    let agent = async {
+        let a = acceptor.accept().await.unwrap().expect("a stream");
+        let b = acceptor.accept().await.unwrap().expect("a stream");
+        tokio::join!(read(a), read(b));
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(write(later, b'L'), write(earlier, b'E'), agent)
+    })
+    .await
+    .expect("16 MiB over loopback within a minute");
+    assert_eq!(got[0].load(Ordering::SeqCst), EACH);
+    assert_eq!(got[1].load(Ordering::SeqCst), EACH);
+    // In turn, the later one would have had about as much as the earlier.
+    let later = later_at_end.load(Ordering::SeqCst);
+    assert!(
+        later < EACH / 4,
+        "the later batch had {later} of {EACH} bytes through when the earlier one ended"
+    );
+    shutdown.cancel();
+}
+
 /// An agent searches its path MTU toward a hub host once: a tunnel dialled
 /// again from the same dialer starts at the size the last one reached and
 /// sends no probes (after a hub restart, every agent's probes would
