@@ -159,6 +159,18 @@ fn quic_tls() -> (rustls::ServerConfig, rustls::ClientConfig) {
     (server, client)
 }
 
+/// A QUIC tunnel over loopback with the default settings: the agent's
+/// side, the hub's, and what stops the hub.
+async fn quic_tunnel() -> (quic::QuicAcceptor, Accepted, CancellationToken) {
+    let (server, client) = quic_tls();
+    let (addr, mut rx, shutdown) = quic_hub(server);
+    let acceptor = quic::dial(addr, "localhost", client, &QuicSettings::default())
+        .await
+        .unwrap();
+    let tunnel = rx.recv().await.expect("tunnel accepted");
+    (acceptor, tunnel, shutdown)
+}
+
 async fn connect(kind: &str, dropped: Arc<AtomicBool>) -> Arc<dyn Opener> {
     if kind == "mem" {
         let (opener, acceptor) = mem::pair();
@@ -597,13 +609,7 @@ async fn quic_restarted_hub_resets_old_connections_when_it_keeps_its_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (server, client) = quic_tls();
-    let settings = QuicSettings::default();
-    let (addr, mut rx, shutdown) = quic_hub(server);
-    let mut acceptor = quic::dial(addr, "localhost", client, &settings)
-        .await
-        .unwrap();
-    let tunnel = rx.recv().await.expect("tunnel accepted");
+    let (mut acceptor, tunnel, shutdown) = quic_tunnel().await;
 
     // The hub sends 64 MiB down one stream.
     const BULK: usize = 64 * 1024 * 1024;
@@ -650,13 +656,7 @@ async fn quic_bulk_goes_in_jumbo_datagrams_where_the_path_carries_them() {
 async fn quic_the_request_whose_upload_sent_less_goes_first() {
     use std::sync::atomic::AtomicUsize;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (server, client) = quic_tls();
-    let settings = QuicSettings::default();
-    let (addr, mut rx, shutdown) = quic_hub(server);
-    let mut acceptor = quic::dial(addr, "localhost", client, &settings)
-        .await
-        .unwrap();
-    let tunnel = rx.recv().await.expect("tunnel accepted");
+    let (mut acceptor, tunnel, shutdown) = quic_tunnel().await;
 
     // 8 MiB each: a later batch (its upload sent 64 MiB before it), opened
     // first, and an earlier one (1 MiB before it).
