@@ -44,6 +44,12 @@ pub struct HubConfig {
     pub join_token_ttl: Duration,
     /// Tunnel keepalive (both ways).
     pub keepalive: Keepalive,
+    /// Callers on the API port: a connection that has sent nothing for
+    /// `interval` is probed (an HTTP/2 ping; TCP keepalive for HTTP/1.1)
+    /// and closed when no answer comes within `timeout`, so a caller whose
+    /// path died does not hold its calls, their tunnel slots and the
+    /// agents' watches for ever.
+    pub api_keepalive: Keepalive,
     /// Concurrent calls per tunnel; more are refused with ResourceExhausted.
     pub max_calls_per_tunnel: u32,
     /// How long a tunnel of a replaced agent may finish its calls before it
@@ -170,6 +176,12 @@ pub const DEFAULT_MAX_ADMISSIONS: usize = 1024;
 /// where 32 took 35.8–37.9 s.
 pub const DEFAULT_MAX_REGISTRATIONS: usize = 256;
 
+/// How long an API connection may be silent before the hub asks whether
+/// its caller is still there, and how long it then waits for the answer.
+/// A laptop closed on a dashboard's Watch is noticed within a minute; a
+/// ping every half minute of silence costs a connection 17 bytes each way.
+pub const DEFAULT_API_KEEPALIVE_SECS: u64 = 30;
+
 impl HubConfig {
     /// Defaults for a hub with its data in `data_dir`, listening on loopback.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -188,6 +200,10 @@ impl HubConfig {
             agent_cert_lifetime: Duration::from_secs(24 * 3600),
             join_token_ttl: Duration::from_secs(3600),
             keepalive: Keepalive::default(),
+            api_keepalive: Keepalive {
+                interval: Duration::from_secs(DEFAULT_API_KEEPALIVE_SECS),
+                timeout: Duration::from_secs(DEFAULT_API_KEEPALIVE_SECS),
+            },
             max_calls_per_tunnel: 512,
             drain_timeout: Duration::from_secs(30),
             max_concurrent_admissions: DEFAULT_MAX_ADMISSIONS,
@@ -252,6 +268,11 @@ impl HubConfig {
         if self.kube_upgrades.per_user == 0 || self.kube_upgrades.per_cluster == 0 {
             return Err(HubError::Config(
                 "upgraded connection limits must be at least 1".into(),
+            ));
+        }
+        if self.api_keepalive.interval.is_zero() || self.api_keepalive.timeout.is_zero() {
+            return Err(HubError::Config(
+                "the API keepalive interval and timeout must be positive".into(),
             ));
         }
         if self.max_calls_per_tunnel == 0 {

@@ -977,6 +977,7 @@ async fn serve_api(
             let _place = place;
             let evicted = pending.evicted();
             let _ = tcp.set_nodelay(true);
+            probe_when_silent(&tcp, state2.config.api_keepalive);
             // Not dropped for a newcomer while its bytes wait for the hub.
             let tcp = pending.watch(tcp);
             let first = FirstRequest {
@@ -1111,6 +1112,22 @@ impl FirstRequest {
     }
 }
 
+/// The kernel's side of a caller's liveness, for HTTP/1.1 (which has no
+/// ping) and for a peer that is gone altogether: after `keepalive.interval`
+/// of silence TCP probes, and three unanswered probes over
+/// `keepalive.timeout` reset the connection.
+fn probe_when_silent(tcp: &tokio::net::TcpStream, keepalive: otter_tunnel::Keepalive) {
+    const PROBES: u32 = 3;
+    let between = (keepalive.timeout / PROBES).max(Duration::from_secs(1));
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(keepalive.interval)
+        .with_interval(between)
+        .with_retries(PROBES);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&probes) {
+        tracing::debug!(error = %e, "TCP keepalive not set on an API connection");
+    }
+}
+
 async fn serve_connection<I>(
     state: Arc<HubState>,
     routes: tonic::service::Routes,
@@ -1122,6 +1139,7 @@ async fn serve_connection<I>(
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let remote = conn.remote;
+    let keepalive = state.config.api_keepalive;
     let first = Arc::new(first);
     let service = {
         let first = first.clone();
@@ -1135,7 +1153,11 @@ async fn serve_connection<I>(
         .http2()
         .timer(hyper_util::rt::TokioTimer::new())
         .max_header_list_size(64 * 1024)
-        .max_concurrent_streams(1000);
+        .max_concurrent_streams(1000)
+        // hyper pings once the caller has sent nothing for the interval,
+        // and ends the connection (and every call on it) without an answer.
+        .keep_alive_interval(keepalive.interval)
+        .keep_alive_timeout(keepalive.timeout);
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
@@ -1527,4 +1549,32 @@ async fn grpc_handlers(
         b.map_err(|e| -> protocol::BoxError { Box::new(e) })
             .boxed_unsync()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the kernel is told for a caller that is gone without a word:
+    /// probes after the interval of silence, three of them over the timeout.
+    #[tokio::test]
+    async fn api_connections_probe_a_silent_peer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _peer = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        probe_when_silent(
+            &tcp,
+            otter_tunnel::Keepalive {
+                interval: Duration::from_secs(30),
+                timeout: Duration::from_secs(30),
+            },
+        );
+        let s = socket2::SockRef::from(&tcp);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(30));
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), Duration::from_secs(10));
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), 3);
+    }
 }

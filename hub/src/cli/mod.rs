@@ -622,6 +622,12 @@ pub struct HubArgs {
     /// Tunnel keepalive interval in seconds; a silent tunnel is dropped after three.
     #[arg(long, default_value_t = 5)]
     pub keepalive_secs: u64,
+    /// Seconds an API caller's connection may be silent before the hub
+    /// checks on it (an HTTP/2 ping; TCP keepalive probes for HTTP/1.1); it
+    /// is closed, and its calls ended, when no answer comes within as long
+    /// again.
+    #[arg(long, default_value_t = crate::config::DEFAULT_API_KEEPALIVE_SECS)]
+    pub api_keepalive_secs: u64,
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
@@ -833,6 +839,11 @@ impl HubArgs {
         c.join_token_ttl = Duration::from_secs(self.join_token_ttl_secs);
         c.keepalive =
             otter_tunnel::Keepalive::every(Duration::from_secs(self.keepalive_secs.max(1)));
+        let api_keepalive = Duration::from_secs(self.api_keepalive_secs.max(1));
+        c.api_keepalive = otter_tunnel::Keepalive {
+            interval: api_keepalive,
+            timeout: api_keepalive,
+        };
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
         c.watch_resume_grace = Duration::from_secs(self.watch_resume_grace_secs);
         c.max_concurrent_admissions = self.max_concurrent_admissions;

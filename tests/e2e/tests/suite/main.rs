@@ -16,6 +16,7 @@ mod cli_help;
 mod clock_skew;
 mod crash;
 mod crds;
+mod dead_callers;
 mod doctor;
 mod egress_netns;
 mod egress_proxy;
