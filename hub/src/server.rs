@@ -38,6 +38,8 @@ use crate::{
 
 /// Bounds a TLS handshake on the API port.
 const API_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of an answer waiting for one caller's stream at the API port.
+const API_SEND_BUFFER: usize = 64 * 1024;
 
 /// What every handler shares.
 pub struct HubState {
@@ -1154,6 +1156,12 @@ async fn serve_connection<I>(
         .timer(hyper_util::rt::TokioTimer::new())
         .max_header_list_size(64 * 1024)
         .max_concurrent_streams(1000)
+        // What the hub holds of one answer for a caller that reads slower
+        // than the cluster sends (hyper's default is 400 KiB): beyond it the
+        // answer waits in the tunnel, under its flow control. A caller may
+        // grant any window and then stop reading, so this times the calls
+        // it may open is what it can make the hub hold.
+        .max_send_buf_size(API_SEND_BUFFER)
         // hyper pings once the caller has sent nothing for the interval,
         // and ends the connection (and every call on it) without an answer.
         .keep_alive_interval(keepalive.interval)

@@ -90,7 +90,12 @@ impl ResourceService for Double {
         let req = request.into_inner();
         self.live_watches.fetch_add(1, Ordering::SeqCst);
         let guard = Arc::new(LiveGuard(self.live_watches.clone()));
-        let bulk = req.resource.as_deref() == Some("bulk");
+        // Events without end of this many bytes each, or three small ones.
+        let bulk = match req.resource.as_deref() {
+            Some("bulk") => Some(256 * 1024),
+            Some("bulk-small") => Some(16 * 1024),
+            _ => None,
+        };
         let cluster = self.cluster.clone();
         // Event i has resourceVersion i; a Watch from version v goes on
         // with v + 1, as an apiserver's would.
@@ -102,14 +107,13 @@ impl ResourceService for Double {
             let (guard, cluster) = (guard.clone(), cluster.clone());
             async move {
                 let _keep = guard;
-                if !bulk && i >= first + 3 {
+                if bulk.is_none() && i >= first + 3 {
                     // Stay open like a real watch, until the caller leaves.
                     std::future::pending::<()>().await;
                 }
-                let payload = if bulk {
-                    "x".repeat(256 * 1024)
-                } else {
-                    format!("event-{i}")
+                let payload = match bulk {
+                    Some(size) => "x".repeat(size),
+                    None => format!("event-{i}"),
                 };
                 let event = WatchEvent {
                     r#type: Some(res::watch_event::Type::Added as i32),
@@ -316,6 +320,14 @@ pub fn bulk_watch(cluster: &str) -> WatchRequest {
         cluster: Some(cluster.into()),
         resource: Some("bulk".into()),
         ..Default::default()
+    }
+}
+
+/// Like [`bulk_watch`], with 16 KiB events.
+pub fn small_bulk_watch(cluster: &str) -> WatchRequest {
+    WatchRequest {
+        resource: Some("bulk-small".into()),
+        ..bulk_watch(cluster)
     }
 }
 

@@ -87,6 +87,16 @@ impl Fleet {
         Self::start_full(sim, transports, &[], &[], 1, false).await
     }
 
+    /// Like [`Fleet::start_hub_only`], the hub process getting `hub_args`
+    /// too.
+    pub async fn start_hub_only_with(
+        sim: &kube_sim::KubeSim,
+        transports: &[&'static str],
+        hub_args: &[&str],
+    ) -> Fleet {
+        Self::start_full(sim, transports, &[], hub_args, 1, false).await
+    }
+
     async fn start_full(
         sim: &kube_sim::KubeSim,
         transports: &[&'static str],

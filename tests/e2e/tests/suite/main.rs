@@ -27,6 +27,7 @@ mod hostile_enrollment;
 mod hostile_frames;
 mod hostile_identity;
 mod hostile_lookups;
+mod hostile_readers;
 mod hostile_tunnel;
 mod hub_api;
 mod hub_resume;

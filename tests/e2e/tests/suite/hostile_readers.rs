@@ -1,0 +1,203 @@
+//! A caller that opens many streaming calls and then stops reading its
+//! connection, having told the hub it may send as much as it likes (the
+//! largest HTTP/2 windows there are): the hub holds a bounded part of each
+//! answer for it, and once the caller fails to answer the hub's ping, the
+//! connection and every call on it end.
+
+use std::{
+    pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use otter_e2e::{
+    double::{small_bulk_watch, start_agent_at, wait_until},
+    fleet::{Fleet, metric},
+    kube::sim_config,
+    procs::{peak_rss_mib, reset_peak_rss, rss_mib},
+};
+use otter_tunnel::TransportKind;
+use prost::Message;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Streams the caller opens: each a Watch of 16 KiB events without end.
+const STREAMS: usize = 400;
+/// What the hub may hold for a caller that reads nothing: for each stream
+/// its send buffer (64 KiB), an event on its way into it and one being
+/// gathered from the tunnel (16 KiB each); the tunnel's connection window
+/// (16 MiB); and 8 MiB for the socket buffers and the allocator's slack.
+/// With hyper's default send buffer (400 KiB) the streams alone could take
+/// 156 MiB (the hub grew 73–95 MiB so; 36–38 with ours).
+const MAX_GROWTH_MIB: f64 = STREAMS as f64 * (64.0 + 2.0 * 16.0) / 1024.0 + 16.0 + 8.0;
+/// The hub's keepalive in this test, in seconds.
+const KEEPALIVE_SECS: u64 = 3;
+/// The largest flow-control window HTTP/2 allows.
+const MAX_WINDOW: u32 = (1 << 31) - 1;
+
+/// A connection whose reading side the test can stop for good: writes go
+/// on, reads never complete again, as a client that stopped reading.
+struct Deaf<T> {
+    io: T,
+    deaf: Arc<AtomicBool>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Deaf<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.deaf.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Deaf<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+fn grpc_framed(message: &[u8]) -> Bytes {
+    let mut out = vec![0];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_reading_holds_bounded_hub_memory_and_is_cut() {
+    let sim = kube_sim::KubeSim::start(sim_config()).await.expect("sim");
+    let keepalive = KEEPALIVE_SECS.to_string();
+    let fleet =
+        Fleet::start_hub_only_with(&sim, &["quic"], &["--api-keepalive-secs", &keepalive]).await;
+    let token = std::fs::read_to_string(fleet.dir.path().join("token-0")).expect("token");
+    let agent = start_agent_at(
+        format!("https://localhost:{}", fleet.api).parse().unwrap(),
+        &fleet.ca_pem,
+        "edge-0",
+        "agent-0",
+        &token,
+        TransportKind::Quic,
+        |_| {},
+    );
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let hub = fleet.hub.as_ref().expect("hub").pid();
+
+    // The hostile caller: TLS and HTTP/2 of its own, every window as large
+    // as the protocol allows.
+    otter_pki::tls::install_default_provider();
+    let tls = otter_pki::tls::client_config(&fleet.ca_pem, None, &[b"h2"]).expect("TLS config");
+    let tcp = tokio::net::TcpStream::connect(fleet.api_addr())
+        .await
+        .expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+        .expect("TLS");
+    let deaf = Arc::new(AtomicBool::new(false));
+    let io = Deaf {
+        io: tls,
+        deaf: deaf.clone(),
+    };
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(MAX_WINDOW)
+        .initial_connection_window_size(MAX_WINDOW)
+        .handshake::<_, Bytes>(io)
+        .await
+        .expect("HTTP/2 handshake");
+    let conn = tokio::spawn(conn);
+
+    assert!(reset_peak_rss(hub), "cannot reset the hub's peak memory");
+    let before = rss_mib(hub).expect("hub memory");
+    let body = grpc_framed(&small_bulk_watch("edge-0").encode_to_vec());
+    let mut calls = Vec::new();
+    for _ in 0..STREAMS {
+        send = send.ready().await.expect("a stream to send on");
+        let req = http::Request::post(format!(
+            "https://localhost:{}/otterscale.resource.v1.ResourceService/Watch",
+            fleet.api
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {}", fleet.admin_token))
+        .body(())
+        .expect("request");
+        let (answer, mut stream) = send.send_request(req, false).expect("send");
+        stream.send_data(body.clone(), true).expect("request body");
+        calls.push((answer, stream));
+    }
+    // Requests on their way; from here on nothing is read.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    deaf.store(true, Ordering::SeqCst);
+    let deafened = Instant::now();
+
+    let live = agent.live_watches.clone();
+    wait_until(
+        async || live.load(Ordering::SeqCst) == STREAMS,
+        "every Watch to reach the agent",
+    )
+    .await;
+    // The answers pile up until every buffer on the way is full.
+    let mut last = 0.0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = peak_rss_mib(hub).expect("hub memory");
+        if now - last < 0.5 || deafened.elapsed() > Duration::from_secs(KEEPALIVE_SECS) {
+            break;
+        }
+        last = now;
+    }
+    let peak = peak_rss_mib(hub).expect("hub memory");
+    let growth = peak - before;
+
+    // The hub's ping goes unanswered: the connection ends, and with it
+    // every Watch, at the hub and at the agent.
+    let metrics = async || fleet.hub_metrics().await;
+    wait_until(
+        async || live.load(Ordering::SeqCst) == 0,
+        "the agent's watches to end",
+    )
+    .await;
+    let ended = deafened.elapsed();
+    assert_eq!(metric(&metrics().await, "otter_hub_calls_in_flight"), 0.0);
+    let after = rss_mib(hub).expect("hub memory");
+    println!(
+        "{STREAMS} unread Watches of 16 KiB events: hub memory {before:.1} MiB, peak {peak:.1} (+{growth:.1}, \
+         bound {MAX_GROWTH_MIB:.1}); every Watch ended {ended:.1?} after the caller stopped \
+         reading; hub memory then {after:.1} MiB"
+    );
+    assert!(
+        growth < MAX_GROWTH_MIB,
+        "the hub held {growth:.1} MiB for a caller that reads nothing"
+    );
+    // Silent for the interval, then unanswered for as long: the margin is
+    // for the answers the hub was still passing when reading stopped.
+    assert!(
+        ended < Duration::from_secs(2 * KEEPALIVE_SECS + 8),
+        "took {ended:?}"
+    );
+    drop(calls);
+    conn.abort();
+    agent.agent.shutdown().await;
+}
