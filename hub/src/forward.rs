@@ -252,6 +252,9 @@ fn ending_uploads(
 }
 
 /// Where a call went.
+// Returned once per call and taken apart at once: boxing the tunnel's
+// response body would cost an allocation per call to save a move.
+#[expect(clippy::large_enum_variant)]
 pub(crate) enum Sent {
     /// Over a tunnel of this replica, with that tunnel's tenant.
     Tunnel {

@@ -15,6 +15,10 @@
 use std::{
     any::Any,
     pin::Pin,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -210,6 +214,7 @@ where
         finished: false,
         turn: Turn::default(),
         turn_over: false,
+        small: Small::default(),
         _guard: guard,
     });
     *response.status_mut() = status;
@@ -350,7 +355,101 @@ pub struct ResponseBody {
     /// came through (see [`TURN`]).
     turn: Turn,
     turn_over: bool,
+    /// Small frames not yet taken downstream, and what waits behind them.
+    small: Small,
     _guard: Option<Box<dyn Any + Send + Sync>>,
+}
+
+/// Small frames (under [`SMALL_CHUNK`]) of one response that are still
+/// held downstream: the caller's connection counts the bytes it holds for
+/// a stream, not the frames, and each frame costs about a hundred bytes of
+/// bookkeeping there. An agent sending its answer a byte at a time to a
+/// caller that reads nothing made the hub hold 1.2 MiB per stream for its
+/// 64 KiB of bytes. With [`SMALL_IN_FLIGHT`] small frames held, what comes
+/// next is gathered (copied) until a frame is let go, the gathered bytes
+/// reach [`SMALL_CHUNK`], or the response ends.
+const SMALL_IN_FLIGHT: usize = 16;
+
+#[derive(Debug, Default)]
+struct Small {
+    /// Created with the first small frame.
+    in_flight: Option<Arc<InFlight>>,
+    /// Bytes waiting for a small frame to be let go.
+    held: BytesMut,
+    /// The end of the response (or a large frame), behind `held`; boxed,
+    /// as it is seldom there and a frame is large.
+    queued: Option<Box<Option<Result<Frame<Bytes>>>>>,
+}
+
+#[derive(Debug, Default)]
+struct InFlight {
+    count: AtomicUsize,
+    waker: futures::task::AtomicWaker,
+}
+
+/// A small frame's bytes, counted until the last holder lets them go.
+struct Counted {
+    bytes: Bytes,
+    in_flight: Arc<InFlight>,
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.in_flight.count.fetch_sub(1, Ordering::AcqRel);
+        self.in_flight.waker.wake();
+    }
+}
+
+impl Small {
+    /// Whether another small frame may go now; if not, `cx` is woken when
+    /// one is let go.
+    fn room(&mut self, cx: &mut Context<'_>) -> bool {
+        let f = self.in_flight.get_or_insert_with(Default::default);
+        if f.count.load(Ordering::Acquire) < SMALL_IN_FLIGHT {
+            return true;
+        }
+        f.waker.register(cx.waker());
+        f.count.load(Ordering::Acquire) < SMALL_IN_FLIGHT
+    }
+
+    /// `data` as it goes downstream: counted while held if small.
+    fn send(&mut self, data: Bytes) -> Frame<Bytes> {
+        if data.len() >= SMALL_CHUNK {
+            return Frame::data(data);
+        }
+        let in_flight = self.in_flight.get_or_insert_with(Default::default).clone();
+        in_flight.count.fetch_add(1, Ordering::AcqRel);
+        Frame::data(Bytes::from_owner(Counted {
+            bytes: data,
+            in_flight,
+        }))
+    }
+
+    /// The held bytes as a frame, when they may go.
+    fn release(&mut self, cx: &mut Context<'_>) -> Option<Frame<Bytes>> {
+        if self.held.is_empty() || (self.held.len() < SMALL_CHUNK && !self.room(cx)) {
+            return None;
+        }
+        let held = self.held.split().freeze();
+        Some(self.send(held))
+    }
+
+    /// Puts `next` behind the held bytes, and returns them (or `next` when
+    /// nothing is held).
+    fn before(&mut self, next: Option<Result<Frame<Bytes>>>) -> Option<Result<Frame<Bytes>>> {
+        if self.held.is_empty() {
+            return next;
+        }
+        self.queued = Some(Box::new(next));
+        let held = self.held.split().freeze();
+        Some(Ok(self.send(held)))
+    }
 }
 
 impl std::fmt::Debug for ResponseBody {
@@ -417,6 +516,9 @@ impl Body for ResponseBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>>>> {
+        if let Some(queued) = self.small.queued.take() {
+            return Poll::Ready(*queued);
+        }
         if self.finished {
             return Poll::Ready(None);
         }
@@ -424,41 +526,54 @@ impl Body for ResponseBody {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        // Counts against the task's budget, as tokio's own sockets do, so
-        // whoever drains a bulk response yields now and then (see
-        // `next_frame`).
-        let coop = ready!(tokio::task::coop::poll_proceed(cx));
-        let next = ready!(self.reader.poll_next_unpin(cx));
-        coop.made_progress();
-        match next {
-            None => {
-                self.finish();
-                Poll::Ready(None)
+        loop {
+            if let Some(held) = self.small.release(cx) {
+                return Poll::Ready(Some(Ok(held)));
             }
-            Some(Ok((ChunkKind::Data, data))) => {
-                let data = self.gather(data);
-                self.turn_over = self.turn.over(data.len());
-                Poll::Ready(Some(Ok(Frame::data(data))))
-            }
-            Some(Ok((ChunkKind::Trailers, payload))) => {
-                self.finish();
-                Poll::Ready(Some(parse_trailers(payload).map(Frame::trailers)))
-            }
-            Some(Ok((kind, _))) => {
-                self.finished = true;
-                Poll::Ready(Some(Err(TunnelError::protocol(format!(
-                    "unexpected {kind:?} in response"
-                )))))
-            }
-            Some(Err(e)) => {
-                self.finished = true;
-                Poll::Ready(Some(Err(e)))
-            }
+            // Counts against the task's budget, as tokio's own sockets do,
+            // so whoever drains a bulk response yields now and then (see
+            // `next_frame`).
+            let coop = ready!(tokio::task::coop::poll_proceed(cx));
+            let next = ready!(self.reader.poll_next_unpin(cx));
+            coop.made_progress();
+            let end = match next {
+                None => {
+                    self.finish();
+                    None
+                }
+                Some(Ok((ChunkKind::Data, data))) => {
+                    let data = self.gather(data);
+                    self.turn_over = self.turn.over(data.len());
+                    if data.len() >= SMALL_CHUNK {
+                        return Poll::Ready(self.small.before(Some(Ok(Frame::data(data)))));
+                    }
+                    if self.small.held.is_empty() && self.small.room(cx) {
+                        return Poll::Ready(Some(Ok(self.small.send(data))));
+                    }
+                    self.small.held.extend_from_slice(&data);
+                    continue;
+                }
+                Some(Ok((ChunkKind::Trailers, payload))) => {
+                    self.finish();
+                    Some(parse_trailers(payload).map(Frame::trailers))
+                }
+                Some(Ok((kind, _))) => {
+                    self.finished = true;
+                    Some(Err(TunnelError::protocol(format!(
+                        "unexpected {kind:?} in response"
+                    ))))
+                }
+                Some(Err(e)) => {
+                    self.finished = true;
+                    Some(Err(e))
+                }
+            };
+            return Poll::Ready(self.small.before(end));
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished
+        self.finished && self.small.queued.is_none() && self.small.held.is_empty()
     }
 }
 
@@ -827,6 +942,7 @@ mod tests {
             finished: false,
             turn: Turn::default(),
             turn_over: false,
+            small: Small::default(),
             _guard: None,
         }
     }
@@ -879,6 +995,105 @@ mod tests {
         assert!(frames.len() < 100, "{} frames", frames.len());
         assert!(frames.contains(&9_990), "{frames:?}");
         assert_eq!(status.unwrap()["grpc-status"], "0");
+    }
+
+    /// A stream that hands over one chunk per read, with nothing ready in
+    /// between: an agent sending its bytes one at a time.
+    struct OneAtATime {
+        chunks: std::collections::VecDeque<Vec<u8>>,
+        ready: bool,
+    }
+
+    impl AsyncRead for OneAtATime {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            if !std::mem::replace(&mut self.ready, false) {
+                self.ready = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if let Some(mut chunk) = self.chunks.pop_front() {
+                let n = chunk.len().min(buf.remaining());
+                buf.put_slice(&chunk[..n]);
+                if n < chunk.len() {
+                    self.chunks.push_front(chunk.split_off(n));
+                }
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The response's bytes and how many data frames carried them, for
+    /// `sent` trickled a byte per chunk; `keep` holds every frame as a
+    /// caller's connection that takes nothing would.
+    async fn trickled(sent: &[u8], keep: bool) -> (Vec<u8>, usize) {
+        use http_body_util::BodyExt;
+        let encode = |kind, payload: &[u8]| {
+            let mut wire = bytes::BytesMut::new();
+            tokio_util::codec::Encoder::encode(
+                &mut ChunkCodec::default(),
+                (kind, Bytes::copy_from_slice(payload)),
+                &mut wire,
+            )
+            .unwrap();
+            wire.to_vec()
+        };
+        let mut chunks: std::collections::VecDeque<_> = sent
+            .iter()
+            .map(|b| encode(ChunkKind::Data, &[*b]))
+            .collect();
+        let trailers = HeaderList {
+            headers: to_wire(&http::HeaderMap::from_iter([(
+                http::header::HeaderName::from_static("grpc-status"),
+                http::HeaderValue::from_static("0"),
+            )])),
+        };
+        chunks.push_back(encode(ChunkKind::Trailers, &trailers.encode_to_vec()));
+        let mut body = body_reading(Vec::new());
+        body.reader = FramedRead::new(
+            Box::new(OneAtATime {
+                chunks,
+                ready: false,
+            }),
+            ChunkCodec::default(),
+        );
+        let (mut got, mut frames, mut kept) = (Vec::new(), 0, Vec::new());
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.unwrap().into_data() else {
+                break;
+            };
+            frames += 1;
+            got.extend_from_slice(&data);
+            if keep {
+                kept.push(data);
+            }
+        }
+        (got, frames)
+    }
+
+    #[tokio::test]
+    async fn small_frames_held_downstream_are_bounded_and_the_rest_gathered() {
+        let sent: Vec<u8> = (0..3_000u32).map(|i| (i % 251) as u8).collect();
+        // Taken as they come: each byte in a frame of its own, at once.
+        let (got, frames) = trickled(&sent, false).await;
+        assert_eq!(got, sent, "every byte, in order");
+        assert_eq!(frames, sent.len());
+        // Held downstream: sixteen frames, then the rest gathered, here
+        // (under 4 KiB) let go with the response's end.
+        let (got, frames) = trickled(&sent, true).await;
+        assert_eq!(got, sent, "every byte, in order");
+        assert_eq!(frames, SMALL_IN_FLIGHT + 1);
+        // Over 4 KiB held: a frame of their own each time they reach it.
+        let sent: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        let (got, frames) = trickled(&sent, true).await;
+        assert_eq!(got, sent, "every byte, in order");
+        assert_eq!(
+            frames,
+            SMALL_IN_FLIGHT + (20_000 - SMALL_IN_FLIGHT).div_ceil(SMALL_CHUNK)
+        );
     }
 
     /// The hub's side: a response read off a stream that always has the

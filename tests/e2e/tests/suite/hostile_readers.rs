@@ -2,7 +2,9 @@
 //! connection, having told the hub it may send as much as it likes (the
 //! largest HTTP/2 windows there are): the hub holds a bounded part of each
 //! answer for it, and once the caller fails to answer the hub's ping, the
-//! connection and every call on it end.
+//! connection and every call on it end. The same with a hostile agent
+//! behind the calls, sending its answers a byte at a time: what the hub
+//! holds stays bounded in bytes, not in frames of a byte each.
 
 use std::{
     pin::Pin,
@@ -200,4 +202,168 @@ async fn a_caller_that_stops_reading_holds_bounded_hub_memory_and_is_cut() {
     drop(calls);
     conn.abort();
     agent.agent.shutdown().await;
+}
+
+/// The agent's ResourceService, replaced: every call is answered with an
+/// endless message sent a byte at a time, each its own DATA chunk a little
+/// after the one before, so that the hub reads them one by one.
+#[derive(Clone, Default)]
+struct Trickle {
+    /// Bytes the answers have let go of so far.
+    sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl tonic::server::NamedService for Trickle {
+    const NAME: &'static str = "otterscale.resource.v1.ResourceService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Trickle {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, std::convert::Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::convert::Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
+        // A message prefix announcing 64 MiB, then its bytes one by one.
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&(64u32 << 20).to_be_bytes());
+        let head = futures::stream::iter([Ok::<_, std::convert::Infallible>(
+            hyper::body::Frame::data(Bytes::from(prefix)),
+        )]);
+        let sent = self.sent.clone();
+        let bytes = futures::stream::unfold(0u64, move |i| {
+            let sent = sent.clone();
+            async move {
+                if i % 64 == 63 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                } else {
+                    tokio::task::yield_now().await;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+                Some((
+                    Ok(hyper::body::Frame::data(Bytes::from_static(b"x"))),
+                    i + 1,
+                ))
+            }
+        });
+        let body = tonic::body::Body::new(http_body_util::StreamBody::new(
+            futures::StreamExt::chain(head, bytes),
+        ));
+        std::future::ready(Ok(http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(body)
+            .expect("response")))
+    }
+}
+
+/// Streams of the trickling agent's caller.
+const TRICKLED: usize = 20;
+/// What the hub may hold for them: 64 KiB of bytes a stream in frames of
+/// 4 KiB or more, sixteen small frames and 4 KiB gathered (say 128 KiB a
+/// stream); the HTTP/2 tunnel's connection window (8 MiB), full of
+/// one-byte chunks; and 8 MiB of slack. In frames of a few bytes each, as
+/// the agent cut them, the same 64 KiB a stream took 0.9 MiB.
+const MAX_TRICKLED_GROWTH_MIB: f64 = TRICKLED as f64 * 128.0 / 1024.0 + 8.0 + 8.0;
+/// How long the trickle must have stood still to be taken as stopped.
+const STILL: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_trickling_bytes_to_a_caller_that_reads_nothing_costs_the_hub_bounded_memory() {
+    let sim = kube_sim::KubeSim::start(sim_config()).await.expect("sim");
+    // The caller is cut by the keepalive only after the measurement.
+    let fleet = Fleet::start_hub_only_with(&sim, &["h2"], &["--api-keepalive-secs", "60"]).await;
+    let token = std::fs::read_to_string(fleet.dir.path().join("token-0")).expect("token");
+    let mut config = otter_agent::AgentConfig::new(
+        format!("https://localhost:{}", fleet.api).parse().unwrap(),
+        "edge-0",
+        "agent-0",
+        &fleet.ca_pem,
+    );
+    config.join_token = otter_agent::config::Secret(token);
+    config.transports = vec![TransportKind::H2];
+    let trickle = Trickle::default();
+    let sent = trickle.sent.clone();
+    let agent = otter_agent::Agent::start(config, tonic::service::Routes::new(trickle)).unwrap();
+    agent
+        .wait_for(otter_e2e::double::WAIT, |s| s.connected.is_some())
+        .await
+        .expect("the agent connects");
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let hub = fleet.hub.as_ref().expect("hub").pid();
+
+    otter_pki::tls::install_default_provider();
+    let tls = otter_pki::tls::client_config(&fleet.ca_pem, None, &[b"h2"]).expect("TLS config");
+    // A small receive buffer: what the caller's kernel takes in before it
+    // stops is not the hub's memory, and would take the trickle long to fill.
+    let tcp = tokio::net::TcpSocket::new_v4().expect("socket");
+    tcp.set_recv_buffer_size(4096).expect("receive buffer");
+    let tcp = tcp.connect(fleet.api_addr()).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect("localhost".try_into().expect("name"), tcp)
+        .await
+        .expect("TLS");
+    let deaf = Arc::new(AtomicBool::new(false));
+    let io = Deaf {
+        io: tls,
+        deaf: deaf.clone(),
+    };
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(MAX_WINDOW)
+        .initial_connection_window_size(MAX_WINDOW)
+        .handshake::<_, Bytes>(io)
+        .await
+        .expect("HTTP/2 handshake");
+    let conn = tokio::spawn(conn);
+    assert!(reset_peak_rss(hub), "cannot reset the hub's peak memory");
+    let before = rss_mib(hub).expect("hub memory");
+    let body = grpc_framed(&otter_e2e::double::get("edge-0", "x").encode_to_vec());
+    let mut calls = Vec::new();
+    for _ in 0..TRICKLED {
+        send = send.ready().await.expect("a stream to send on");
+        let req = http::Request::post(format!(
+            "https://localhost:{}/otterscale.resource.v1.ResourceService/Get",
+            fleet.api
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {}", fleet.admin_token))
+        .body(())
+        .expect("request");
+        let (answer, mut stream) = send.send_request(req, false).expect("send");
+        stream.send_data(body.clone(), true).expect("request body");
+        calls.push((answer, stream));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    deaf.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    // Until every buffer on the way is full: the agent's answers have not
+    // moved for five seconds (a hub busy with frames can stall them for
+    // two), or for 30 s at most.
+    let (mut last, mut still_since) = (0, Instant::now());
+    while still_since.elapsed() < STILL && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = sent.load(Ordering::Relaxed);
+        if now != last {
+            (last, still_since) = (now, Instant::now());
+        }
+    }
+    let peak = peak_rss_mib(hub).expect("hub memory");
+    let growth = peak - before;
+    println!(
+        "{TRICKLED} answers trickled a byte at a time to a caller that reads nothing: hub memory \
+         {before:.1} MiB, peak {peak:.1} (+{growth:.1}, bound {MAX_TRICKLED_GROWTH_MIB:.1}); the \
+         agent's answers had let go of {last} bytes after {:.1?}",
+        started.elapsed().saturating_sub(STILL)
+    );
+    assert!(
+        growth < MAX_TRICKLED_GROWTH_MIB,
+        "the hub held {growth:.1} MiB for {TRICKLED} trickled answers"
+    );
+    drop(calls);
+    conn.abort();
+    agent.shutdown().await;
 }
