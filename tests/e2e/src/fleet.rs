@@ -308,6 +308,35 @@ impl Fleet {
         }
     }
 
+    /// Starts an agent of cluster `edge-<i>` in this process, joined with
+    /// its token and serving `routes` (a service of the test's own, a
+    /// hostile one say) over `transport`, and waits until it is connected.
+    pub async fn own_agent(
+        &self,
+        i: usize,
+        transport: otter_tunnel::TransportKind,
+        routes: tonic::service::Routes,
+    ) -> otter_agent::Agent {
+        let token =
+            std::fs::read_to_string(self.dir.path().join(format!("token-{i}"))).expect("token");
+        let mut config = otter_agent::AgentConfig::new(
+            format!("https://localhost:{}", self.api)
+                .parse()
+                .expect("URL"),
+            &format!("edge-{i}"),
+            "agent-0",
+            &self.ca_pem,
+        );
+        config.join_token = otter_agent::config::Secret(token);
+        config.transports = vec![transport];
+        let agent = otter_agent::Agent::start(config, routes).expect("agent starts");
+        agent
+            .wait_for(crate::double::WAIT, |s| s.connected.is_some())
+            .await
+            .expect("the agent connects");
+        agent
+    }
+
     /// The hub's `/metrics`.
     pub async fn hub_metrics(&self) -> String {
         let req = http::Request::get("/metrics")

@@ -158,6 +158,16 @@ pub async fn client_channel_alpn(
         .expect("connect to hub")
 }
 
+/// `message` as one gRPC message on the wire: uncompressed, its length
+/// first.
+pub fn grpc_framed(message: &[u8]) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(5 + message.len());
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
 /// Wraps a message in a request carrying `token`.
 pub fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);

@@ -17,8 +17,9 @@ use futures::StreamExt;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 use otter_e2e::{
-    double::{WAIT, get, watch},
+    double::{get, watch},
     fleet::Fleet,
+    grpc_framed,
     kube::{sim_config, within},
     procs::{peak_rss_mib, reset_peak_rss, rss_mib},
     with_token,
@@ -53,14 +54,6 @@ fn object(name: &str) -> Struct {
         ]
         .into(),
     }
-}
-
-/// `message` with its gRPC prefix.
-fn framed(message: &[u8]) -> Bytes {
-    let mut out = vec![0];
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out.into()
 }
 
 /// The agent's ResourceService, replaced: every call is answered with one
@@ -146,26 +139,13 @@ async fn answers_cut_into_one_byte_frames_pass_whole_within_bounded_hub_memory()
         object: Some(object("got")),
     };
     let crumbs = Crumbs {
-        watch: framed(&event.encode_to_vec()),
-        get: framed(&answer.encode_to_vec()),
+        watch: grpc_framed(&event.encode_to_vec()),
+        get: grpc_framed(&answer.encode_to_vec()),
     };
     let routes = tonic::service::Routes::new(crumbs);
 
+    let agent = fleet.own_agent(0, TransportKind::Quic, routes).await;
     let channel = fleet.channel().await;
-    let token = std::fs::read_to_string(fleet.dir.path().join("token-0")).expect("token");
-    let mut config = otter_agent::AgentConfig::new(
-        format!("https://localhost:{}", fleet.api).parse().unwrap(),
-        "edge-0",
-        "agent-0",
-        &fleet.ca_pem,
-    );
-    config.join_token = otter_agent::config::Secret(token);
-    config.transports = vec![TransportKind::Quic];
-    let agent = otter_agent::Agent::start(config, routes).unwrap();
-    agent
-        .wait_for(WAIT, |s| s.connected.is_some())
-        .await
-        .expect("the agent connects");
     fleet.all_connected(&channel).await;
 
     let t = &fleet.admin_token;

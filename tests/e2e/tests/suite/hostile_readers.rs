@@ -20,6 +20,7 @@ use bytes::Bytes;
 use otter_e2e::{
     double::{small_bulk_watch, start_agent_at, wait_until},
     fleet::{Fleet, metric},
+    grpc_framed,
     kube::sim_config,
     procs::{peak_rss_mib, reset_peak_rss, rss_mib},
 };
@@ -79,11 +80,89 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deaf<T> {
     }
 }
 
-fn grpc_framed(message: &[u8]) -> Bytes {
-    let mut out = vec![0];
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out.into()
+/// A caller of the test's own on the hub's API port: TLS and HTTP/2 with
+/// every window as large as the protocol allows, `n` calls of `method`
+/// (each sending `request`) open, and its reading stopped for good once
+/// they are on their way.
+struct DeafCaller {
+    conn: tokio::task::JoinHandle<Result<(), h2::Error>>,
+    _calls: Vec<(h2::client::ResponseFuture, h2::SendStream<Bytes>)>,
+}
+
+impl DeafCaller {
+    /// `recv_buffer`: the socket's receive buffer, when what the caller's
+    /// kernel takes in before it stops should be small.
+    async fn open(
+        fleet: &Fleet,
+        recv_buffer: Option<u32>,
+        method: &str,
+        request: &[u8],
+        n: usize,
+    ) -> DeafCaller {
+        otter_pki::tls::install_default_provider();
+        let tls = otter_pki::tls::client_config(&fleet.ca_pem, None, &[b"h2"]).expect("TLS config");
+        let tcp = tokio::net::TcpSocket::new_v4().expect("socket");
+        if let Some(size) = recv_buffer {
+            tcp.set_recv_buffer_size(size).expect("receive buffer");
+        }
+        let tcp = tcp.connect(fleet.api_addr()).await.expect("connect");
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect("localhost".try_into().expect("name"), tcp)
+            .await
+            .expect("TLS");
+        let deaf = Arc::new(AtomicBool::new(false));
+        let io = Deaf {
+            io: tls,
+            deaf: deaf.clone(),
+        };
+        let (mut send, conn) = h2::client::Builder::new()
+            .initial_window_size(MAX_WINDOW)
+            .initial_connection_window_size(MAX_WINDOW)
+            .handshake::<_, Bytes>(io)
+            .await
+            .expect("HTTP/2 handshake");
+        let conn = tokio::spawn(conn);
+        let body = grpc_framed(request);
+        let mut calls = Vec::new();
+        for _ in 0..n {
+            send = send.ready().await.expect("a stream to send on");
+            let req = http::Request::post(format!(
+                "https://localhost:{}/otterscale.resource.v1.ResourceService/{method}",
+                fleet.api
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {}", fleet.admin_token))
+            .body(())
+            .expect("request");
+            let (answer, mut stream) = send.send_request(req, false).expect("send");
+            stream.send_data(body.clone(), true).expect("request body");
+            calls.push((answer, stream));
+        }
+        // Requests on their way; from here on nothing is read.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        deaf.store(true, Ordering::SeqCst);
+        DeafCaller {
+            conn,
+            _calls: calls,
+        }
+    }
+}
+
+impl Drop for DeafCaller {
+    fn drop(&mut self) {
+        self.conn.abort();
+    }
+}
+
+/// Once every agent is connected: the hub's process and its memory now
+/// (MiB), its peak counted from here.
+async fn hub_memory_from_now(fleet: &Fleet) -> (u32, f64) {
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let hub = fleet.hub.as_ref().expect("hub").pid();
+    assert!(reset_peak_rss(hub), "cannot reset the hub's peak memory");
+    (hub, rss_mib(hub).expect("hub memory"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,56 +181,15 @@ async fn a_caller_that_stops_reading_holds_bounded_hub_memory_and_is_cut() {
         TransportKind::Quic,
         |_| {},
     );
-    let channel = fleet.channel().await;
-    fleet.all_connected(&channel).await;
-    let hub = fleet.hub.as_ref().expect("hub").pid();
-
-    // The hostile caller: TLS and HTTP/2 of its own, every window as large
-    // as the protocol allows.
-    otter_pki::tls::install_default_provider();
-    let tls = otter_pki::tls::client_config(&fleet.ca_pem, None, &[b"h2"]).expect("TLS config");
-    let tcp = tokio::net::TcpStream::connect(fleet.api_addr())
-        .await
-        .expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect("localhost".try_into().expect("name"), tcp)
-        .await
-        .expect("TLS");
-    let deaf = Arc::new(AtomicBool::new(false));
-    let io = Deaf {
-        io: tls,
-        deaf: deaf.clone(),
-    };
-    let (mut send, conn) = h2::client::Builder::new()
-        .initial_window_size(MAX_WINDOW)
-        .initial_connection_window_size(MAX_WINDOW)
-        .handshake::<_, Bytes>(io)
-        .await
-        .expect("HTTP/2 handshake");
-    let conn = tokio::spawn(conn);
-
-    assert!(reset_peak_rss(hub), "cannot reset the hub's peak memory");
-    let before = rss_mib(hub).expect("hub memory");
-    let body = grpc_framed(&small_bulk_watch("edge-0").encode_to_vec());
-    let mut calls = Vec::new();
-    for _ in 0..STREAMS {
-        send = send.ready().await.expect("a stream to send on");
-        let req = http::Request::post(format!(
-            "https://localhost:{}/otterscale.resource.v1.ResourceService/Watch",
-            fleet.api
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", fleet.admin_token))
-        .body(())
-        .expect("request");
-        let (answer, mut stream) = send.send_request(req, false).expect("send");
-        stream.send_data(body.clone(), true).expect("request body");
-        calls.push((answer, stream));
-    }
-    // Requests on their way; from here on nothing is read.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    deaf.store(true, Ordering::SeqCst);
+    let (hub, before) = hub_memory_from_now(&fleet).await;
+    let caller = DeafCaller::open(
+        &fleet,
+        None,
+        "Watch",
+        &small_bulk_watch("edge-0").encode_to_vec(),
+        STREAMS,
+    )
+    .await;
     let deafened = Instant::now();
 
     let live = agent.live_watches.clone();
@@ -199,8 +237,7 @@ async fn a_caller_that_stops_reading_holds_bounded_hub_memory_and_is_cut() {
         ended < Duration::from_secs(2 * KEEPALIVE_SECS + 8),
         "took {ended:?}"
     );
-    drop(calls);
-    conn.abort();
+    drop(caller);
     agent.agent.shutdown().await;
 }
 
@@ -275,70 +312,22 @@ async fn an_agent_trickling_bytes_to_a_caller_that_reads_nothing_costs_the_hub_b
     let sim = kube_sim::KubeSim::start(sim_config()).await.expect("sim");
     // The caller is cut by the keepalive only after the measurement.
     let fleet = Fleet::start_hub_only_with(&sim, &["h2"], &["--api-keepalive-secs", "60"]).await;
-    let token = std::fs::read_to_string(fleet.dir.path().join("token-0")).expect("token");
-    let mut config = otter_agent::AgentConfig::new(
-        format!("https://localhost:{}", fleet.api).parse().unwrap(),
-        "edge-0",
-        "agent-0",
-        &fleet.ca_pem,
-    );
-    config.join_token = otter_agent::config::Secret(token);
-    config.transports = vec![TransportKind::H2];
     let trickle = Trickle::default();
     let sent = trickle.sent.clone();
-    let agent = otter_agent::Agent::start(config, tonic::service::Routes::new(trickle)).unwrap();
-    agent
-        .wait_for(otter_e2e::double::WAIT, |s| s.connected.is_some())
-        .await
-        .expect("the agent connects");
-    let channel = fleet.channel().await;
-    fleet.all_connected(&channel).await;
-    let hub = fleet.hub.as_ref().expect("hub").pid();
-
-    otter_pki::tls::install_default_provider();
-    let tls = otter_pki::tls::client_config(&fleet.ca_pem, None, &[b"h2"]).expect("TLS config");
+    let agent = fleet
+        .own_agent(0, TransportKind::H2, tonic::service::Routes::new(trickle))
+        .await;
+    let (hub, before) = hub_memory_from_now(&fleet).await;
     // A small receive buffer: what the caller's kernel takes in before it
     // stops is not the hub's memory, and would take the trickle long to fill.
-    let tcp = tokio::net::TcpSocket::new_v4().expect("socket");
-    tcp.set_recv_buffer_size(4096).expect("receive buffer");
-    let tcp = tcp.connect(fleet.api_addr()).await.expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect("localhost".try_into().expect("name"), tcp)
-        .await
-        .expect("TLS");
-    let deaf = Arc::new(AtomicBool::new(false));
-    let io = Deaf {
-        io: tls,
-        deaf: deaf.clone(),
-    };
-    let (mut send, conn) = h2::client::Builder::new()
-        .initial_window_size(MAX_WINDOW)
-        .initial_connection_window_size(MAX_WINDOW)
-        .handshake::<_, Bytes>(io)
-        .await
-        .expect("HTTP/2 handshake");
-    let conn = tokio::spawn(conn);
-    assert!(reset_peak_rss(hub), "cannot reset the hub's peak memory");
-    let before = rss_mib(hub).expect("hub memory");
-    let body = grpc_framed(&otter_e2e::double::get("edge-0", "x").encode_to_vec());
-    let mut calls = Vec::new();
-    for _ in 0..TRICKLED {
-        send = send.ready().await.expect("a stream to send on");
-        let req = http::Request::post(format!(
-            "https://localhost:{}/otterscale.resource.v1.ResourceService/Get",
-            fleet.api
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {}", fleet.admin_token))
-        .body(())
-        .expect("request");
-        let (answer, mut stream) = send.send_request(req, false).expect("send");
-        stream.send_data(body.clone(), true).expect("request body");
-        calls.push((answer, stream));
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    deaf.store(true, Ordering::SeqCst);
+    let caller = DeafCaller::open(
+        &fleet,
+        Some(4096),
+        "Get",
+        &otter_e2e::double::get("edge-0", "x").encode_to_vec(),
+        TRICKLED,
+    )
+    .await;
     let started = Instant::now();
     // Until every buffer on the way is full: the agent's answers have not
     // moved for five seconds (a hub busy with frames can stall them for
@@ -363,7 +352,6 @@ async fn an_agent_trickling_bytes_to_a_caller_that_reads_nothing_costs_the_hub_b
         growth < MAX_TRICKLED_GROWTH_MIB,
         "the hub held {growth:.1} MiB for {TRICKLED} trickled answers"
     );
-    drop(calls);
-    conn.abort();
+    drop(caller);
     agent.shutdown().await;
 }
