@@ -52,6 +52,10 @@ pub struct HubConfig {
     pub api_keepalive: Keepalive,
     /// Concurrent calls per tunnel; more are refused with ResourceExhausted.
     pub max_calls_per_tunnel: u32,
+    /// Concurrent calls per tenant across its clusters (on this replica);
+    /// more are refused with ResourceExhausted. What a tenant's callers can
+    /// make the hub hold is this many answers' send buffers.
+    pub max_calls_per_tenant: u32,
     /// How long a tunnel of a replaced agent may finish its calls before it
     /// is closed.
     pub drain_timeout: Duration,
@@ -182,6 +186,11 @@ pub const DEFAULT_MAX_REGISTRATIONS: usize = 256;
 /// ping every half minute of silence costs a connection 17 bytes each way.
 pub const DEFAULT_API_KEEPALIVE_SECS: u64 = 30;
 
+/// Calls one tenant may have in flight across its clusters: eight tunnels'
+/// worth, and at most 256 MiB of answers' send buffers held for callers
+/// that stop reading.
+pub const DEFAULT_MAX_CALLS_PER_TENANT: u32 = 4096;
+
 impl HubConfig {
     /// Defaults for a hub with its data in `data_dir`, listening on loopback.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -205,6 +214,7 @@ impl HubConfig {
                 timeout: Duration::from_secs(DEFAULT_API_KEEPALIVE_SECS),
             },
             max_calls_per_tunnel: 512,
+            max_calls_per_tenant: DEFAULT_MAX_CALLS_PER_TENANT,
             drain_timeout: Duration::from_secs(30),
             max_concurrent_admissions: DEFAULT_MAX_ADMISSIONS,
             admission_retry_after: Duration::from_secs(1),
@@ -275,9 +285,9 @@ impl HubConfig {
                 "the API keepalive interval and timeout must be positive".into(),
             ));
         }
-        if self.max_calls_per_tunnel == 0 {
+        if self.max_calls_per_tunnel == 0 || self.max_calls_per_tenant == 0 {
             return Err(HubError::Config(
-                "max calls per tunnel must be at least 1".into(),
+                "max calls per tunnel and per tenant must be at least 1".into(),
             ));
         }
         for url in &self.tunnel_urls {

@@ -474,7 +474,7 @@ struct PrefixedBody<B> {
 /// Held for as long as a forwarded call lives: its slot on the tunnel and
 /// its place in the in-flight gauge.
 struct CallGuard {
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _permit: crate::registry::CallPermit,
     metrics: Arc<Metrics>,
 }
 

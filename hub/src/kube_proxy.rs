@@ -5,9 +5,8 @@
 //! sends it to its apiserver as the verified caller.
 
 use std::{
-    collections::HashMap,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -23,7 +22,12 @@ use tokio::{
     sync::mpsc,
 };
 
-use crate::{auth, forward::HttpBody, server::HubState};
+use crate::{
+    auth,
+    forward::HttpBody,
+    quota::{Place, Quota},
+    server::HubState,
+};
 
 /// Splits `/clusters/<name>/<rest>` into the cluster and the apiserver path
 /// (with the query). `None` when the path is not under the prefix.
@@ -629,7 +633,7 @@ pub enum UpgradesFull {
 /// Counts of upgraded connections per user and per cluster.
 #[derive(Debug, Default)]
 pub struct Upgrades {
-    counts: Mutex<HashMap<UpgradeKey, usize>>,
+    counts: Arc<Quota<UpgradeKey>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -647,87 +651,87 @@ impl Upgrades {
     /// Takes one slot for `tenant`'s `user` (as the cluster sees the name)
     /// on `cluster`, or says which bound is full.
     pub fn try_acquire(
-        self: &Arc<Self>,
+        &self,
         limits: &crate::config::KubeUpgradeLimits,
         tenant: &str,
         user: &str,
         cluster: &str,
         metrics: &Arc<crate::metrics::Metrics>,
     ) -> Result<UpgradeGuard, UpgradesFull> {
-        let (user, cluster) = (
-            UpgradeKey::User {
-                tenant: tenant.to_owned(),
-                user: user.to_owned(),
-            },
-            UpgradeKey::Cluster(cluster.to_owned()),
-        );
-        let mut counts = self
+        let user = UpgradeKey::User {
+            tenant: tenant.to_owned(),
+            user: user.to_owned(),
+        };
+        let user = self
             .counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let of = |k: &UpgradeKey| counts.get(k).copied().unwrap_or(0);
-        if of(&user) >= limits.per_user {
-            return Err(UpgradesFull::PerUser(limits.per_user));
-        }
-        if of(&cluster) >= limits.per_cluster {
-            return Err(UpgradesFull::PerCluster(limits.per_cluster));
-        }
-        *counts.entry(user.clone()).or_default() += 1;
-        *counts.entry(cluster.clone()).or_default() += 1;
+            .take(&user, limits.per_user)
+            .ok_or(UpgradesFull::PerUser(limits.per_user))?;
+        // The user's place goes back if the cluster is full.
+        let cluster = self
+            .counts
+            .take(&UpgradeKey::Cluster(cluster.to_owned()), limits.per_cluster)
+            .ok_or(UpgradesFull::PerCluster(limits.per_cluster))?;
         metrics.kube_upgraded.inc();
         Ok(UpgradeGuard {
-            upgrades: self.clone(),
-            keys: [user, cluster],
+            _places: [user, cluster],
             metrics: metrics.clone(),
         })
     }
 
     /// Connections counted for `tenant`'s `user` right now.
     pub fn user_count(&self, tenant: &str, user: &str) -> usize {
-        let counts = self
-            .counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        counts
-            .get(&UpgradeKey::User {
-                tenant: tenant.to_owned(),
-                user: user.to_owned(),
-            })
-            .copied()
-            .unwrap_or(0)
+        self.counts.held(&UpgradeKey::User {
+            tenant: tenant.to_owned(),
+            user: user.to_owned(),
+        })
     }
 }
 
 /// One counted upgraded connection; dropping it frees the slot.
 #[derive(Debug)]
 pub struct UpgradeGuard {
-    upgrades: Arc<Upgrades>,
-    keys: [UpgradeKey; 2],
+    _places: [Place<UpgradeKey>; 2],
     metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Drop for UpgradeGuard {
     fn drop(&mut self) {
         self.metrics.kube_upgraded.dec();
-        let mut counts = self
-            .upgrades
-            .counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for key in &self.keys {
-            if let Some(n) = counts.get_mut(key) {
-                *n -= 1;
-                if *n == 0 {
-                    counts.remove(key);
-                }
-            }
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each bound holds, and a refusal by the cluster's bound keeps no
+    /// place of the user's.
+    #[test]
+    fn upgrades_are_bounded_per_user_and_per_cluster() {
+        let limits = crate::config::KubeUpgradeLimits {
+            per_user: 2,
+            per_cluster: 3,
+            ..Default::default()
+        };
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let upgrades = Upgrades::default();
+        let take = |user: &str, cluster: &str| {
+            upgrades.try_acquire(&limits, "acme", user, cluster, &metrics)
+        };
+        let ann = [take("ann", "c1").unwrap(), take("ann", "c1").unwrap()];
+        assert_eq!(take("ann", "c2").unwrap_err(), UpgradesFull::PerUser(2));
+        let ann_elsewhere = upgrades
+            .try_acquire(&limits, "globex", "ann", "c2", &metrics)
+            .expect("another tenant's ann is someone else");
+        let bob = take("bob", "c1").unwrap();
+        assert_eq!(take("cid", "c1").unwrap_err(), UpgradesFull::PerCluster(3));
+        assert_eq!(upgrades.user_count("acme", "cid"), 0);
+        assert_eq!(metrics.kube_upgraded.get(), 4);
+        drop((ann, bob, ann_elsewhere));
+        assert_eq!(metrics.kube_upgraded.get(), 0);
+        assert!(upgrades.counts.is_empty());
+        assert!(take("cid", "c1").is_ok());
+    }
 
     #[test]
     fn splits_cluster_and_path() {

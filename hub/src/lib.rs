@@ -10,6 +10,7 @@
 //! - [`tenancy`] — tenants, the cluster names they hold, roles.
 //! - [`tokens`] — join tokens (agents) and API tokens (users), stored hashed.
 //! - [`registry`] — live tunnels by cluster: the routing table.
+//! - [`quota`] — places counted per tenant, user or cluster.
 //! - [`tunnels`] — accepts tunnel connections, checks certificates, keeps the
 //!   registry and the stored links in step.
 //! - [`link_service`] — `otterscale.link.v1.LinkService`.
@@ -47,6 +48,7 @@ pub mod oidc;
 pub mod ops;
 pub mod peers;
 pub mod protocol;
+pub mod quota;
 pub mod rancher;
 pub mod registry;
 pub mod resume;

@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     link_service::LinkRecord,
+    quota::{Place, Quota},
     store::{Store, StoreExt, tree},
 };
 
@@ -188,6 +189,9 @@ pub struct Registry {
     next_id: AtomicU64,
     /// Bounds the diagnosis fetches one listing of many stale links starts.
     pub diagnosing: Arc<Semaphore>,
+    /// Calls in flight per tenant, across its clusters.
+    tenant_calls: Arc<Quota<String>>,
+    max_calls_per_tenant: u32,
 }
 
 /// Diagnosis fetches in flight at once, across all tunnels.
@@ -195,15 +199,23 @@ const DIAGNOSIS_FAN_OUT: usize = 16;
 
 impl Default for Registry {
     fn default() -> Self {
-        Registry {
-            tunnels: RwLock::default(),
-            next_id: AtomicU64::default(),
-            diagnosing: Arc::new(Semaphore::new(DIAGNOSIS_FAN_OUT)),
-        }
+        Registry::new(crate::config::DEFAULT_MAX_CALLS_PER_TENANT)
     }
 }
 
 impl Registry {
+    /// A routing table letting each tenant have `max_calls_per_tenant`
+    /// calls in flight across its clusters.
+    pub fn new(max_calls_per_tenant: u32) -> Self {
+        Registry {
+            tunnels: RwLock::default(),
+            next_id: AtomicU64::default(),
+            diagnosing: Arc::new(Semaphore::new(DIAGNOSIS_FAN_OUT)),
+            tenant_calls: Arc::default(),
+            max_calls_per_tenant,
+        }
+    }
+
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -252,14 +264,28 @@ impl Registry {
                 Err(e) => RouteError::Store(e),
             });
         };
-        let permit = tunnel
-            .calls
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| RouteError::Busy {
-                cluster: cluster.to_owned(),
-                max_calls: tunnel.max_calls,
+        // The tenant's bound first: a tenant whose calls fill it waits on
+        // nothing of another's, and cannot take the hub's memory (each call
+        // may hold an answer's send buffer) from the others.
+        let for_tenant = self
+            .tenant_calls
+            .take(&tenant, self.max_calls_per_tenant as usize)
+            .ok_or(RouteError::TenantBusy {
+                max_calls: self.max_calls_per_tenant,
             })?;
+        let for_tunnel =
+            tunnel
+                .calls
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| RouteError::Busy {
+                    cluster: cluster.to_owned(),
+                    max_calls: tunnel.max_calls,
+                })?;
+        let permit = CallPermit {
+            _tunnel: for_tunnel,
+            _tenant: for_tenant,
+        };
         // Opening never waits for the peer's stream credit, but a wedged
         // connection must not hold the call slot until keepalive gives up.
         let stream = tokio::time::timeout(OPEN_TIMEOUT, tunnel.opener.open())
@@ -349,10 +375,18 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// guard, so the slot is held as long as the call).
 pub struct OpenCall {
     pub stream: TunnelStream,
-    pub permit: OwnedSemaphorePermit,
+    pub permit: CallPermit,
     pub tunnel: Arc<TunnelEntry>,
     /// Who the cluster is told the caller is.
     pub identity: otter_tunnel::Caller,
+}
+
+/// A call's places in its tunnel's and its tenant's bounds, given back
+/// when the call ends (dropped with its answer).
+#[derive(Debug)]
+pub struct CallPermit {
+    _tunnel: OwnedSemaphorePermit,
+    _tenant: Place<String>,
 }
 
 impl std::fmt::Debug for OpenCall {
@@ -374,6 +408,10 @@ pub enum RouteError {
         "cluster {cluster} has {max_calls} calls in flight, the most one tunnel carries; retry later"
     )]
     Busy { cluster: String, max_calls: u32 },
+    #[error(
+        "the cluster's tenant has {max_calls} calls in flight, the most one tenant may; retry when one has ended"
+    )]
+    TenantBusy { max_calls: u32 },
     #[error("cluster {cluster}: tunnel failed: {reason}")]
     TunnelFailed { cluster: String, reason: String },
     /// Another replica holds the tunnel.
@@ -392,7 +430,9 @@ impl RouteError {
             RouteError::Offline { .. }
             | RouteError::TunnelFailed { .. }
             | RouteError::Elsewhere(_) => tonic::Status::unavailable(text),
-            RouteError::Busy { .. } => tonic::Status::resource_exhausted(text),
+            RouteError::Busy { .. } | RouteError::TenantBusy { .. } => {
+                tonic::Status::resource_exhausted(text)
+            }
             RouteError::Store(e) => e.into_status(),
         }
     }
@@ -404,7 +444,7 @@ impl RouteError {
             RouteError::Offline { .. }
             | RouteError::TunnelFailed { .. }
             | RouteError::Elsewhere(_) => (503, "ServiceUnavailable"),
-            RouteError::Busy { .. } => (429, "TooManyRequests"),
+            RouteError::Busy { .. } | RouteError::TenantBusy { .. } => (429, "TooManyRequests"),
             RouteError::Store(_) => (500, "InternalError"),
         }
     }

@@ -97,7 +97,7 @@ pub struct HubState {
     /// Session tickets of the tunnel port.
     pub tickets: crate::tickets::Tickets,
     /// Fan-out calls open per caller.
-    pub fan_outs: crate::fleet::FanOuts,
+    pub fan_outs: Arc<crate::quota::Quota<String>>,
     /// Port-forward writes queued for their agents.
     pub uploads: crate::uploads::Uploads,
     /// Links' last-seen times, written off the tunnels' paths.
@@ -342,11 +342,12 @@ impl Hub {
             Some(target) => crate::audit::Audit::start(target.clone(), metrics.clone())?,
             None => crate::audit::Audit::off(metrics.clone()),
         };
+        let registry = Registry::new(config.max_calls_per_tenant);
         let state = Arc::new(HubState {
             config,
             store,
             authority,
-            registry: Registry::default(),
+            registry,
             external_url,
             tunnel_urls,
             tasks: tasks.clone(),

@@ -631,6 +631,10 @@ pub struct HubArgs {
     /// Concurrent calls one tunnel carries; more get ResourceExhausted.
     #[arg(long, default_value_t = 512)]
     pub max_calls_per_tunnel: u32,
+    /// Concurrent calls one tenant's callers may have across its clusters
+    /// (counted per replica); more get ResourceExhausted (kubectl: 429).
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_CALLS_PER_TENANT)]
+    pub max_calls_per_tenant: u32,
     /// Seconds a Watch or followed log whose cluster's tunnel dropped waits
     /// for the next one, to go on from the last change or line it passed; 0
     /// ends it with the tunnel (Unavailable).
@@ -845,6 +849,7 @@ impl HubArgs {
             timeout: api_keepalive,
         };
         c.max_calls_per_tunnel = self.max_calls_per_tunnel;
+        c.max_calls_per_tenant = self.max_calls_per_tenant;
         c.watch_resume_grace = Duration::from_secs(self.watch_resume_grace_secs);
         c.max_concurrent_admissions = self.max_concurrent_admissions;
         c.admission_retry_after = Duration::from_millis(self.admission_retry_after_ms);

@@ -37,6 +37,7 @@ use crate::{
     auth::{self, Principal},
     forward::{self, HttpBody, Sent},
     link_service::LinkRecord,
+    quota::Place,
     server::HubState,
     store::{StoreExt, tree},
 };
@@ -67,64 +68,18 @@ const LABEL_LINK: &str = "/otterlink.fleet.v1.FleetService/LabelLink";
 const MAX_DOCTOR_CHECKS: usize = 32;
 const MAX_DOCTOR_DETAIL: usize = 1024;
 
-/// Fan-out calls open per caller.
-#[derive(Debug, Default)]
-pub struct FanOuts {
-    open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
-}
-
-/// One open fan-out call; its place is freed when the call ends.
-struct FanOutPlace {
-    state: Arc<HubState>,
-    user: String,
-}
-
-impl Drop for FanOutPlace {
-    fn drop(&mut self) {
-        let mut open = self
-            .state
-            .fan_outs
-            .open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = open.get_mut(&self.user) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.user);
-            }
-        }
-    }
-}
-
-impl FanOuts {
-    /// Whether no fan-out call is open.
-    pub fn is_empty(&self) -> bool {
-        self.open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_empty()
-    }
-
-    /// A place for one more fan-out of `user`, or ResourceExhausted.
-    fn enter(state: &Arc<HubState>, user: &str) -> Result<FanOutPlace, Status> {
-        let mut open = state
-            .fan_outs
-            .open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = open.entry(user.to_owned()).or_default();
-        if *n >= MAX_FAN_OUTS_PER_CALLER {
-            return Err(Status::resource_exhausted(format!(
+/// A place for one more fan-out of `user`, or ResourceExhausted; given back
+/// when the call's answers end.
+fn enter_fan_out(state: &Arc<HubState>, user: &str) -> Result<Place<String>, Status> {
+    state
+        .fan_outs
+        .take(&user.to_owned(), MAX_FAN_OUTS_PER_CALLER)
+        .ok_or_else(|| {
+            Status::resource_exhausted(format!(
                 "at most {MAX_FAN_OUTS_PER_CALLER} fan-out calls at once per caller; \
                  wait for one to end"
-            )));
-        }
-        *n += 1;
-        Ok(FanOutPlace {
-            state: state.clone(),
-            user: user.to_owned(),
+            ))
         })
-    }
 }
 
 /// A fan-out call's stream of answers.
@@ -193,7 +148,7 @@ impl Asker {
     /// makes one cluster's message, `answer` wraps its outcome.
     fn fan_out<M, R>(
         self,
-        place: FanOutPlace,
+        place: Place<String>,
         plan: Plan,
         path: &'static str,
         request: impl Fn(&str) -> Bytes + Send + 'static,
@@ -542,7 +497,7 @@ impl fleet_service_server::FleetService for FleetSvc {
         let asker = self.asker(&request, LIST_RESOURCES)?;
         let req = request.into_inner();
         let plan = self.plan(&asker.caller, req.fan_out).await?;
-        let place = FanOuts::enter(&self.state, &asker.caller.user)?;
+        let place = enter_fan_out(&self.state, &asker.caller.user)?;
         let one = resource::ListRequest {
             cluster: None,
             group: req.group,
@@ -582,7 +537,7 @@ impl fleet_service_server::FleetService for FleetSvc {
             ));
         }
         let plan = self.plan(&asker.caller, req.fan_out).await?;
-        let place = FanOuts::enter(&self.state, &asker.caller.user)?;
+        let place = enter_fan_out(&self.state, &asker.caller.user)?;
         let one = resource::GetRequest {
             cluster: None,
             group: req.group,

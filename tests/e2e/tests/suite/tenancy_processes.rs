@@ -45,14 +45,24 @@ async fn open_watch(
     token: &str,
     cluster: &str,
 ) -> tonic::Streaming<otter_proto::resource::v1::WatchEvent> {
+    try_watch(channel, token, cluster)
+        .await
+        .unwrap_or_else(|| panic!("a Watch of {cluster} with its first event"))
+}
+
+/// A Watch that has delivered its first event, or `None` when refused.
+async fn try_watch(
+    channel: &Channel,
+    token: &str,
+    cluster: &str,
+) -> Option<tonic::Streaming<otter_proto::resource::v1::WatchEvent>> {
     let mut s = ResourceServiceClient::new(channel.clone())
         .watch(with_token(watch_req(cluster), token))
         .await
-        .expect("watch")
+        .ok()?
         .into_inner();
-    let first = tokio::time::timeout(WAIT, s.next()).await.expect("event");
-    assert!(matches!(first, Some(Ok(_))), "{first:?}");
-    s
+    tokio::time::timeout(WAIT, s.next()).await.ok()??.ok()?;
+    Some(s)
 }
 
 /// The code and message of a refused call, with the cluster's name taken
@@ -450,4 +460,122 @@ async fn tenants_and_revocation_through_the_real_binaries() {
     let (status, theirs) = read_audit(gil.clone(), "").await;
     assert_eq!(status, 200);
     assert!(theirs.iter().all(|e| e["tenant"] == "globex"), "{theirs:?}");
+}
+
+/// One tenant's callers, on all its clusters together, hold at most
+/// `--max-calls-per-tenant` calls at once through the hub process: the next
+/// is refused at once (ResourceExhausted; kubectl gets 429) while another
+/// tenant's calls go on, and every place comes back when its call ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_calls_are_bounded_across_its_clusters_and_others_go_on() {
+    const BUDGET: usize = 4;
+    let sim = kube_sim::KubeSim::start(
+        sim_config()
+            .pod("default", "web", &["app"])
+            .allow("group:otter:acme:members", &["*"], &["*"], &["*"])
+            .allow("group:otter:globex:members", &["*"], &["*"], &["*"]),
+    )
+    .await
+    .expect("kube-sim");
+    let budget = BUDGET.to_string();
+    let fleet = Fleet::start_with(
+        &sim,
+        &["quic", "h2", "quic"],
+        &["acme", "acme", "globex"],
+        &["--max-calls-per-tenant", &budget],
+    )
+    .await;
+    let channel = fleet.channel().await;
+    fleet.all_connected(&channel).await;
+    let (addr, ca, root) = (fleet.api_addr(), fleet.ca_pem.as_str(), &fleet.admin_token);
+    let mint = |by: String, body: Value| async move { mint_via_admin(addr, ca, &by, body).await };
+    let (ann, _) = mint(
+        root.clone(),
+        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
+    )
+    .await;
+    let (mel, _) = mint(ann.clone(), json!({"name": "mel"})).await;
+    let (gil, _) = mint(
+        root.clone(),
+        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
+    )
+    .await;
+    let get_as = |token: &str, cluster: &str| {
+        let mut req = get(cluster, "web");
+        req.namespace = Some("default".into());
+        with_token(req, token)
+    };
+    let res = ResourceServiceClient::new(channel.clone());
+    let kube = |token: String, cluster: &'static str| async move {
+        admin_call(
+            addr,
+            ca,
+            &token,
+            http::Method::GET,
+            &format!("/clusters/{cluster}/api/v1/namespaces/default/pods"),
+            None,
+        )
+        .await
+    };
+
+    // Two callers of acme, two Watches on each of its clusters.
+    let fill = async || {
+        let mut held = Vec::new();
+        for (token, cluster) in [(&ann, "edge-0"), (&ann, "edge-1"), (&mel, "edge-0")] {
+            held.push(open_watch(&channel, token, cluster).await);
+        }
+        held.push(open_watch(&channel, &mel, "edge-1").await);
+        assert_eq!(held.len(), BUDGET);
+        held
+    };
+    let mut held = fill().await;
+    for (token, cluster) in [(&ann, "edge-0"), (&mel, "edge-1")] {
+        let (code, message) = status_of(res.clone().get(get_as(token, cluster)).await);
+        assert_eq!(code, Code::ResourceExhausted, "{message}");
+        assert!(message.contains("tenant has 4 calls"), "{message}");
+    }
+    let refused = status_of(
+        res.clone()
+            .watch(with_token(watch_req("edge-1"), &ann))
+            .await,
+    );
+    assert_eq!(refused.0, Code::ResourceExhausted, "{refused:?}");
+    let (status, body) = kube(mel.clone(), "edge-0").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("TooManyRequests"), "{body}");
+
+    // globex is not held by acme's calls: its own four, a Get among them.
+    let mut theirs = Vec::new();
+    for _ in 0..BUDGET - 1 {
+        theirs.push(open_watch(&channel, &gil, "edge-2").await);
+    }
+    res.clone()
+        .get(get_as(&gil, "edge-2"))
+        .await
+        .expect("globex's Get beside acme's full budget");
+    assert_eq!(kube(gil.clone(), "edge-2").await.0, 200);
+
+    // A place comes back when a call ends.
+    drop(held.pop());
+    wait_until(
+        async || res.clone().get(get_as(&ann, "edge-1")).await.is_ok(),
+        "acme's place to come back",
+    )
+    .await;
+    // All of them: acme holds exactly its budget again, no more.
+    drop(held);
+    let deadline = Instant::now() + WAIT;
+    let mut again = Vec::new();
+    while again.len() < BUDGET {
+        match try_watch(&channel, &ann, "edge-0").await {
+            Some(s) => again.push(s),
+            None => {
+                assert!(Instant::now() < deadline, "acme's places came back");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let (code, _) = status_of(res.clone().get(get_as(&ann, "edge-0")).await);
+    assert_eq!(code, Code::ResourceExhausted);
+    drop((again, theirs));
 }
