@@ -154,6 +154,8 @@ struct Copy {
     seen: i64,
     /// Whether the watch is following etcd now.
     following: bool,
+    /// Changes taken in, per tree (the copy serves every scan).
+    versions: crate::store::TreeVersions,
 }
 
 impl Copy {
@@ -161,6 +163,9 @@ impl Copy {
     /// later one (a replica's own write can land before the watch brings
     /// the events before it).
     fn apply(&mut self, key: String, value: Option<Vec<u8>>, revision: i64) {
+        if let Some((tree, _)) = key.split_once('/') {
+            self.versions.wrote(tree);
+        }
         match self.entries.get(&key) {
             Some(e) if e.revision >= revision => {}
             _ => {
@@ -812,6 +817,7 @@ fn replace_copy(copy: &Mutex<Copy>, prefix: &str, (kvs, revision): Snapshot) -> 
         }
     }
     copy.entries = fresh;
+    copy.versions.wrote_all();
     copy.seen = revision;
     copy.following = true;
     revision
@@ -1009,6 +1015,16 @@ impl Store for EtcdStore {
         Some(self.changed.subscribe())
     }
 
+    fn version(&self, tree: &str) -> Option<u64> {
+        Some(
+            self.copy
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .versions
+                .of(tree),
+        )
+    }
+
     /// etcd answers a write once a quorum has it on disk.
     fn flush(&self) -> Result<()> {
         Ok(())
@@ -1070,5 +1086,31 @@ mod tests {
         assert!(c.entries["links/b"].value.is_none());
         c.advance(9);
         assert!(!c.entries.contains_key("links/b"));
+    }
+
+    /// A tree's version moves with every change the copy takes in for it
+    /// (this replica's writes and the watch's alike), and every tree's when
+    /// the copy is read anew; other trees' stay.
+    #[test]
+    fn the_copys_versions_move_with_what_it_takes_in() {
+        let copy = Mutex::new(Copy::default());
+        let of = |tree: &str| copy.lock().unwrap().versions.of(tree);
+        let (links, tokens) = (of("links"), of("tokens"));
+        copy.lock()
+            .unwrap()
+            .apply("links/a".into(), Some(b"1".to_vec()), 3);
+        assert_ne!(of("links"), links);
+        assert_eq!(of("tokens"), tokens);
+        let links = of("links");
+        copy.lock().unwrap().apply("links/a".into(), None, 4);
+        assert_ne!(of("links"), links);
+        let (links, tokens) = (of("links"), of("tokens"));
+        replace_copy(
+            &copy,
+            "/p/",
+            (vec![("/p/tokens/t".into(), b"x".to_vec(), 5)], 5),
+        );
+        assert_ne!(of("links"), links);
+        assert_ne!(of("tokens"), tokens);
     }
 }

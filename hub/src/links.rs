@@ -2,12 +2,15 @@
 //!
 //! A listing reads every link in the store, whatever the caller's tenant,
 //! and a dashboard polls it: at 10,000 links one ListLinks took about
-//! 80 ms of CPU. Two things follow. It runs on a blocking thread, at most
+//! 80 ms of CPU. Three things follow. It runs on a blocking thread, at most
 //! [`listings`] at once, so the runtime's workers go on forwarding calls
-//! meanwhile. And each record is decoded once per
-//! change: the store's bytes are compared with those of the last listing,
-//! which costs a fraction of decoding them again. The bytes come from the
-//! store each time, so a write by another replica is seen at once.
+//! meanwhile. While the store's version of the links has not moved (no
+//! write since, by this replica or, once in its copy, another), the last
+//! listing is read again without a scan, so a small tenant's listing on a
+//! large hub costs a walk over shared records, not the store. And after a
+//! change each record is decoded once: the store's bytes are compared
+//! with those of the last listing, which costs a fraction of decoding them
+//! again.
 
 use std::{
     collections::HashMap,
@@ -43,7 +46,12 @@ struct Memo {
     /// Counts listings: a record no listing saw last time is gone.
     generation: u64,
     by_cluster: HashMap<String, Decoded>,
+    /// The last listing, at the store's version of the links before it.
+    last: Option<(u64, Listing)>,
 }
+
+/// Every link, in key order, shared by the listings that read it.
+pub type Listing = Arc<Vec<Arc<LinkRecord>>>;
 
 #[derive(Debug)]
 struct Decoded {
@@ -60,16 +68,26 @@ impl Default for Links {
 }
 
 impl Links {
-    /// Every link in `store`, in key order; a record whose bytes changed
-    /// since the last listing (or that is new) is decoded, the others are
-    /// the records decoded then.
-    pub fn all(&self, store: &dyn Store) -> Result<Vec<Arc<LinkRecord>>> {
+    /// Every link in `store`, in key order. While the store says the links
+    /// have not changed, the last listing itself; otherwise a record whose
+    /// bytes changed since the last listing (or that is new) is decoded,
+    /// the others are the records decoded then.
+    pub fn all(&self, store: &dyn Store) -> Result<Listing> {
         let mut memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken before the scan: a write during it moves the number again.
+        let version = store.version(tree::LINKS);
+        if let (Some(now), Some((then, listing))) = (version, &memo.last)
+            && now == *then
+        {
+            return Ok(listing.clone());
+        }
         memo.generation += 1;
         let Memo {
             generation,
             by_cluster,
+            last,
         } = &mut *memo;
+        *last = None;
         let mut out = Vec::with_capacity(by_cluster.len());
         store.for_each_raw(tree::LINKS, &mut |key, raw| {
             let record = match by_cluster.get_mut(key) {
@@ -97,6 +115,8 @@ impl Links {
         if by_cluster.len() > out.len() {
             by_cluster.retain(|_, d| d.generation == *generation);
         }
+        let out = Arc::new(out);
+        *last = version.map(|v| (v, out.clone()));
         Ok(out)
     }
 
@@ -113,14 +133,14 @@ impl Links {
 pub async fn read<T, F>(state: &Arc<HubState>, view: F) -> Result<T, Status>
 where
     T: Send + 'static,
-    F: FnOnce(&Arc<HubState>, Vec<Arc<LinkRecord>>) -> T + Send + 'static,
+    F: FnOnce(&Arc<HubState>, &[Arc<LinkRecord>]) -> T + Send + 'static,
 {
     let s = state.clone();
     state
         .links
         .off_the_workers(move || {
             let all = s.links.all(&*s.store).map_err(|e| e.into_status())?;
-            Ok(view(&s, all))
+            Ok(view(&s, &all))
         })
         .await?
 }
@@ -193,6 +213,61 @@ mod tests {
             .collect();
         assert_eq!(names, [("b", "2"), ("c", "1")]);
         assert_eq!(links.kept(), 2, "the removed link is forgotten");
+    }
+
+    /// While nothing writes the links, a listing is the last one itself
+    /// (no scan); any write to them, alone or in a transaction with other
+    /// trees, makes the next listing read the store, where unchanged
+    /// records are still the ones decoded before.
+    #[test]
+    fn an_unchanged_store_is_listed_without_a_scan_and_any_write_to_the_links_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let links = Links::default();
+        store.put(tree::LINKS, "a", &link("a", "1")).unwrap();
+        store.put(tree::LINKS, "b", &link("b", "1")).unwrap();
+        let first = links.all(&store).unwrap();
+        assert!(Arc::ptr_eq(&first, &links.all(&store).unwrap()));
+        store.put_raw(tree::META, "other", b"1").unwrap();
+        assert!(store.writable());
+        assert!(
+            Arc::ptr_eq(&first, &links.all(&store).unwrap()),
+            "writes to other trees leave the listing as it was"
+        );
+        let versions = |l: &Listing| -> Vec<String> {
+            l.iter()
+                .map(|r| format!("{}={}", r.cluster, r.agent_version))
+                .collect()
+        };
+        let b2 = serde_json::to_vec(&link("b", "2")).unwrap();
+        let swapped = store
+            .compare_and_swap_all(&[
+                crate::store::Swap::new(
+                    tree::LINKS,
+                    "b",
+                    store.get_raw(tree::LINKS, "b").unwrap(),
+                    Some(b2),
+                ),
+                crate::store::Swap::new(tree::META, "x", None, Some(b"1".to_vec())),
+            ])
+            .unwrap();
+        assert!(swapped);
+        let second = links.all(&store).unwrap();
+        assert_eq!(versions(&second), ["a=1", "b=2"]);
+        assert!(
+            Arc::ptr_eq(&first[0], &second[0]),
+            "a was not decoded again"
+        );
+        let b3 = serde_json::to_vec(&link("b", "3")).unwrap();
+        let old = store.get_raw(tree::LINKS, "b").unwrap();
+        assert!(
+            store
+                .compare_and_swap_raw(tree::LINKS, "b", old.as_deref(), Some(&b3))
+                .unwrap()
+        );
+        assert_eq!(versions(&links.all(&store).unwrap()), ["a=1", "b=3"]);
+        store.delete(tree::LINKS, "a").unwrap();
+        assert_eq!(versions(&links.all(&store).unwrap()), ["b=3"]);
     }
 
     #[test]

@@ -277,6 +277,10 @@ impl<S: Store> Store for SealedStore<S> {
     fn writable(&self) -> bool {
         self.inner.writable()
     }
+
+    fn version(&self, tree: &str) -> Option<u64> {
+        self.inner.version(tree)
+    }
 }
 
 /// A record that could not be sealed or opened, and why.

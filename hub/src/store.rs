@@ -5,7 +5,10 @@
 //! Records are JSON: readable with any sled tool, and a field added later
 //! loads fine from an older record.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -180,6 +183,45 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<()>;
     /// Whether writes currently succeed (for health).
     fn writable(&self) -> bool;
+    /// A number that moves whenever `tree` may have changed (a write of
+    /// this process, or of another replica once it is in this one's copy):
+    /// while it stays, a scan finds what the last one found, so a reader
+    /// may keep what it made of that (ListLinks, polled by dashboards).
+    /// `None`: this store cannot tell; scan each time.
+    fn version(&self, _tree: &str) -> Option<u64> {
+        None
+    }
+}
+
+/// Writes counted per tree, for [`Store::version`].
+#[derive(Debug, Default)]
+pub struct TreeVersions {
+    by_tree: HashMap<String, u64>,
+    /// Moves every tree's number at once (a store read anew).
+    all: u64,
+}
+
+impl TreeVersions {
+    /// `tree` was written (or may have been).
+    pub fn wrote(&mut self, tree: &str) {
+        match self.by_tree.get_mut(tree) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_tree.insert(tree.to_owned(), 1);
+            }
+        }
+    }
+
+    /// Every tree may have changed.
+    pub fn wrote_all(&mut self) {
+        self.all += 1;
+    }
+
+    /// `tree`'s number: both parts only grow, so their sum moves with
+    /// either.
+    pub fn of(&self, tree: &str) -> u64 {
+        self.all + self.by_tree.get(tree).copied().unwrap_or(0)
+    }
 }
 
 /// One key's part of [`Store::compare_and_swap_all`].
@@ -342,6 +384,8 @@ pub fn secret(store: &dyn Store, name: &str) -> Result<Vec<u8>> {
 #[derive(Debug)]
 pub struct SledStore {
     db: sled::Db,
+    /// Only this process writes the store (sled locks its directory).
+    versions: std::sync::Mutex<TreeVersions>,
 }
 
 impl SledStore {
@@ -383,7 +427,10 @@ impl SledStore {
                 source,
             })
         })?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            versions: Default::default(),
+        })
     }
 
     fn tree(&self, name: &str) -> Result<sled::Tree> {
@@ -485,12 +532,16 @@ impl Store for SledStore {
     }
 
     fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> Result<()> {
-        self.tree(tree)?.insert(key, value).map_err(sled_err)?;
+        let put = self.tree(tree)?.insert(key, value);
+        self.wrote(tree);
+        put.map_err(sled_err)?;
         Ok(())
     }
 
     fn delete(&self, tree: &str, key: &str) -> Result<()> {
-        self.tree(tree)?.remove(key).map_err(sled_err)?;
+        let removed = self.tree(tree)?.remove(key);
+        self.wrote(tree);
+        removed.map_err(sled_err)?;
         self.flush()
     }
 
@@ -501,11 +552,9 @@ impl Store for SledStore {
         old: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool> {
-        Ok(self
-            .tree(tree)?
-            .compare_and_swap(key, old, new)
-            .map_err(sled_err)?
-            .is_ok())
+        let swapped = self.tree(tree)?.compare_and_swap(key, old, new);
+        self.wrote(tree);
+        Ok(swapped.map_err(sled_err)?.is_ok())
     }
 
     fn compare_and_swap_all(&self, swaps: &[Swap]) -> Result<bool> {
@@ -542,6 +591,9 @@ impl Store for SledStore {
             }
             Ok(())
         });
+        for name in &names {
+            self.wrote(name);
+        }
         match swapped {
             Ok(()) => Ok(true),
             Err(TransactionError::Abort(())) => Ok(false),
@@ -577,6 +629,24 @@ impl Store for SledStore {
 
     fn writable(&self) -> bool {
         self.put_raw(tree::META, "health-probe", b"1").is_ok() && self.db.flush().is_ok()
+    }
+
+    fn version(&self, tree: &str) -> Option<u64> {
+        Some(self.versions().of(tree))
+    }
+}
+
+impl SledStore {
+    fn versions(&self) -> std::sync::MutexGuard<'_, TreeVersions> {
+        self.versions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counted after the write, so a reader that took the number before
+    /// its scan sees the write or a number that moved since.
+    fn wrote(&self, tree: &str) {
+        self.versions().wrote(tree);
     }
 }
 

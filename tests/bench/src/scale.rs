@@ -76,6 +76,18 @@ pub async fn hub_child(
         }
         std::fs::write(&tokens, text)?;
     }
+    // A tenant of none of the fleet's links, listing them beside it (made
+    // once: replicas sharing a store come here with no clusters).
+    let bystander = dir.join("bystander-token");
+    if clusters > 0 && !bystander.exists() {
+        hub.create_tenant(BYSTANDER)?;
+        let spec = otter_hub::tokens::TokenSpec {
+            user: "bystander-admin".into(),
+            tenants: [(BYSTANDER.to_owned(), otter_hub::tenancy::Role::Admin)].into(),
+            ..Default::default()
+        };
+        std::fs::write(&bystander, hub.mint_token(&spec)?)?;
+    }
     let metrics = hub
         .ops_addrs
         .first()
@@ -225,6 +237,9 @@ impl Drop for HubProc {
     }
 }
 
+/// The tenant whose admin lists links beside the fleet's.
+const BYSTANDER: &str = "bystander";
+
 pub fn admin_token(dir: &Path) -> anyhow::Result<String> {
     Ok(std::fs::read_to_string(dir.join("admin-token"))?
         .trim()
@@ -246,6 +261,31 @@ pub async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Opt
 }
 
 /// The size of a ListLinks answer, in bytes.
+/// Twenty ListLinks as `token`, one after another: the hub's CPU per call
+/// in ms (less what it spends idle meanwhile), the answer's size, the
+/// calls' latency.
+async fn list_links_cost(
+    ch: &tonic::transport::Channel,
+    token: &str,
+    hub: &HubProc,
+    idle_cpu: f64,
+) -> anyhow::Result<(f64, usize, Latency)> {
+    const CALLS: usize = 20;
+    let (mut lat, c0) = (Vec::new(), cpu_secs(&hub.pid()).unwrap_or(0.0));
+    let (t0, mut size) = (Instant::now(), 0);
+    for _ in 0..CALLS {
+        let t = Instant::now();
+        size = list_links_size(ch, token).await?;
+        lat.push(t.elapsed());
+    }
+    let cpu = cpu_secs(&hub.pid()).unwrap_or(0.0) - c0 - idle_cpu * t0.elapsed().as_secs_f64();
+    Ok((
+        cpu.max(0.0) * 1000.0 / CALLS as f64,
+        size,
+        Latency::of(&lat),
+    ))
+}
+
 async fn list_links_size(ch: &tonic::transport::Channel, token: &str) -> anyhow::Result<usize> {
     let r = LinkServiceClient::new(ch.clone())
         .max_decoding_message_size(64 << 20)
@@ -630,20 +670,12 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         idle_cpu * 100.0,
     );
-    let (mut lat, c0) = (Vec::new(), cpu_secs(&hub.pid()).unwrap_or(0.0));
-    let (t0, mut size) = (Instant::now(), 0);
-    for _ in 0..20 {
-        let t = Instant::now();
-        size = list_links_size(&ch, &token).await?;
-        lat.push(t.elapsed());
-    }
-    // The hub's CPU per call, less what it spends idle meanwhile.
-    let list_cpu = cpu_secs(&hub.pid()).unwrap_or(0.0) - c0 - idle_cpu * t0.elapsed().as_secs_f64();
+    let (list_cpu, size, l) = list_links_cost(&ch, &token, &hub, idle_cpu).await?;
     figs.add(
         &format!("scale.listlinks-hub-cpu.n{n}"),
         "ms",
         None,
-        list_cpu.max(0.0) * 1000.0 / 20.0,
+        list_cpu,
     );
     figs.add(
         &format!("scale.listlinks-size.n{n}"),
@@ -651,7 +683,6 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         size as f64 / 1024.0,
     );
-    let l = Latency::of(&lat);
     figs.add(
         &format!("scale.listlinks-p50.n{n}"),
         "ms",
@@ -663,6 +694,21 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         "ms",
         None,
         l.max / 1000.0,
+    );
+    // Another tenant's admin, whose listing holds none of those links.
+    let bystander = std::fs::read_to_string(dir.path().join("bystander-token"))?;
+    let (other_cpu, _, other) = list_links_cost(&ch, bystander.trim(), &hub, idle_cpu).await?;
+    figs.add(
+        &format!("scale.listlinks-bystander-hub-cpu.n{n}"),
+        "ms",
+        Some(&format!("scale.listlinks-hub-cpu.n{n}")),
+        other_cpu,
+    );
+    figs.add(
+        &format!("scale.listlinks-bystander-p50.n{n}"),
+        "ms",
+        None,
+        other.p50 / 1000.0,
     );
 
     gets_beside_list_links(&mut figs, &ch, &hub, &ca, &token, n).await?;
