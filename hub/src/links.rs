@@ -188,13 +188,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_listing_decodes_only_what_changed_and_forgets_what_is_gone() {
+    /// A store holding links `a` and `b`, and a listing of none yet.
+    fn links_a_and_b() -> (tempfile::TempDir, SledStore, Links) {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path()).unwrap();
-        let links = Links::default();
         store.put(tree::LINKS, "a", &link("a", "1")).unwrap();
         store.put(tree::LINKS, "b", &link("b", "1")).unwrap();
+        (dir, store, Links::default())
+    }
+
+    #[test]
+    fn a_listing_decodes_only_what_changed_and_forgets_what_is_gone() {
+        let (_dir, store, links) = links_a_and_b();
         let first = links.all(&store).unwrap();
         assert_eq!(first.len(), 2);
 
@@ -221,11 +226,7 @@ mod tests {
     /// records are still the ones decoded before.
     #[test]
     fn an_unchanged_store_is_listed_without_a_scan_and_any_write_to_the_links_is_seen() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path()).unwrap();
-        let links = Links::default();
-        store.put(tree::LINKS, "a", &link("a", "1")).unwrap();
-        store.put(tree::LINKS, "b", &link("b", "1")).unwrap();
+        let (_dir, store, links) = links_a_and_b();
         let first = links.all(&store).unwrap();
         assert!(Arc::ptr_eq(&first, &links.all(&store).unwrap()));
         store.put_raw(tree::META, "other", b"1").unwrap();

@@ -118,16 +118,58 @@ fn exit_of(what: &str, child: &mut Child) -> i32 {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_and_revocation_through_the_real_binaries() {
-    let sim = kube_sim::KubeSim::start(
+/// The test server both tenants' members may use.
+async fn sim_of_two_tenants() -> kube_sim::KubeSim {
+    kube_sim::KubeSim::start(
         sim_config()
             .pod("default", "web", &["app"])
             .allow("group:otter:acme:members", &["*"], &["*"], &["*"])
             .allow("group:otter:globex:members", &["*"], &["*"], &["*"]),
     )
     .await
-    .expect("kube-sim");
+    .expect("kube-sim")
+}
+
+/// The tenants' first admins, named by the hub's operator: acme's ann and
+/// globex's gil.
+async fn first_admins(fleet: &Fleet) -> (String, String) {
+    let (addr, ca, root) = (fleet.api_addr(), fleet.ca_pem.as_str(), &fleet.admin_token);
+    let admin = |name: &str, tenant: &str| {
+        let body = json!({"name": name, "tenant": tenant, "role": "admin"});
+        async move { mint_via_admin(addr, ca, root, body).await.0 }
+    };
+    (admin("ann", "acme").await, admin("gil", "globex").await)
+}
+
+/// kubectl's list of `cluster`'s pods through the hub's proxy, as
+/// `token`: the status and the body.
+async fn list_pods(
+    addr: std::net::SocketAddr,
+    ca: &str,
+    token: &str,
+    cluster: &str,
+) -> (u16, String) {
+    admin_call(
+        addr,
+        ca,
+        token,
+        http::Method::GET,
+        &format!("/clusters/{cluster}/api/v1/namespaces/default/pods"),
+        None,
+    )
+    .await
+}
+
+/// A Get of the pod `web` on `cluster` as `token`.
+fn get_web(token: &str, cluster: &str) -> tonic::Request<otter_proto::resource::v1::GetRequest> {
+    let mut req = get(cluster, "web");
+    req.namespace = Some("default".into());
+    with_token(req, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_and_revocation_through_the_real_binaries() {
+    let sim = sim_of_two_tenants().await;
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("audit.log").display().to_string();
     let fleet = Fleet::start_with(
@@ -141,16 +183,7 @@ async fn tenants_and_revocation_through_the_real_binaries() {
     fleet.all_connected(&channel).await;
     let (addr, ca, root) = (fleet.api_addr(), fleet.ca_pem.as_str(), &fleet.admin_token);
     let mint = |by: String, body: Value| async move { mint_via_admin(addr, ca, &by, body).await };
-    let (ann, _) = mint(
-        root.clone(),
-        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
-    )
-    .await;
-    let (gil, _) = mint(
-        root.clone(),
-        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
-    )
-    .await;
+    let (ann, gil) = first_admins(&fleet).await;
     let (mel, mel_id) = mint(ann.clone(), json!({"name": "mel"})).await;
     let (rex, _) = mint(ann.clone(), json!({"name": "rex"})).await;
 
@@ -158,11 +191,7 @@ async fn tenants_and_revocation_through_the_real_binaries() {
     // cluster get what a call for an absent cluster gets.
     let mut res = ResourceServiceClient::new(channel.clone());
     let mut rt = RuntimeServiceClient::new(channel.clone());
-    let get_as = |token: &str, cluster: &str| {
-        let mut req = get(cluster, "web");
-        req.namespace = Some("default".into());
-        with_token(req, token)
-    };
+    let get_as = get_web;
     let foreign = status_of(res.get(get_as(&gil, "edge-0")).await);
     let absent = status_of(res.get(get_as(&gil, "no-such")).await);
     assert_eq!(foreign.0, Code::NotFound, "{foreign:?}");
@@ -182,15 +211,7 @@ async fn tenants_and_revocation_through_the_real_binaries() {
     let absent = status_of(rt.execute_tty(with_token(exec("no-such"), &gil)).await);
     assert_eq!(foreign, absent, "ExecuteTTY");
     let kube = |token: String, cluster: &'static str| async move {
-        let (status, body) = admin_call(
-            addr,
-            ca,
-            &token,
-            http::Method::GET,
-            &format!("/clusters/{cluster}/api/v1/namespaces/default/pods"),
-            None,
-        )
-        .await;
+        let (status, body) = list_pods(addr, ca, &token, cluster).await;
         (status, body.replace(cluster, "<c>"))
     };
     let foreign = kube(gil.clone(), "edge-0").await;
@@ -469,14 +490,7 @@ async fn tenants_and_revocation_through_the_real_binaries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_calls_are_bounded_across_its_clusters_and_others_go_on() {
     const BUDGET: usize = 4;
-    let sim = kube_sim::KubeSim::start(
-        sim_config()
-            .pod("default", "web", &["app"])
-            .allow("group:otter:acme:members", &["*"], &["*"], &["*"])
-            .allow("group:otter:globex:members", &["*"], &["*"], &["*"]),
-    )
-    .await
-    .expect("kube-sim");
+    let sim = sim_of_two_tenants().await;
     let budget = BUDGET.to_string();
     let fleet = Fleet::start_with(
         &sim,
@@ -487,35 +501,13 @@ async fn a_tenants_calls_are_bounded_across_its_clusters_and_others_go_on() {
     .await;
     let channel = fleet.channel().await;
     fleet.all_connected(&channel).await;
-    let (addr, ca, root) = (fleet.api_addr(), fleet.ca_pem.as_str(), &fleet.admin_token);
-    let mint = |by: String, body: Value| async move { mint_via_admin(addr, ca, &by, body).await };
-    let (ann, _) = mint(
-        root.clone(),
-        json!({"name": "ann", "tenant": "acme", "role": "admin"}),
-    )
-    .await;
-    let (mel, _) = mint(ann.clone(), json!({"name": "mel"})).await;
-    let (gil, _) = mint(
-        root.clone(),
-        json!({"name": "gil", "tenant": "globex", "role": "admin"}),
-    )
-    .await;
-    let get_as = |token: &str, cluster: &str| {
-        let mut req = get(cluster, "web");
-        req.namespace = Some("default".into());
-        with_token(req, token)
-    };
+    let (addr, ca) = (fleet.api_addr(), fleet.ca_pem.as_str());
+    let (ann, gil) = first_admins(&fleet).await;
+    let (mel, _) = mint_via_admin(addr, ca, &ann, json!({"name": "mel"})).await;
+    let get_as = get_web;
     let res = ResourceServiceClient::new(channel.clone());
     let kube = |token: String, cluster: &'static str| async move {
-        admin_call(
-            addr,
-            ca,
-            &token,
-            http::Method::GET,
-            &format!("/clusters/{cluster}/api/v1/namespaces/default/pods"),
-            None,
-        )
-        .await
+        list_pods(addr, ca, &token, cluster).await
     };
 
     // Two callers of acme, two Watches on each of its clusters.
