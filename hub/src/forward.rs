@@ -313,14 +313,14 @@ pub(crate) async fn send(
         Ok(call) => call,
         // Another replica holds the tunnel: the call goes there, once (a
         // call a peer sent is never sent on), and is audited there.
-        Err(crate::registry::RouteError::Elsewhere(owner))
+        Err(crate::registry::RouteError::Elsewhere(owner, place))
             if parts.extensions.get::<crate::peers::FromPeer>().is_none()
                 && let Some(peers) = &state.peers =>
         {
             let remote = crate::server::ConnInfo::remote_of(&parts.extensions);
             let req = http::Request::from_parts(parts, body.map_err(Into::into).boxed_unsync());
             return match peers.send(&owner, caller, &remote, req).await {
-                Ok(resp) => Ok(Sent::Peer(crate::peers::into_body(resp))),
+                Ok(resp) => Ok(Sent::Peer(crate::peers::relayed(resp, place))),
                 Err(e) => Err(Status::unavailable(format!("cluster {cluster}: {e}"))),
             };
         }

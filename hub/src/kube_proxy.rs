@@ -123,15 +123,20 @@ async fn serve(
         .await;
     let call = match opened {
         Ok(call) => call,
-        Err(crate::registry::RouteError::Elsewhere(owner))
+        Err(crate::registry::RouteError::Elsewhere(owner, place))
             if req.extensions().get::<crate::peers::FromPeer>().is_none()
                 && req.headers().contains_key(http::header::UPGRADE)
                 && let Some(peers) = &state.peers =>
         {
             event.kind = "";
-            return upgrade_through_peer(&state, peers, &owner, &caller, cluster, req).await;
+            let to = Relayed {
+                peers,
+                owner: &owner,
+                place,
+            };
+            return upgrade_through_peer(&state, to, &caller, cluster, req).await;
         }
-        Err(crate::registry::RouteError::Elsewhere(owner))
+        Err(crate::registry::RouteError::Elsewhere(owner, place))
             if req.extensions().get::<crate::peers::FromPeer>().is_none()
                 && let Some(peers) = &state.peers =>
         {
@@ -153,7 +158,7 @@ async fn serve(
                 )
                 .await
             {
-                Ok(resp) => crate::peers::into_body(resp),
+                Ok(resp) => crate::peers::relayed(resp, place),
                 Err(e) => status(
                     503,
                     "ServiceUnavailable",
@@ -282,6 +287,7 @@ async fn serve(
                         .boxed_unsync(),
                     idle,
                     _guard: Some(guard),
+                    _place: None,
                     hold,
                     cluster,
                 },
@@ -349,10 +355,21 @@ fn bridge(state: &HubState, body: Incoming) -> (tokio::io::DuplexStream, HttpBod
 /// replica holds: the switch is asked of that replica over the peer
 /// connection (the protocol in a header, the bytes as the stream's bodies)
 /// and, once the agent switched, the caller's connection is relayed to it.
+/// Where an upgraded connection this replica relays goes, and its call's
+/// place in the tenant's bound.
+struct Relayed<'a> {
+    peers: &'a crate::peers::Peers,
+    owner: &'a crate::peers::TunnelOwner,
+    place: crate::registry::TenantPlace,
+}
+
 async fn upgrade_through_peer(
     state: &Arc<HubState>,
-    peers: &crate::peers::Peers,
-    owner: &crate::peers::TunnelOwner,
+    Relayed {
+        peers,
+        owner,
+        place,
+    }: Relayed<'_>,
     caller: &auth::Principal,
     cluster: String,
     mut req: http::Request<Incoming>,
@@ -390,7 +407,7 @@ async fn upgrade_through_peer(
         }
     };
     if !resp.headers().contains_key(crate::peers::SWITCHED_HEADER) {
-        return crate::peers::into_body(resp);
+        return crate::peers::relayed(resp, place);
     }
     let (mut parts, from_peer) = resp.into_parts();
     parts.status = http::StatusCode::SWITCHING_PROTOCOLS;
@@ -409,8 +426,10 @@ async fn upgrade_through_peer(
                 .map_err(|e| -> crate::protocol::BoxError { Box::new(e) })
                 .boxed_unsync(),
             idle: state.config.kube_upgrades.idle_timeout,
-            // Counted where the tunnel is, with the caller's tenant.
+            // Counted where the tunnel is, with the caller's tenant; the
+            // tenant's bound counts it here too.
             _guard: None,
+            _place: Some(place),
             hold: crate::credentials::hold_for(&state.live, caller),
             cluster,
         },
@@ -454,6 +473,8 @@ struct Relay {
     from_agent: HttpBody,
     idle: Duration,
     _guard: Option<UpgradeGuard>,
+    /// The call's place in its tenant's bound, on a replica relaying it.
+    _place: Option<crate::registry::TenantPlace>,
     /// Ends the relay when the caller's hub token is revoked or expires.
     hold: Option<crate::credentials::Hold>,
     cluster: String,
@@ -490,6 +511,7 @@ async fn relay_bytes(relay: Relay) -> &'static str {
         mut from_agent,
         idle,
         _guard,
+        _place,
         mut hold,
         cluster,
     } = relay;

@@ -519,6 +519,47 @@ pub fn into_body(resp: http::Response<Incoming>) -> http::Response<HttpBody> {
     })
 }
 
+/// [`into_body`] for a call this replica relays: the call's place in its
+/// tenant's bound is held until the answer ends (or the caller leaves).
+pub fn relayed(
+    resp: http::Response<Incoming>,
+    place: crate::registry::TenantPlace,
+) -> http::Response<HttpBody> {
+    into_body(resp).map(|inner| {
+        Placed {
+            inner,
+            _place: place,
+        }
+        .boxed_unsync()
+    })
+}
+
+/// An answer holding its call's place.
+struct Placed {
+    inner: HttpBody,
+    _place: crate::registry::TenantPlace,
+}
+
+impl http_body::Body for Placed {
+    type Data = bytes::Bytes;
+    type Error = crate::protocol::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// How long a connection to the peer port may take to show a replica
 /// certificate. Replicas handshake in a few milliseconds.
 const PEER_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -251,7 +251,14 @@ impl Registry {
             // Another replica holds it: the caller's replica sends the call
             // on (after this same decision).
             match crate::peers::owner(links, cluster, me) {
-                Ok(Some(owner)) => return Err(RouteError::Elsewhere(owner)),
+                // This replica relays the call and holds its caller's
+                // side, so the tenant's bound counts it here too.
+                Ok(Some(owner)) => {
+                    return Err(RouteError::Elsewhere(
+                        Box::new(owner),
+                        self.tenant_place(&tenant)?,
+                    ));
+                }
                 Ok(None) => {}
                 Err(e) => return Err(RouteError::Store(e)),
             }
@@ -267,12 +274,7 @@ impl Registry {
         // The tenant's bound first: a tenant whose calls fill it waits on
         // nothing of another's, and cannot take the hub's memory (each call
         // may hold an answer's send buffer) from the others.
-        let for_tenant = self
-            .tenant_calls
-            .take(&tenant, self.max_calls_per_tenant as usize)
-            .ok_or(RouteError::TenantBusy {
-                max_calls: self.max_calls_per_tenant,
-            })?;
+        let for_tenant = self.tenant_place(&tenant)?;
         let for_tunnel =
             tunnel
                 .calls
@@ -304,6 +306,15 @@ impl Registry {
             tunnel,
             identity: caller.identity_in(&tenant),
         })
+    }
+
+    /// A place for one more call of `tenant`'s, or TenantBusy.
+    fn tenant_place(&self, tenant: &str) -> Result<Place<String>, RouteError> {
+        self.tenant_calls
+            .take(&tenant.to_owned(), self.max_calls_per_tenant as usize)
+            .ok_or(RouteError::TenantBusy {
+                max_calls: self.max_calls_per_tenant,
+            })
     }
 
     /// Puts `entry` in place and returns the tunnel it replaced.
@@ -381,6 +392,9 @@ pub struct OpenCall {
     pub identity: otter_tunnel::Caller,
 }
 
+/// A call's place in its tenant's bound, given back when dropped.
+pub type TenantPlace = Place<String>;
+
 /// A call's places in its tunnel's and its tenant's bounds, given back
 /// when the call ends (dropped with its answer).
 #[derive(Debug)]
@@ -416,7 +430,7 @@ pub enum RouteError {
     TunnelFailed { cluster: String, reason: String },
     /// Another replica holds the tunnel.
     #[error("the cluster's tunnel is on replica {}, which did not answer", .0.replica)]
-    Elsewhere(crate::peers::TunnelOwner),
+    Elsewhere(Box<crate::peers::TunnelOwner>, TenantPlace),
     #[error(transparent)]
     Store(crate::HubError),
 }
@@ -429,7 +443,7 @@ impl RouteError {
             RouteError::NotRegistered(_) => tonic::Status::not_found(text),
             RouteError::Offline { .. }
             | RouteError::TunnelFailed { .. }
-            | RouteError::Elsewhere(_) => tonic::Status::unavailable(text),
+            | RouteError::Elsewhere(..) => tonic::Status::unavailable(text),
             RouteError::Busy { .. } | RouteError::TenantBusy { .. } => {
                 tonic::Status::resource_exhausted(text)
             }
@@ -443,7 +457,7 @@ impl RouteError {
             RouteError::NotRegistered(_) => (404, "NotFound"),
             RouteError::Offline { .. }
             | RouteError::TunnelFailed { .. }
-            | RouteError::Elsewhere(_) => (503, "ServiceUnavailable"),
+            | RouteError::Elsewhere(..) => (503, "ServiceUnavailable"),
             RouteError::Busy { .. } | RouteError::TenantBusy { .. } => (429, "TooManyRequests"),
             RouteError::Store(_) => (500, "InternalError"),
         }

@@ -232,15 +232,26 @@ pub async fn start_replicas(etcd: &Etcd, n: usize, peers: bool) -> (Vec<TestHub>
 
 /// [`start_replicas`] on the etcd cluster at `store` (an `etcd://` URL).
 pub async fn start_replicas_on(store: &str, n: usize, peers: bool) -> (Vec<TestHub>, String) {
+    start_replicas_tuned(store, n, peers, |_, _| {}).await
+}
+
+/// [`start_replicas_on`], `tune` changing replica `i`'s configuration.
+pub async fn start_replicas_tuned(
+    store: &str,
+    n: usize,
+    peers: bool,
+    tune: impl Fn(usize, &mut otter_hub::HubConfig),
+) -> (Vec<TestHub>, String) {
     let dirs: Vec<_> = (0..n)
         .map(|_| std::sync::Arc::new(tempfile::tempdir().expect("data dir")))
         .collect();
     // Read by every replica at its start only.
     let key = store_key(dirs[0].path());
-    let configs = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, dir)| replica_config(store, &key, dir.path(), i, peers));
+    let configs = dirs.iter().enumerate().map(|(i, dir)| {
+        let mut config = replica_config(store, &key, dir.path(), i, peers);
+        tune(i, &mut config);
+        config
+    });
     let started = futures::future::join_all(configs.map(otter_hub::Hub::start)).await;
     let hubs: Vec<otter_hub::Hub> = started
         .into_iter()

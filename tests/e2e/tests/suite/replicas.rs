@@ -695,6 +695,57 @@ async fn a_call_reaches_a_cluster_through_any_replica() {
 /// kubectl 1.33 through replica a to a real agent tunnelled to replica b:
 /// a list, an exec with stdin (an upgraded connection relayed a → b →
 /// agent) and its exit code.
+/// A replica relaying a tenant's calls to the replica holding the tunnel
+/// counts them against the tenant's bound too: its own bound refuses
+/// whatever room the other has, and a place comes back when its call ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaying_replica_counts_the_tenants_calls_too() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (hubs, root) = otter_e2e::etcd::start_replicas_tuned(&etcd.url(), 2, true, |i, c| {
+        c.max_calls_per_tenant = if i == 0 { 1 } else { 8 };
+    })
+    .await;
+    let (a, b) = (&hubs[0], &hubs[1]);
+    let join = a.hub.mint_join_token_in("edge-b", "default").unwrap();
+    let _agent = start_agent(b, "edge-b", "agent-b", &join, TransportKind::H2);
+    let (ca, cb) = (a.channel().await, b.channel().await);
+    async fn get(ch: &tonic::transport::Channel, token: &str) -> Result<(), tonic::Status> {
+        let req = with_token(otter_e2e::double::get("edge-b", "web"), token);
+        ResourceServiceClient::new(ch.clone())
+            .get(req)
+            .await
+            .map(drop)
+    }
+    wait_until(
+        async || get(&ca, &root).await.is_ok(),
+        "a Get through replica a",
+    )
+    .await;
+    let mut watch = ResourceServiceClient::new(ca.clone())
+        .watch(with_token(otter_e2e::double::watch("edge-b"), &root))
+        .await
+        .expect("a Watch through replica a")
+        .into_inner();
+    watch.next().await.expect("an event").expect("an event");
+    let refused = get(&ca, &root)
+        .await
+        .expect_err("a's bound of one is taken");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("tenant has 1 calls"),
+        "{refused:?}"
+    );
+    get(&cb, &root)
+        .await
+        .expect("b, holding the tunnel, has room");
+    drop(watch);
+    wait_until(
+        async || get(&ca, &root).await.is_ok(),
+        "a's place to come back",
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_reaches_a_cluster_through_any_replica() {
     let Some(etcd) = Etcd::start() else { return };
