@@ -307,7 +307,7 @@ pub fn mint_api_token(store: &dyn Store, spec: &TokenSpec) -> Result<(String, St
         created: now,
         tenants: spec.tenants.clone(),
         operator: spec.operator,
-        expires: spec.ttl.map(|t| now + t.as_secs() as i64),
+        expires: spec.ttl.map(|t| next_second() + t.as_secs() as i64),
         created_by: spec.created_by.clone(),
         schema: 1,
     };
@@ -431,6 +431,18 @@ pub fn write_private(path: &Path, contents: &str) -> Result<()> {
     Ok(())
 }
 
+/// The Unix second after the one under way. Expiry is kept and checked in
+/// whole seconds: counted from the second under way, a token of one second
+/// could live a millisecond (a test's did, on a loaded machine); counted
+/// from the next, it lives at least its time to live, and less than a
+/// second more.
+fn next_second() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    now.as_secs() as i64 + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -515,6 +527,34 @@ mod tests {
             .map(|(k, _)| k)
             .collect();
         assert_eq!(left, [live_id, "open"]);
+    }
+
+    /// A token of one second lives at least a second, whenever in the
+    /// second it is minted.
+    #[test]
+    fn an_expiring_token_lives_at_least_its_time_to_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path()).unwrap();
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let spec = TokenSpec {
+            user: "brief".into(),
+            ttl: Some(Duration::from_secs(1)),
+            ..Default::default()
+        };
+        let (_, id) = mint_api_token(&store, &spec).unwrap();
+        let rec: ApiTokenRecord = store.get(tree::API_TOKENS, &id).unwrap().unwrap();
+        let expires = rec.expires.expect("an expiry") as f64;
+        assert!(
+            expires >= before + 1.0,
+            "expires {expires}, minted after {before}"
+        );
+        assert!(
+            expires < before + 2.0 + 0.5,
+            "expires {expires}, minted after {before}"
+        );
     }
 
     #[test]
