@@ -1547,6 +1547,9 @@ async fn grpc_handlers(
         Ok(req) => req,
         Err(status) => return status.into_http(),
     };
+    if req.uri().path() == crate::link_service::LIST_LINKS_PATH {
+        return crate::link_service::serve_list_links(state, req).await;
+    }
     // Routes is always ready; calling it directly yields its concrete
     // future type, which keeps the compiler's Send analysis simple.
     let mut routes = routes;
