@@ -28,6 +28,7 @@ pub mod admin;
 pub mod audit;
 pub mod auth;
 pub mod authority;
+pub mod background;
 pub mod chart;
 pub mod cli;
 pub mod config;

@@ -2,10 +2,10 @@
 //!
 //! A listing reads every link in the store, whatever the caller's tenant,
 //! and a dashboard polls it: at 10,000 links one ListLinks took about
-//! 80 ms of CPU. Three things follow. It runs on a thread of its own, at
-//! most [`listings`] at once and at a lower CPU priority than the runtime's
-//! workers, so they go on forwarding calls meanwhile and, where the cores
-//! are busy, are served first. While the store's version of the links has not moved (no
+//! 80 ms of CPU. Three things follow. It runs on a
+//! [background](crate::background) thread, at most [`listings`] at once,
+//! so the runtime's workers go on forwarding calls meanwhile and, where the
+//! cores are busy, are served first. While the store's version of the links has not moved (no
 //! write since, by this replica or, once in its copy, another), the last
 //! listing is read again without a scan, so a small tenant's listing on a
 //! large hub costs a walk over shared records, not the store. And after a
@@ -15,8 +15,7 @@
 
 use std::{
     collections::HashMap,
-    panic::AssertUnwindSafe,
-    sync::{Arc, Mutex, OnceLock, PoisonError, mpsc},
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use tokio::sync::Semaphore;
@@ -29,33 +28,19 @@ use crate::{
     store::{Store, tree},
 };
 
-/// Listings under way at once: half the hub's cores (at least one), so
-/// however many dashboards poll, the other half is left to the tunnels.
-/// The others wait their turn without a thread.
+/// Listings under way at once: as many as the background threads, so
+/// however many dashboards poll, listings leave room for other background
+/// work's turn. The others wait their turn without a thread.
 fn listings() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    crate::background::threads_count()
 }
-
-/// What a listing thread's nice value is above the hub's. A whole-fleet
-/// listing takes tens of milliseconds of CPU, and three dashboards polling
-/// one back to back kept a core busy: a small Get's p99 grew eightfold
-/// beside them while the workers shared the cores with the listing evenly.
-/// At ten the kernel gives a listing about a tenth of a worker's share
-/// while both want the core, and all of an idle one.
-const LISTING_NICENESS: i32 = 10;
 
 /// Decoded links and the bounds of listing them.
 #[derive(Debug)]
 pub struct Links {
     memo: Mutex<Memo>,
     listing: Arc<Semaphore>,
-    places: usize,
-    /// Hands listings to their threads, started at the first one; the
-    /// threads end when this goes.
-    listers: OnceLock<mpsc::Sender<Job>>,
 }
-
-type Job = Box<dyn FnOnce() + Send>;
 
 #[derive(Debug, Default)]
 struct Memo {
@@ -166,12 +151,10 @@ impl Links {
         Self {
             memo: Mutex::default(),
             listing: Arc::new(Semaphore::new(places)),
-            places,
-            listers: OnceLock::new(),
         }
     }
 
-    /// Runs `work` on a listing thread once a listing's place is free.
+    /// Runs `work` on a background thread once a listing's place is free.
     async fn off_the_workers<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
@@ -182,68 +165,14 @@ impl Links {
             .acquire_owned()
             .await
             .map_err(|_| Status::unavailable("the hub is shutting down"))?;
-        let (done, result) = tokio::sync::oneshot::channel();
-        // A listing may start tasks (a diagnosis refresh): in the runtime
-        // of its caller.
-        let runtime = tokio::runtime::Handle::current();
         // The place goes with the work: a caller that goes away does not
         // free it while its listing still runs.
-        let job: Job = Box::new(move || {
+        crate::background::run(move || {
             let _place = place;
-            let _runtime = runtime.enter();
-            // A listing that panics fails its call, not the thread.
-            if let Ok(out) = std::panic::catch_unwind(AssertUnwindSafe(work)) {
-                let _ = done.send(out);
-            }
-        });
-        self.listers()
-            .send(job)
-            .map_err(|_| Status::unavailable("the hub has no thread to list links on"))?;
-        result
-            .await
-            .map_err(|_| Status::internal("listing links failed"))
-    }
-
-    /// The listing threads, one per place, started the first time.
-    fn listers(&self) -> &mpsc::Sender<Job> {
-        self.listers.get_or_init(|| {
-            let (jobs, queue) = mpsc::channel::<Job>();
-            let queue = Arc::new(Mutex::new(queue));
-            for _ in 0..self.places {
-                let queue = queue.clone();
-                let started = std::thread::Builder::new()
-                    .name("hub-listing".into())
-                    .spawn(move || {
-                        lower_priority();
-                        loop {
-                            // The queue's lock ends with this statement: no
-                            // thread holds it while a listing runs.
-                            let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
-                            let Ok(job) = next else { break };
-                            job();
-                        }
-                    });
-                if let Err(e) = started {
-                    tracing::error!(error = %e, "cannot start a thread for listings");
-                }
-            }
-            jobs
+            work()
         })
-    }
-}
-
-/// Makes the calling thread [`LISTING_NICENESS`] nicer than it is (any
-/// process may lower its own threads' priority). Where it cannot, the
-/// listing still runs, at the runtime's priority.
-fn lower_priority() {
-    use rustix::{
-        process::{getpriority_process, setpriority_process},
-        thread::gettid,
-    };
-    let me = Some(gettid());
-    let now = getpriority_process(me).unwrap_or(0);
-    if let Err(e) = setpriority_process(me, (now + LISTING_NICENESS).min(19)) {
-        tracing::debug!(error = %e, "listing threads keep the hub's CPU priority");
+        .await
+        .map_err(|_| Status::internal("listing links failed"))
     }
 }
 
@@ -354,31 +283,26 @@ mod tests {
         assert!(links.all(&store).is_err());
     }
 
-    /// Listings run on threads of their own, nicer than the runtime's, so
-    /// the workers forwarding calls come first on busy cores.
+    /// Listings run on the background threads, nicer than the runtime's
+    /// workers, and may start tasks (a diagnosis refresh).
     #[tokio::test]
-    async fn a_listing_runs_at_a_lower_cpu_priority_than_the_workers() {
-        use rustix::{process::getpriority_process, thread::gettid};
-        let nice = || getpriority_process(Some(gettid())).unwrap();
-        let here = nice();
+    async fn a_listing_runs_on_a_background_thread() {
         let links = Links::with_places(2);
         for _ in 0..4 {
-            let (there, name, spawned) = links
+            let (name, spawned) = links
                 .off_the_workers(move || {
                     let name = std::thread::current().name().map(str::to_owned);
-                    (nice(), name, tokio::spawn(async { 1 + 1 }))
+                    (name, tokio::spawn(async { 1 + 1 }))
                 })
                 .await
                 .unwrap();
-            assert_eq!(there, (here + LISTING_NICENESS).min(19));
-            assert_eq!(name.as_deref(), Some("hub-listing"));
+            assert_eq!(name.as_deref(), Some("hub-background"));
             assert_eq!(
                 spawned.await.unwrap(),
                 2,
                 "a listing starts tasks on the runtime"
             );
         }
-        assert_eq!(nice(), here, "the caller's thread keeps its priority");
     }
 
     /// A listing that panics fails its own call; the thread goes on to the

@@ -13,7 +13,8 @@ use tonic::{Code, Status};
 use super::{
     BoxError, accepts_gzip, data_frame, error_json,
     frames::{self, FLAG_COMPRESSED, FLAG_END_STREAM, Parser},
-    grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json, status_of,
+    grpc_timeout_from_connect, gunzip, gzip, json_to_proto, pass_headers, proto_to_json, rewrite,
+    status_of,
     transcode::{self, RequestCodec},
 };
 use crate::{forward::HttpBody, methods::MethodInfo, server::GrpcHandler};
@@ -188,7 +189,10 @@ async fn unary_inner(
         raw
     };
     let message = if json {
-        json_to_proto(&method.input, &raw).map_err(err)?
+        let input = method.input.clone();
+        rewrite(raw.len(), move || json_to_proto(&input, &raw))
+            .await
+            .map_err(err)?
     } else {
         raw.to_vec()
     };
@@ -247,10 +251,23 @@ async fn unary_inner(
             "the handler sent a compressed message",
         )));
     }
-    let body = if json {
-        Bytes::from(proto_to_json(&method.output, &envelope.payload).map_err(err)?)
+    let gz = accepts_gzip(parts.headers.get(header::ACCEPT_ENCODING));
+    let compress = move |body: Bytes| {
+        if gz && body.len() >= COMPRESS_MIN {
+            (gzip(&body), true)
+        } else {
+            (body, false)
+        }
+    };
+    let (body, compressed) = if json {
+        let (output, payload) = (method.output.clone(), envelope.payload);
+        rewrite(payload.len(), move || {
+            Ok(compress(proto_to_json(&output, &payload)?.into()))
+        })
+        .await
+        .map_err(err)?
     } else {
-        envelope.payload
+        compress(envelope.payload)
     };
 
     let mut out = http::Response::builder().status(StatusCode::OK);
@@ -258,13 +275,9 @@ async fn unary_inner(
     headers.insert(header::CONTENT_TYPE, content_type(json, false));
     copy_metadata(&rparts.headers, headers, "");
     copy_metadata(&trailers, headers, "trailer-");
-    let body =
-        if accepts_gzip(parts.headers.get(header::ACCEPT_ENCODING)) && body.len() >= COMPRESS_MIN {
-            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            gzip(&body)
-        } else {
-            body
-        };
+    if compressed {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
     Ok(out
         .body(Full::new(body).map_err(|e| match e {}).boxed_unsync())
         .expect("valid response"))
@@ -365,7 +378,11 @@ pub async fn streaming(
                         }
                         Ok(Some(env)) => {
                             let payload = if json {
-                                match proto_to_json(&output, &env.payload) {
+                                let (output, payload) = (output.clone(), env.payload);
+                                let json = rewrite(payload.len(), move || {
+                                    proto_to_json(&output, &payload)
+                                });
+                                match json.await {
                                     Ok(j) => Bytes::from(j),
                                     Err(s) => {
                                         return Some((

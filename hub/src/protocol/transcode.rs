@@ -21,7 +21,7 @@ use tonic::Status;
 use super::{
     data_frame, err_frame,
     frames::{self, FLAG_COMPRESSED, FLAG_END_STREAM, Parser},
-    gunzip, json_to_proto, proto_to_json, status_frame,
+    gunzip, json_to_proto, proto_to_json, rewrite, status_frame,
 };
 use crate::forward::HttpBody;
 
@@ -69,7 +69,11 @@ pub fn requests(body: HttpBody, input: MessageDescriptor, codec: RequestCodec) -
                             continue;
                         }
                         Ok(Some(env)) => {
-                            return Some(match request_message(&input, codec, env) {
+                            let input = input.clone();
+                            let message = rewrite(env.payload.len(), move || {
+                                request_message(&input, codec, env)
+                            });
+                            return Some(match message.await {
                                 Ok(frame) => (data_frame(frame), (body, parser, false)),
                                 Err(s) => (status_frame(s), (body, parser, true)),
                             });
@@ -156,19 +160,22 @@ pub fn json_responses(body: HttpBody, output: MessageDescriptor, gzip: bool) -> 
                             return Some((ended(status), (body, parser, true)));
                         }
                         Ok(Some(env)) => {
-                            let json = if env.flags & FLAG_COMPRESSED != 0 {
-                                if !gzip {
-                                    let status = Status::internal(
-                                        "the handler compressed a message with an encoding other than gzip",
-                                    );
-                                    return Some((ended(status), (body, parser, true)));
+                            if env.flags & FLAG_COMPRESSED != 0 && !gzip {
+                                let status = Status::internal(
+                                    "the handler compressed a message with an encoding other than gzip",
+                                );
+                                return Some((ended(status), (body, parser, true)));
+                            }
+                            let output = output.clone();
+                            let json = rewrite(env.payload.len(), move || {
+                                if env.flags & FLAG_COMPRESSED != 0 {
+                                    gunzip(&env.payload, super::connect::MAX_UNARY_RESPONSE)
+                                        .and_then(|p| proto_to_json(&output, &p))
+                                } else {
+                                    proto_to_json(&output, &env.payload)
                                 }
-                                gunzip(&env.payload, super::connect::MAX_UNARY_RESPONSE)
-                                    .and_then(|p| proto_to_json(&output, &p))
-                            } else {
-                                proto_to_json(&output, &env.payload)
-                            };
-                            return Some(match json {
+                            });
+                            return Some(match json.await {
                                 Ok(json) => {
                                     (data_frame(frames::encode(0, &json)), (body, parser, false))
                                 }

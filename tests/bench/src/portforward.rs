@@ -275,6 +275,26 @@ impl Connect {
         Ok(body)
     }
 
+    /// One unary Connect call with a JSON body, as a browser sends it
+    /// (gzip accepted): the answer's bytes as they came.
+    pub(crate) async fn unary_json(
+        &self,
+        service: &str,
+        method: &str,
+        json: &'static str,
+    ) -> anyhow::Result<Bytes> {
+        let mut req = self.request(service, method, "application/json", Bytes::from(json));
+        req.headers_mut().insert(
+            http::header::ACCEPT_ENCODING,
+            http::HeaderValue::from_static("gzip"),
+        );
+        let resp = self.send.clone().send_request(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        anyhow::ensure!(status.is_success(), "{method}: {status}");
+        Ok(body)
+    }
+
     fn request(
         &self,
         service: &str,

@@ -260,13 +260,47 @@ pub async fn connected_links(ch: &tonic::transport::Channel, token: &str) -> Opt
     )
 }
 
-/// The size of a ListLinks answer, in bytes.
-/// Twenty ListLinks as `token`, one after another: the hub's CPU per call
-/// in ms (less what it spends idle meanwhile), the answer's size, the
-/// calls' latency.
+/// A dashboard's way to list links: gRPC, or Connect with JSON as a
+/// browser speaks it (the hub transcodes the answer and gzips it).
+#[derive(Clone)]
+enum Dashboard {
+    Grpc(tonic::transport::Channel, String),
+    Json(crate::portforward::Connect),
+}
+
+impl Dashboard {
+    async fn open(json: bool, api: SocketAddr, ca: &str, token: &str) -> anyhow::Result<Self> {
+        Ok(if json {
+            let name = rustls::pki_types::ServerName::try_from("localhost")?;
+            Self::Json(crate::portforward::Connect::open_to(api, name, ca, token, "").await?)
+        } else {
+            Self::Grpc(crate::calls::hub_channel(api, ca).await?, token.to_owned())
+        })
+    }
+
+    /// One ListLinks: the answer's size in bytes as it came.
+    async fn list(&self) -> anyhow::Result<usize> {
+        match self {
+            Self::Grpc(ch, token) => list_links_size(ch, token).await,
+            Self::Json(c) => Ok(c
+                .unary_json("otterscale.link.v1.LinkService", "ListLinks", "{}")
+                .await?
+                .len()),
+        }
+    }
+
+    fn suffix(&self) -> &'static str {
+        match self {
+            Self::Grpc(..) => "",
+            Self::Json(_) => "-json",
+        }
+    }
+}
+
+/// Twenty ListLinks, one after another: the hub's CPU per call in ms (less
+/// what it spends idle meanwhile), the answer's size, the calls' latency.
 async fn list_links_cost(
-    ch: &tonic::transport::Channel,
-    token: &str,
+    dashboard: &Dashboard,
     hub: &HubProc,
     idle_cpu: f64,
 ) -> anyhow::Result<(f64, usize, Latency)> {
@@ -275,7 +309,7 @@ async fn list_links_cost(
     let (t0, mut size) = (Instant::now(), 0);
     for _ in 0..CALLS {
         let t = Instant::now();
-        size = list_links_size(ch, token).await?;
+        size = dashboard.list().await?;
         lat.push(t.elapsed());
     }
     let cpu = cpu_secs(&hub.pid()).unwrap_or(0.0) - c0 - idle_cpu * t0.elapsed().as_secs_f64();
@@ -286,6 +320,7 @@ async fn list_links_cost(
     ))
 }
 
+/// The size of a ListLinks answer, in bytes.
 async fn list_links_size(ch: &tonic::transport::Channel, token: &str) -> anyhow::Result<usize> {
     let r = LinkServiceClient::new(ch.clone())
         .max_decoding_message_size(64 << 20)
@@ -304,6 +339,7 @@ async fn gets_beside_list_links(
     ca: &str,
     token: &str,
     n: usize,
+    json: bool,
 ) -> anyhow::Result<()> {
     const GETS: usize = 400;
     const DASHBOARDS: usize = 3;
@@ -347,11 +383,11 @@ async fn gets_beside_list_links(
                 .build()?;
             Ok(std::thread::spawn(move || {
                 runtime.block_on(async move {
-                    let dashboard = crate::calls::hub_channel(api, &ca).await?;
+                    let dashboard = Dashboard::open(json, api, &ca, &token).await?;
                     // Bounded by the flag and by this cap.
                     let deadline = Instant::now() + Duration::from_secs(120);
                     while polling.load(Ordering::Relaxed) && Instant::now() < deadline {
-                        if list_links_size(&dashboard, &token).await.is_ok() {
+                        if dashboard.list().await.is_ok() {
                             listed.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -368,24 +404,26 @@ async fn gets_beside_list_links(
             .map_err(|_| anyhow::anyhow!("a dashboard thread panicked"))??;
     }
     let beside = beside?;
+    let suffix = if json { "-json" } else { "" };
     for (q, a, b) in [
         ("p50", alone.p50, beside.p50),
         ("p99", alone.p99, beside.p99),
     ] {
-        let base = format!("scale.get-{q}.n{n}");
+        let base = format!("scale.get-{q}{suffix}.n{n}");
         figs.add(&base, "µs", None, a);
         figs.add(
-            &format!("scale.get-{q}-beside-listlinks.n{n}"),
+            &format!("scale.get-{q}-beside-listlinks{suffix}.n{n}"),
             "µs",
             Some(&base),
             b,
         );
     }
     eprintln!(
-        "bench: Get p99 {:.0} µs alone, {:.0} µs beside {} ListLinks",
+        "bench: Get p99 {:.0} µs alone, {:.0} µs beside {} ListLinks{}",
         alone.p99,
         beside.p99,
-        listed.load(Ordering::Relaxed)
+        listed.load(Ordering::Relaxed),
+        if json { " in JSON" } else { "" }
     );
     Ok(())
 }
@@ -670,7 +708,8 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         idle_cpu * 100.0,
     );
-    let (list_cpu, size, l) = list_links_cost(&ch, &token, &hub, idle_cpu).await?;
+    let grpc = Dashboard::Grpc(ch.clone(), token.clone());
+    let (list_cpu, size, l) = list_links_cost(&grpc, &hub, idle_cpu).await?;
     figs.add(
         &format!("scale.listlinks-hub-cpu.n{n}"),
         "ms",
@@ -697,7 +736,8 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
     );
     // Another tenant's admin, whose listing holds none of those links.
     let bystander = std::fs::read_to_string(dir.path().join("bystander-token"))?;
-    let (other_cpu, _, other) = list_links_cost(&ch, bystander.trim(), &hub, idle_cpu).await?;
+    let bystander = Dashboard::Grpc(ch.clone(), bystander.trim().to_owned());
+    let (other_cpu, _, other) = list_links_cost(&bystander, &hub, idle_cpu).await?;
     figs.add(
         &format!("scale.listlinks-bystander-hub-cpu.n{n}"),
         "ms",
@@ -711,7 +751,32 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         other.p50 / 1000.0,
     );
 
-    gets_beside_list_links(&mut figs, &ch, &hub, &ca, &token, n).await?;
+    // The same listing as a browser dashboard asks it: Connect with JSON,
+    // gzip accepted, so the hub transcodes and compresses the answer.
+    let browser = Dashboard::open(true, hub.api, &ca, &token).await?;
+    let (json_cpu, json_size, json) = list_links_cost(&browser, &hub, idle_cpu).await?;
+    figs.add(
+        &format!("scale.listlinks{}-hub-cpu.n{n}", browser.suffix()),
+        "ms",
+        Some(&format!("scale.listlinks-hub-cpu.n{n}")),
+        json_cpu,
+    );
+    figs.add(
+        &format!("scale.listlinks{}-gzip-size.n{n}", browser.suffix()),
+        "KiB",
+        None,
+        json_size as f64 / 1024.0,
+    );
+    figs.add(
+        &format!("scale.listlinks{}-p50.n{n}", browser.suffix()),
+        "ms",
+        None,
+        json.p50 / 1000.0,
+    );
+
+    for json in [false, true] {
+        gets_beside_list_links(&mut figs, &ch, &hub, &ca, &token, n, json).await?;
+    }
     fan_out(&mut figs, &ch, &token, &hub.pid(), n).await?;
 
     // Reconnect storm: the hub stops (gracefully, then by SIGKILL as in a

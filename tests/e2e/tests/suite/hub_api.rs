@@ -193,6 +193,26 @@ async fn connect_unary_json_and_binary_over_http1_and_http2() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert_eq!(json_of(&body)["object"]["name"], "zipped");
 
+    // A large call both ways (over the size from which the hub rewrites
+    // messages on its background threads): the request's JSON, the answer
+    // turned into JSON and gzipped there, the same bytes as a small one's.
+    let long = "n".repeat(40_000);
+    let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
+        .header("content-type", "application/json")
+        .header("accept-encoding", "gzip")
+        .header("authorization", format!("Bearer {t}"))
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"cluster":"edge-1","name":"{long}"}}"#
+        ))))
+        .unwrap();
+    let (status, headers, body) = call(&hub, true, req).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["content-encoding"], "gzip");
+    assert!(body.len() < 4_000, "compressed: {} bytes", body.len());
+    let v = json_of(&otter_hub::protocol::gunzip(&body, 1 << 20).unwrap());
+    assert_eq!(v["object"]["name"], long.as_str());
+    assert_eq!(v["object"]["user"], "otter:admin");
+
     // GET only for methods without side effects.
     let q = url_encode(r#"{}"#);
     let req = http::Request::get(format!(
@@ -276,6 +296,40 @@ async fn connect_streaming_and_grpc_web() {
     assert_eq!(*flags, 2, "last envelope is the end-of-stream message");
     let end: Value = serde_json::from_slice(end).unwrap();
     assert_eq!(end["error"]["code"], "deadline_exceeded", "{end}");
+
+    // Large events (16 KiB each, rewritten on the hub's background
+    // threads) come in their order, each whole.
+    let mut body = vec![0u8];
+    let msg = br#"{"cluster":"edge-1","resource":"bulk-small"}"#;
+    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    body.extend_from_slice(msg);
+    let mut req = post(
+        "/otterscale.resource.v1.ResourceService/Watch",
+        "application/connect+json",
+        Some(&t),
+        body,
+    );
+    req.headers_mut()
+        .insert("connect-timeout-ms", "400".parse().unwrap());
+    let (status, _, b) = call(&hub, true, req).await;
+    assert_eq!(status, 200);
+    let env = envelopes(&b);
+    assert!(
+        env.len() >= 3,
+        "two events and the end: {} envelopes",
+        env.len()
+    );
+    let (last, events) = env.split_last().unwrap();
+    for (i, (flags, payload)) in events.iter().enumerate() {
+        assert_eq!(*flags, 0);
+        let v: Value = serde_json::from_slice(payload).unwrap();
+        assert_eq!(v["resourceVersion"], i.to_string());
+        assert_eq!(
+            v["resource"]["object"]["payload"].as_str().map(str::len),
+            Some(16 * 1024)
+        );
+    }
+    assert_eq!(last.0, 2, "last envelope is the end-of-stream message");
 
     // Errors before any message still come as an end-of-stream message.
     let mut body = vec![0u8];
@@ -954,6 +1008,22 @@ async fn grpc_and_grpc_web_with_the_json_codec() {
         assert_eq!(messages.len(), 1);
         assert_eq!(messages[0]["object"]["name"], "web", "{ct}");
         assert_eq!(messages[0]["object"]["user"], "otter:admin", "{ct}");
+
+        // A large call both ways: the request's JSON and the answer's
+        // rewritten on the hub's background threads.
+        let long = "n".repeat(40_000);
+        let get =
+            format!(r#"{{"cluster":"edge-1","version":"v1","resource":"pods","name":"{long}"}}"#);
+        let req = grpc(
+            "/otterscale.resource.v1.ResourceService/Get",
+            ct,
+            &[&get],
+            None,
+        );
+        let (_, headers, body) = call(&hub, http2, req).await;
+        let (code, messages) = split(ct, &headers, &body);
+        assert_eq!(code, "0", "{ct}");
+        assert_eq!(messages[0]["object"]["name"], long.as_str(), "{ct}");
 
         // Forwarded, server-streaming: three events, then the deadline.
         let req = grpc(
