@@ -12,6 +12,7 @@ use otter_hub::{
     protocol::{
         connect::get_message,
         frames::{FLAG_COMPRESSED, Parser},
+        general_proto_to_json,
         grpc_web::TextDecoder,
         gunzip, json_to_proto, proto_to_json,
     },
@@ -104,6 +105,41 @@ fn json_round_trip(method: &MethodInfo, json: &[u8]) {
         let back =
             proto_to_json(&method.input, &proto).expect("an accepted message prints as JSON");
         json_to_proto(&method.input, &back).expect("printed JSON is accepted again");
+    }
+}
+
+/// Protobuf answers as an agent may send them, turned into JSON for a
+/// browser: the first byte picks the method (and, by its top bit, its
+/// request rather than its answer). Where the JSON written straight from
+/// the wire answers, it is the general decoder's JSON; either way what
+/// comes out is JSON, or both refuse.
+pub fn proto_json(data: &[u8]) {
+    let Some((&ctl, input)) = data.split_first() else {
+        return;
+    };
+    let all = methods();
+    let method = &all[usize::from(ctl & 0x7f) % all.len()];
+    let desc = if ctl & 0x80 != 0 {
+        &method.input
+    } else {
+        &method.output
+    };
+    let json = |out: Vec<u8>| -> serde_json::Value {
+        serde_json::from_slice(&out)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out)))
+    };
+    match (
+        proto_to_json(desc, input),
+        general_proto_to_json(desc, input),
+    ) {
+        (Ok(fast), Ok(general)) => assert_eq!(json(fast), json(general), "{}", desc.full_name()),
+        (Err(_), Err(_)) => {}
+        (fast, general) => panic!(
+            "{}: {:?} against the general path's {:?}",
+            desc.full_name(),
+            fast.map(String::from_utf8),
+            general.map(String::from_utf8)
+        ),
     }
 }
 

@@ -26,6 +26,12 @@ fn connect_json_corpus() {
 }
 
 #[test]
+fn proto_json_corpus() {
+    let n = replay("proto_json", harness::proto_json);
+    assert_eq!(n.seeds, 5, "files in fuzz/seeds/proto_json/: {n:?}");
+}
+
+#[test]
 fn grpc_web_corpus() {
     let n = replay("grpc_web", harness::grpc_web);
     assert_eq!(n.seeds, 4, "files in fuzz/seeds/grpc_web/: {n:?}");

@@ -48,6 +48,10 @@ fn varint(b: &mut &[u8]) -> W<u64> {
     for i in 0..10 {
         let (&byte, rest) = b.split_first().ok_or(Unusual)?;
         *b = rest;
+        // The tenth byte holds the 64th bit and nothing above it.
+        if i == 9 && byte > 1 {
+            return Err(Unusual);
+        }
         v |= u64::from(byte & 0x7f) << (7 * i);
         if byte < 0x80 {
             return Ok(v);
@@ -74,8 +78,9 @@ fn delimited<'a>(b: &mut &'a [u8]) -> W<&'a [u8]> {
 
 /// The next field's number and wire type.
 fn key(b: &mut &[u8]) -> W<(u32, u8)> {
-    let k = varint(b)?;
-    let number = u32::try_from(k >> 3).map_err(|_| Unusual)?;
+    // A key is 32 bits at most: the field number is its top 29.
+    let k = u32::try_from(varint(b)?).map_err(|_| Unusual)?;
+    let number = k >> 3;
     if number == 0 {
         return Err(Unusual);
     }
@@ -536,10 +541,7 @@ fn well_known(out: &mut Vec<u8>, name: &str, b: &[u8], depth: u32) -> Option<W> 
         "google.protobuf.ListValue" => list_value(out, b, depth),
         "google.protobuf.Timestamp" => timestamp(out, b),
         "google.protobuf.Duration" => duration(out, b),
-        "google.protobuf.Empty" => {
-            out.extend_from_slice(b"{}");
-            Ok(())
-        }
+        "google.protobuf.Empty" => empty(out, b),
         "google.protobuf.DoubleValue" => wrapper(out, b, &Kind::Double),
         "google.protobuf.FloatValue" => wrapper(out, b, &Kind::Float),
         "google.protobuf.Int64Value" => wrapper(out, b, &Kind::Int64),
@@ -553,6 +555,16 @@ fn well_known(out: &mut Vec<u8>, name: &str, b: &[u8], depth: u32) -> Option<W> 
         "google.protobuf.Any" | "google.protobuf.FieldMask" => Err(Unusual),
         _ => return None,
     })
+}
+
+/// `{}`, once the bytes are found to be fields of some message.
+fn empty(out: &mut Vec<u8>, mut b: &[u8]) -> W {
+    while !b.is_empty() {
+        let (_, wire) = key(&mut b)?;
+        skip(&mut b, wire)?;
+    }
+    out.extend_from_slice(b"{}");
+    Ok(())
 }
 
 /// A wrapper's value (field 1), its kind's default when missing.
@@ -601,15 +613,10 @@ fn default_of(kind: &Kind) -> &'static [u8] {
     }
 }
 
-/// `google.protobuf.Struct`: `fields` (1) is a map of strings to values.
-fn struct_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
-    if depth > MAX_DEPTH {
-        return Err(Unusual);
-    }
-    out.push(b'{');
-    let mut keys = Keys::default();
-    let mut run_ended = false;
-    let mut last = 0;
+/// Calls `each` with every field 1 of `b` (length-delimited, in one run:
+/// the general decoder would merge two runs), skipping the others.
+fn field_one_run(mut b: &[u8], mut each: impl FnMut(&[u8]) -> W) -> W {
+    let (mut run_ended, mut last) = (false, 0);
     while !b.is_empty() {
         let (number, wire) = key(&mut b)?;
         if number != 1 {
@@ -622,7 +629,19 @@ fn struct_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
             return Err(Unusual);
         }
         last = 1;
-        let mut entry = delimited(&mut b)?;
+        each(delimited(&mut b)?)?;
+    }
+    Ok(())
+}
+
+/// `google.protobuf.Struct`: `fields` (1) is a map of strings to values.
+fn struct_value(out: &mut Vec<u8>, b: &[u8], depth: u32) -> W {
+    if depth > MAX_DEPTH {
+        return Err(Unusual);
+    }
+    out.push(b'{');
+    let mut keys = Keys::default();
+    field_one_run(b, |mut entry| {
         let (mut k, mut v) = (None, None);
         while !entry.is_empty() {
             let (number, wire) = key(&mut entry)?;
@@ -643,8 +662,8 @@ fn struct_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
         let end = out.len();
         distinct(out, &mut keys, (begin, end))?;
         out.push(b':');
-        json_value(out, v.unwrap_or(&[]), depth + 1)?;
-    }
+        json_value(out, v.unwrap_or(&[]), depth + 1)
+    })?;
     out.push(b'}');
     Ok(())
 }
@@ -701,30 +720,19 @@ fn json_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
 }
 
 /// `google.protobuf.ListValue`: `values` (1), in one run.
-fn list_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
+fn list_value(out: &mut Vec<u8>, b: &[u8], depth: u32) -> W {
     if depth > MAX_DEPTH {
         return Err(Unusual);
     }
     out.push(b'[');
-    let (mut n, mut run_ended, mut last) = (0usize, false, 0);
-    while !b.is_empty() {
-        let (number, wire) = key(&mut b)?;
-        if number != 1 {
-            skip(&mut b, wire)?;
-            run_ended |= last == 1;
-            last = number;
-            continue;
-        }
-        if wire != LEN || run_ended {
-            return Err(Unusual);
-        }
-        last = 1;
+    let mut n = 0usize;
+    field_one_run(b, |value| {
         if n > 0 {
             out.push(b',');
         }
         n += 1;
-        json_value(out, delimited(&mut b)?, depth + 1)?;
-    }
+        json_value(out, value, depth + 1)
+    })?;
     out.push(b']');
     Ok(())
 }

@@ -299,15 +299,11 @@ async fn connect_streaming_and_grpc_web() {
 
     // Large events (16 KiB each, rewritten on the hub's background
     // threads) come in their order, each whole.
-    let mut body = vec![0u8];
-    let msg = br#"{"cluster":"edge-1","resource":"bulk-small"}"#;
-    body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-    body.extend_from_slice(msg);
     let mut req = post(
         "/otterscale.resource.v1.ResourceService/Watch",
         "application/connect+json",
         Some(&t),
-        body,
+        frame(br#"{"cluster":"edge-1","resource":"bulk-small"}"#),
     );
     req.headers_mut()
         .insert("connect-timeout-ms", "400".parse().unwrap());
