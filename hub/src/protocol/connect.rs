@@ -259,16 +259,17 @@ async fn unary_inner(
             (body, false)
         }
     };
-    let (body, compressed) = if json {
-        let (output, payload) = (method.output.clone(), envelope.payload);
-        rewrite(payload.len(), move || {
-            Ok(compress(proto_to_json(&output, &payload)?.into()))
-        })
-        .await
-        .map_err(err)?
-    } else {
-        compress(envelope.payload)
-    };
+    let (output, payload) = (method.output.clone(), envelope.payload);
+    let (body, compressed) = rewrite(work_size(json, gz, &payload), move || {
+        let body = if json {
+            Bytes::from(proto_to_json(&output, &payload)?)
+        } else {
+            payload
+        };
+        Ok(compress(body))
+    })
+    .await
+    .map_err(err)?;
 
     let mut out = http::Response::builder().status(StatusCode::OK);
     let headers = out.headers_mut().expect("fresh builder");
@@ -377,29 +378,27 @@ pub async fn streaming(
                             return Some((data_frame(end), (body, parser, true)));
                         }
                         Ok(Some(env)) => {
-                            let payload = if json {
-                                let (output, payload) = (output.clone(), env.payload);
-                                let json = rewrite(payload.len(), move || {
-                                    proto_to_json(&output, &payload)
+                            let (output, payload) = (output.clone(), env.payload);
+                            let frame =
+                                rewrite(work_size(json, response_gzip, &payload), move || {
+                                    let payload = if json {
+                                        Bytes::from(proto_to_json(&output, &payload)?)
+                                    } else {
+                                        payload
+                                    };
+                                    Ok(if response_gzip && payload.len() >= COMPRESS_MIN {
+                                        frames::encode(FLAG_COMPRESSED, &gzip(&payload))
+                                    } else {
+                                        frames::encode(0, &payload)
+                                    })
                                 });
-                                match json.await {
-                                    Ok(j) => Bytes::from(j),
-                                    Err(s) => {
-                                        return Some((
-                                            data_frame(end_message(&s, &HeaderMap::new())),
-                                            (body, parser, true),
-                                        ));
-                                    }
-                                }
-                            } else {
-                                env.payload
-                            };
-                            let frame = if response_gzip && payload.len() >= COMPRESS_MIN {
-                                frames::encode(FLAG_COMPRESSED, &gzip(&payload))
-                            } else {
-                                frames::encode(0, &payload)
-                            };
-                            return Some((data_frame(frame), (body, parser, false)));
+                            return Some(match frame.await {
+                                Ok(frame) => (data_frame(frame), (body, parser, false)),
+                                Err(s) => (
+                                    data_frame(end_message(&s, &HeaderMap::new())),
+                                    (body, parser, true),
+                                ),
+                            });
                         }
                         Ok(None) => {}
                     }
@@ -445,6 +444,13 @@ pub async fn streaming(
     }
     copy_metadata(&rparts.headers, out.headers_mut(), "");
     out
+}
+
+/// The size of the work an answer's message needs, for [`rewrite`]: its
+/// length when it is turned into JSON or may be gzipped, none when it is
+/// only framed (a copy, never worth a thread's hand-off).
+fn work_size(json: bool, gzip: bool, payload: &[u8]) -> usize {
+    if json || gzip { payload.len() } else { 0 }
 }
 
 /// The end-of-stream envelope: `{"error": …, "metadata": …}`.

@@ -212,6 +212,21 @@ async fn connect_unary_json_and_binary_over_http1_and_http2() {
     let v = json_of(&otter_hub::protocol::gunzip(&body, 1 << 20).unwrap());
     assert_eq!(v["object"]["name"], long.as_str());
     assert_eq!(v["object"]["user"], "otter:admin");
+    // The same in protobuf: only the gzip is the hub's work here.
+    let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
+        .header("content-type", "application/proto")
+        .header("accept-encoding", "gzip")
+        .header("authorization", format!("Bearer {t}"))
+        .body(Full::new(Bytes::from(
+            otter_e2e::double::get("edge-1", &long).encode_to_vec(),
+        )))
+        .unwrap();
+    let (status, headers, body) = call(&hub, true, req).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["content-encoding"], "gzip");
+    let answer = otter_hub::protocol::gunzip(&body, 1 << 20).unwrap();
+    let answer = otter_proto::resource::v1::Resource::decode(answer).unwrap();
+    assert_eq!(otter_e2e::double::field(&answer, "name"), long);
 
     // GET only for methods without side effects.
     let q = url_encode(r#"{}"#);
