@@ -484,7 +484,8 @@ pub async fn serve_list_links(
             let state = self.0.clone();
             Box::pin(async move {
                 let caller = auth::verified(request.extensions())?;
-                let answer = crate::links::read(&state, move |state, records| {
+                let owner = caller.cluster_user.clone();
+                let answer = crate::links::read(&state, &owner, move |state, records| {
                     let links = views(state, records, &caller);
                     prost::Message::encode_to_vec(&ListLinksResponse { links })
                 })
@@ -558,7 +559,8 @@ impl LinkService for LinkSvc {
         // The hub's router answers ListLinks with `serve_list_links`; this
         // is the same answer for the service as tonic sees it.
         let caller = auth::verified(request.extensions())?;
-        let links = crate::links::read(&self.state, move |state, records| {
+        let owner = caller.cluster_user.clone();
+        let links = crate::links::read(&self.state, &owner, move |state, records| {
             views(state, records, &caller)
         })
         .await?;

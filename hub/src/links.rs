@@ -129,9 +129,9 @@ impl Links {
     }
 }
 
-/// Runs `view` over every link on a listing thread, after waiting (without
-/// one) for a listing's place.
-pub async fn read<T, F>(state: &Arc<HubState>, view: F) -> Result<T, Status>
+/// Runs `view` over every link on a listing thread, in `owner`'s turn (the
+/// caller's name), after waiting (without one) for a listing's place.
+pub async fn read<T, F>(state: &Arc<HubState>, owner: &str, view: F) -> Result<T, Status>
 where
     T: Send + 'static,
     F: FnOnce(&Arc<HubState>, &[Arc<LinkRecord>]) -> T + Send + 'static,
@@ -139,7 +139,7 @@ where
     let s = state.clone();
     state
         .links
-        .off_the_workers(move || {
+        .off_the_workers(owner, move || {
             let all = s.links.all(&*s.store).map_err(|e| e.into_status())?;
             Ok(view(&s, &all))
         })
@@ -154,9 +154,11 @@ impl Links {
         }
     }
 
-    /// Runs `work` on a background thread once a listing's place is free.
+    /// Runs `work` on a background thread, in `owner`'s turn, once a
+    /// listing's place is free.
     async fn off_the_workers<T: Send + 'static>(
         &self,
+        owner: &str,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, Status> {
         let place = self
@@ -167,7 +169,7 @@ impl Links {
             .map_err(|_| Status::unavailable("the hub is shutting down"))?;
         // The place goes with the work: a caller that goes away does not
         // free it while its listing still runs.
-        crate::background::run(move || {
+        crate::background::run(owner, move || {
             let _place = place;
             work()
         })
@@ -290,7 +292,7 @@ mod tests {
         let links = Links::with_places(2);
         for _ in 0..4 {
             let (name, spawned) = links
-                .off_the_workers(move || {
+                .off_the_workers("", move || {
                     let name = std::thread::current().name().map(str::to_owned);
                     (name, tokio::spawn(async { 1 + 1 }))
                 })
@@ -311,11 +313,11 @@ mod tests {
     async fn a_listing_that_panics_fails_its_call_and_the_next_one_runs() {
         let links = Links::with_places(1);
         let failed = links
-            .off_the_workers(|| -> u8 { panic!("a listing gone wrong") })
+            .off_the_workers("", || -> u8 { panic!("a listing gone wrong") })
             .await
             .unwrap_err();
         assert_eq!(failed.code(), tonic::Code::Internal);
-        assert_eq!(links.off_the_workers(|| 7u8).await.unwrap(), 7);
+        assert_eq!(links.off_the_workers("", || 7u8).await.unwrap(), 7);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +329,7 @@ mod tests {
             let (links, started) = (links.clone(), started.clone());
             tokio::spawn(async move {
                 links
-                    .off_the_workers(move || {
+                    .off_the_workers("", move || {
                         let _ = started.send("first");
                         let _ = released.recv();
                     })
@@ -341,7 +343,7 @@ mod tests {
             let links = links.clone();
             tokio::spawn(async move {
                 links
-                    .off_the_workers(move || {
+                    .off_the_workers("", move || {
                         let _ = started.send("second");
                     })
                     .await

@@ -1352,9 +1352,10 @@ async fn route(
             if !json {
                 return grpc_call(state, routes, req).await;
             }
+            let owner = protocol::owner_of(req.extensions());
             let req = protocol::transcode::json_request(req, method.input.clone(), max);
             let resp = grpc_call(state, routes, req).await;
-            let mut resp = protocol::transcode::json_response(resp, method.output.clone());
+            let mut resp = protocol::transcode::json_response(resp, method.output.clone(), owner);
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/grpc+json"),

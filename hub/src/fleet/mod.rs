@@ -120,8 +120,9 @@ impl FleetSvc {
             .min(MAX_TIMEOUT);
         // Only the caller's tenants' links: another tenant's cluster is
         // neither asked nor named.
+        let owner = &caller.cluster_user;
         let caller = caller.clone();
-        let mut clusters: Vec<String> = crate::links::read(&self.state, move |_, links| {
+        let mut clusters: Vec<String> = crate::links::read(&self.state, owner, move |_, links| {
             links
                 .iter()
                 .filter(|l| caller.role_in(&l.tenant).is_some() && selector.matches(&l.labels))

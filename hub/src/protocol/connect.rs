@@ -138,6 +138,7 @@ async fn unary_inner(
 ) -> Result<http::Response<HttpBody>, http::Response<HttpBody>> {
     let err = |s: Status| unary_error(&s, None);
     let (parts, body) = req.into_parts();
+    let owner = super::owner_of(&parts.extensions);
     if method.server_streaming || method.client_streaming {
         return Err(err(Status::unimplemented(format!(
             "{} is a streaming method: use the application/connect+json or +proto content type",
@@ -190,7 +191,7 @@ async fn unary_inner(
     };
     let message = if json {
         let input = method.input.clone();
-        rewrite(raw.len(), move || json_to_proto(&input, &raw))
+        rewrite(&owner, raw.len(), move || json_to_proto(&input, &raw))
             .await
             .map_err(err)?
     } else {
@@ -260,7 +261,7 @@ async fn unary_inner(
         }
     };
     let (output, payload) = (method.output.clone(), envelope.payload);
-    let (body, compressed) = rewrite(work_size(json, gz, &payload), move || {
+    let (body, compressed) = rewrite(&owner, work_size(json, gz, &payload), move || {
         let body = if json {
             Bytes::from(proto_to_json(&output, &payload)?)
         } else {
@@ -333,7 +334,8 @@ pub async fn streaming(
         max: max_message,
     };
     let body = body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync();
-    let requests = transcode::requests(body, method.input.clone(), codec);
+    let owner = super::owner_of(&parts.extensions);
+    let requests = transcode::requests(body, method.input.clone(), codec, owner.clone());
     let mut grpc = http::Request::new(requests);
     *grpc.method_mut() = http::Method::POST;
     *grpc.uri_mut() = match http::Uri::try_from(method.path.as_str()) {
@@ -360,7 +362,7 @@ pub async fn streaming(
     let responses = futures::stream::unfold(
         (rbody, Parser::new(MAX_UNARY_RESPONSE), false),
         move |(mut body, mut parser, done)| {
-            let output = output.clone();
+            let (output, owner) = (output.clone(), owner.clone());
             async move {
                 if done {
                     return None;
@@ -379,8 +381,10 @@ pub async fn streaming(
                         }
                         Ok(Some(env)) => {
                             let (output, payload) = (output.clone(), env.payload);
-                            let frame =
-                                rewrite(work_size(json, response_gzip, &payload), move || {
+                            let frame = rewrite(
+                                &owner,
+                                work_size(json, response_gzip, &payload),
+                                move || {
                                     let payload = if json {
                                         Bytes::from(proto_to_json(&output, &payload)?)
                                     } else {
@@ -391,7 +395,8 @@ pub async fn streaming(
                                     } else {
                                         frames::encode(0, &payload)
                                     })
-                                });
+                                },
+                            );
                             return Some(match frame.await {
                                 Ok(frame) => (data_frame(frame), (body, parser, false)),
                                 Err(s) => (

@@ -62,6 +62,7 @@ pub async fn call(
     } else {
         body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync()
     };
+    let owner = super::owner_of(&parts.extensions);
     let mut grpc = http::Request::from_parts(parts, body);
     *grpc.method_mut() = http::Method::POST;
     let grpc = match json {
@@ -74,7 +75,7 @@ pub async fn call(
 
     let resp = inner.call(grpc).await;
     let resp = match json {
-        Some((method, _)) => transcode::json_response(resp, method.output.clone()),
+        Some((method, _)) => transcode::json_response(resp, method.output.clone(), owner),
         None => resp,
     };
     let (mut rparts, rbody) = resp.into_parts();

@@ -15,27 +15,78 @@ use base64::Engine;
 use prost::Message;
 use prost_reflect::{FieldDescriptor, Kind, MessageDescriptor};
 
-/// The bytes are not in a shape this writer answers for.
+/// Why the writer gave no JSON.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Unusual;
+pub enum Stop {
+    /// The bytes are not in a shape this writer answers for.
+    Unusual,
+    /// The JSON would be longer than the limit given.
+    TooLarge,
+}
 
-type W<T = ()> = Result<T, Unusual>;
+pub use Stop::{TooLarge, Unusual};
+
+type W<T = ()> = Result<T, Stop>;
+
+/// The JSON being written, and how long it may grow. A peer's few bytes
+/// can make many of JSON (a control character six, an empty list element
+/// five), so the length is checked as each field, element and long string
+/// is written: the JSON stops at the limit rather than after it.
+struct Out {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl Out {
+    /// [`TooLarge`] once the JSON is over the limit.
+    fn room(&self) -> W {
+        if self.buf.len() > self.max {
+            return Err(TooLarge);
+        }
+        Ok(())
+    }
+
+    /// [`TooLarge`] if `more` bytes would take the JSON over the limit.
+    fn room_for(&self, more: usize) -> W {
+        if self.buf.len().saturating_add(more) > self.max {
+            return Err(TooLarge);
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for Out {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.buf
+    }
+}
+
+impl std::ops::DerefMut for Out {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+}
 
 /// Nesting deeper than this is left to the general path (which has its own
 /// limit and error).
 const MAX_DEPTH: u32 = 64;
 
-/// Maps with more keys than this, not in increasing order, are left to the
-/// general path rather than compared key by key: a new key is compared
-/// with at most this many, so a peer's map costs at most this many
-/// comparisons per key (a hash map's labels have a handful).
-const MAX_UNSORTED_KEYS: usize = 32;
+/// Up to this many keys, a map whose keys are not in increasing order (a
+/// hash map's) has each new key compared with those before it; a larger
+/// one has its keys sorted once, when it ends, to find one twice. Either
+/// way a peer's map costs a bounded number of comparisons per key.
+const LINEAR_KEYS: usize = 32;
 
-/// `bytes`, a `desc`, as JSON.
-pub fn write(desc: &MessageDescriptor, bytes: &[u8]) -> W<Vec<u8>> {
-    let mut out = Vec::with_capacity(bytes.len() * 2 + 16);
+/// `bytes`, a `desc`, as JSON of at most `max` bytes.
+pub fn write(desc: &MessageDescriptor, bytes: &[u8], max: usize) -> W<Vec<u8>> {
+    let mut out = Out {
+        buf: Vec::with_capacity((bytes.len() * 2 + 16).min(max)),
+        max,
+    };
     message(&mut out, desc, bytes, 0)?;
-    Ok(out)
+    out.room()?;
+    Ok(out.buf)
 }
 
 const VARINT: u8 = 0;
@@ -97,9 +148,31 @@ fn skip(b: &mut &[u8], wire: u8) -> W {
     }
 }
 
-fn string(out: &mut Vec<u8>, s: &str) {
+/// Strings from this length on have their JSON length counted before they
+/// are written (a pass over the bytes), so that one string cannot take the
+/// JSON far past its limit; shorter ones are checked after.
+const COUNTED_STRING: usize = 4096;
+
+fn string(out: &mut Out, s: &str) -> W {
+    if s.len() >= COUNTED_STRING {
+        out.room_for(escaped_len(s))?;
+    }
     // Writing to a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
+    let _ = serde_json::to_writer(&mut **out, s);
+    Ok(())
+}
+
+/// The length of `s` as a JSON string, as serde_json writes it: quotes,
+/// two bytes for a quote, a backslash and the five control characters
+/// with a short escape, six for the other control characters.
+fn escaped_len(s: &str) -> usize {
+    s.bytes().fold(2, |n, b| {
+        n + match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        }
+    })
 }
 
 /// One decoded scalar or enum, before it is written.
@@ -171,7 +244,7 @@ fn scalar<'a>(b: &mut &'a [u8], kind: &Kind, wire: u8) -> W<Scalar<'a>> {
     Ok(v)
 }
 
-fn float(out: &mut Vec<u8>, finite: bool, v: f64, write: impl FnOnce(&mut Vec<u8>)) {
+fn float(out: &mut Out, finite: bool, v: f64, write: impl FnOnce(&mut Vec<u8>)) {
     if finite {
         write(out);
     } else if v.is_nan() {
@@ -183,7 +256,7 @@ fn float(out: &mut Vec<u8>, finite: bool, v: f64, write: impl FnOnce(&mut Vec<u8
     }
 }
 
-fn write_scalar(out: &mut Vec<u8>, v: Scalar<'_>, kind: &Kind) {
+fn write_scalar(out: &mut Out, v: Scalar<'_>, kind: &Kind) -> W {
     use std::io::Write;
     // Writing to a Vec cannot fail.
     let _ = match v {
@@ -204,14 +277,12 @@ fn write_scalar(out: &mut Vec<u8>, v: Scalar<'_>, kind: &Kind) {
         Scalar::I64(v) => write!(out, "\"{v}\""),
         Scalar::U64(v) => write!(out, "\"{v}\""),
         Scalar::Bool(v) => out.write_all(if v { b"true" } else { b"false" }),
-        Scalar::Str(s) => {
-            string(out, s);
-            Ok(())
-        }
+        Scalar::Str(s) => return string(out, s),
         Scalar::Bytes(b) => {
+            let len = base64::encoded_len(b.len(), true).unwrap_or(usize::MAX);
+            out.room_for(len)?;
             out.push(b'"');
             let start = out.len();
-            let len = base64::encoded_len(b.len(), true).unwrap_or(0);
             out.resize(start + len, 0);
             let _ = base64::engine::general_purpose::STANDARD.encode_slice(b, &mut out[start..]);
             out.push(b'"');
@@ -220,19 +291,17 @@ fn write_scalar(out: &mut Vec<u8>, v: Scalar<'_>, kind: &Kind) {
         Scalar::Enum(n) => match kind {
             Kind::Enum(e) if e.full_name() == "google.protobuf.NullValue" => out.write_all(b"null"),
             Kind::Enum(e) => match e.get_value(n) {
-                Some(value) => {
-                    string(out, value.name());
-                    Ok(())
-                }
+                Some(value) => return string(out, value.name()),
                 None => write!(out, "{n}"),
             },
             _ => write!(out, "{n}"),
         },
     };
+    Ok(())
 }
 
 /// A value of `kind` (not a list, not a map) sent with `wire`.
-fn value(out: &mut Vec<u8>, b: &mut &[u8], kind: &Kind, wire: u8, depth: u32) -> W {
+fn value(out: &mut Out, b: &mut &[u8], kind: &Kind, wire: u8, depth: u32) -> W {
     match kind {
         Kind::Message(m) => {
             if wire != LEN {
@@ -242,8 +311,7 @@ fn value(out: &mut Vec<u8>, b: &mut &[u8], kind: &Kind, wire: u8, depth: u32) ->
         }
         _ => {
             let v = scalar(b, kind, wire)?;
-            write_scalar(out, v, kind);
-            Ok(())
+            write_scalar(out, v, kind)
         }
     }
 }
@@ -277,20 +345,21 @@ impl Object {
         }
     }
 
-    fn key(&mut self, out: &mut Vec<u8>, name: &str) {
+    fn key(&mut self, out: &mut Out, name: &str) -> W {
         if !self.first {
             out.push(b',');
         }
         self.first = false;
-        string(out, name);
+        string(out, name)?;
         out.push(b':');
+        Ok(())
     }
 
-    fn close(&mut self, out: &mut Vec<u8>) {
+    fn close(&mut self, out: &mut Out) -> W {
         if let Some((_, end)) = self.open.take() {
             out.push(end);
         }
-        self.keys = Keys::default();
+        self.keys.finish(out)
     }
 
     /// A field's first appearance: once per message, once per oneof.
@@ -313,7 +382,7 @@ impl Object {
     }
 }
 
-fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32) -> W {
+fn message(out: &mut Out, desc: &MessageDescriptor, mut b: &[u8], depth: u32) -> W {
     if depth > MAX_DEPTH {
         return Err(Unusual);
     }
@@ -325,6 +394,7 @@ fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32
     out.push(b'{');
     let mut obj = Object::new();
     while !b.is_empty() {
+        out.room()?;
         let (number, wire) = key(&mut b)?;
         let Some(field) = desc.get_field(number) else {
             // The general path writes an extension it knows.
@@ -336,7 +406,7 @@ fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32
         };
         let continuing = obj.open.is_some_and(|(n, _)| n == number);
         if !continuing {
-            obj.close(out);
+            obj.close(out)?;
             obj.first_of(&field)?;
         }
         if field.is_map() {
@@ -347,7 +417,7 @@ fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32
                 return Err(Unusual);
             }
             if !continuing {
-                obj.key(out, field.json_name());
+                obj.key(out, field.json_name())?;
                 out.push(b'{');
                 obj.open = Some((number, b'}'));
             }
@@ -355,11 +425,12 @@ fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32
             map_entry(out, &entry, delimited(&mut b)?, &mut obj.keys, first, depth)?;
         } else if field.is_list() {
             let kind = field.kind();
-            let element = |out: &mut Vec<u8>, obj: &mut Object, b: &mut &[u8], wire| {
+            let element = |out: &mut Out, obj: &mut Object, b: &mut &[u8], wire| {
+                out.room()?;
                 match obj.open {
                     Some(_) => out.push(b','),
                     None => {
-                        obj.key(out, field.json_name());
+                        obj.key(out, field.json_name())?;
                         out.push(b'[');
                         obj.open = Some((number, b']'));
                     }
@@ -384,19 +455,19 @@ fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32
         } else {
             let kind = field.kind();
             if let Kind::Message(_) = kind {
-                obj.key(out, field.json_name());
+                obj.key(out, field.json_name())?;
                 value(out, &mut b, &kind, wire, depth)?;
             } else {
                 let v = scalar(&mut b, &kind, wire)?;
                 // Without presence a default value is not written.
                 if field.supports_presence() || !v.is_default() {
-                    obj.key(out, field.json_name());
-                    write_scalar(out, v, &kind);
+                    obj.key(out, field.json_name())?;
+                    write_scalar(out, v, &kind)?;
                 }
             }
         }
     }
-    obj.close(out);
+    obj.close(out)?;
     out.push(b'}');
     Ok(())
 }
@@ -404,13 +475,14 @@ fn message(out: &mut Vec<u8>, desc: &MessageDescriptor, mut b: &[u8], depth: u32
 /// One entry of a map (`key = 1`, `value = 2`, either may be missing) as
 /// `"key":value`, after a comma unless it is the map's first.
 fn map_entry(
-    out: &mut Vec<u8>,
+    out: &mut Out,
     entry: &MessageDescriptor,
     mut b: &[u8],
     keys: &mut Keys,
     first: bool,
     depth: u32,
 ) -> W {
+    out.room()?;
     let (mut k, mut v) = (None, None);
     while !b.is_empty() {
         let start = b;
@@ -440,7 +512,7 @@ fn map_entry(
             key(&mut raw)?;
             let s = scalar(&mut raw, &key_kind, wire)?;
             match s {
-                Scalar::Str(s) => string(out, s),
+                Scalar::Str(s) => string(out, s)?,
                 Scalar::Bool(_)
                 | Scalar::I32(_)
                 | Scalar::U32(_)
@@ -475,7 +547,7 @@ fn map_entry(
                 Kind::Message(m) => message(out, m, &[], depth + 1)?,
                 Kind::Enum(e) => {
                     let zero = Scalar::Enum(e.default_value().number());
-                    write_scalar(out, zero, &kind);
+                    write_scalar(out, zero, &kind)?;
                 }
                 Kind::String => out.extend_from_slice(b"\"\""),
                 Kind::Bytes => out.extend_from_slice(b"\"\""),
@@ -492,7 +564,7 @@ fn map_entry(
 }
 
 /// An integer or bool without quotes (a map key's text).
-fn write_bare(out: &mut Vec<u8>, v: Scalar<'_>) {
+fn write_bare(out: &mut Out, v: Scalar<'_>) {
     use std::io::Write;
     let _ = match v {
         Scalar::Bool(v) => out.write_all(if v { b"true" } else { b"false" }),
@@ -512,6 +584,22 @@ struct Keys {
     unsorted: bool,
 }
 
+impl Keys {
+    /// [`Unusual`] if a map of more than [`LINEAR_KEYS`] keys, out of
+    /// order, had one twice; called when the map ends.
+    fn finish(&mut self, out: &[u8]) -> W {
+        if self.unsorted && self.spans.len() > LINEAR_KEYS {
+            let text = |&(a, b): &(usize, usize)| &out[a..b];
+            self.spans.sort_unstable_by(|x, y| text(x).cmp(text(y)));
+            if self.spans.windows(2).any(|w| text(&w[0]) == text(&w[1])) {
+                return Err(Unusual);
+            }
+        }
+        *self = Self::default();
+        Ok(())
+    }
+}
+
 /// Records the key just written at `new`; [`Unusual`] if the map had it
 /// already (the general path keeps the last value of a repeated key).
 fn distinct(out: &[u8], keys: &mut Keys, new: (usize, usize)) -> W {
@@ -522,9 +610,10 @@ fn distinct(out: &[u8], keys: &mut Keys, new: (usize, usize)) -> W {
         keys.unsorted = true;
     }
     if keys.unsorted
-        // Not in increasing order (a hash map's): compare with each.
-        && (keys.spans.len() > MAX_UNSORTED_KEYS
-            || keys.spans.iter().any(|&k| text(k) == text(new)))
+        // Not in increasing order (a hash map's): compare with each while
+        // the map is small; past that, [`Keys::finish`] sorts them.
+        && keys.spans.len() <= LINEAR_KEYS
+        && keys.spans.iter().any(|&k| text(k) == text(new))
     {
         return Err(Unusual);
     }
@@ -534,7 +623,7 @@ fn distinct(out: &[u8], keys: &mut Keys, new: (usize, usize)) -> W {
 
 /// The well-known types with a JSON form of their own; `None` for those
 /// written as plain messages.
-fn well_known(out: &mut Vec<u8>, name: &str, b: &[u8], depth: u32) -> Option<W> {
+fn well_known(out: &mut Out, name: &str, b: &[u8], depth: u32) -> Option<W> {
     Some(match name {
         "google.protobuf.Struct" => struct_value(out, b, depth),
         "google.protobuf.Value" => json_value(out, b, depth),
@@ -558,7 +647,7 @@ fn well_known(out: &mut Vec<u8>, name: &str, b: &[u8], depth: u32) -> Option<W> 
 }
 
 /// `{}`, once the bytes are found to be fields of some message.
-fn empty(out: &mut Vec<u8>, mut b: &[u8]) -> W {
+fn empty(out: &mut Out, mut b: &[u8]) -> W {
     while !b.is_empty() {
         let (_, wire) = key(&mut b)?;
         skip(&mut b, wire)?;
@@ -568,7 +657,7 @@ fn empty(out: &mut Vec<u8>, mut b: &[u8]) -> W {
 }
 
 /// A wrapper's value (field 1), its kind's default when missing.
-fn wrapper(out: &mut Vec<u8>, mut b: &[u8], kind: &Kind) -> W {
+fn wrapper(out: &mut Out, mut b: &[u8], kind: &Kind) -> W {
     let mut found = None;
     while !b.is_empty() {
         let (number, wire) = key(&mut b)?;
@@ -591,8 +680,7 @@ fn wrapper(out: &mut Vec<u8>, mut b: &[u8], kind: &Kind) -> W {
     {
         return Err(Unusual);
     }
-    write_scalar(out, v, kind);
-    Ok(())
+    write_scalar(out, v, kind)
 }
 
 fn wire_of(kind: &Kind) -> u8 {
@@ -635,13 +723,14 @@ fn field_one_run(mut b: &[u8], mut each: impl FnMut(&[u8]) -> W) -> W {
 }
 
 /// `google.protobuf.Struct`: `fields` (1) is a map of strings to values.
-fn struct_value(out: &mut Vec<u8>, b: &[u8], depth: u32) -> W {
+fn struct_value(out: &mut Out, b: &[u8], depth: u32) -> W {
     if depth > MAX_DEPTH {
         return Err(Unusual);
     }
     out.push(b'{');
     let mut keys = Keys::default();
     field_one_run(b, |mut entry| {
+        out.room()?;
         let (mut k, mut v) = (None, None);
         while !entry.is_empty() {
             let (number, wire) = key(&mut entry)?;
@@ -658,19 +747,20 @@ fn struct_value(out: &mut Vec<u8>, b: &[u8], depth: u32) -> W {
             out.push(b',');
         }
         let begin = out.len();
-        string(out, k.unwrap_or(""));
+        string(out, k.unwrap_or(""))?;
         let end = out.len();
         distinct(out, &mut keys, (begin, end))?;
         out.push(b':');
         json_value(out, v.unwrap_or(&[]), depth + 1)
     })?;
+    keys.finish(out)?;
     out.push(b'}');
     Ok(())
 }
 
 /// `google.protobuf.Value`: one of null (1), number (2), string (3), bool
 /// (4), struct (5), list (6); none is null.
-fn json_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
+fn json_value(out: &mut Out, mut b: &[u8], depth: u32) -> W {
     if depth > MAX_DEPTH {
         return Err(Unusual);
     }
@@ -701,12 +791,12 @@ fn json_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
             if !v.is_finite() {
                 return Err(Unusual);
             }
-            let _ = serde_json::to_writer(&mut *out, &v);
+            let _ = serde_json::to_writer(&mut **out, &v);
         }
         (3, LEN) => string(
             out,
             std::str::from_utf8(delimited(&mut raw)?).map_err(|_| Unusual)?,
-        ),
+        )?,
         (4, VARINT) => out.extend_from_slice(if varint(&mut raw)? != 0 {
             b"true"
         } else {
@@ -720,13 +810,14 @@ fn json_value(out: &mut Vec<u8>, mut b: &[u8], depth: u32) -> W {
 }
 
 /// `google.protobuf.ListValue`: `values` (1), in one run.
-fn list_value(out: &mut Vec<u8>, b: &[u8], depth: u32) -> W {
+fn list_value(out: &mut Out, b: &[u8], depth: u32) -> W {
     if depth > MAX_DEPTH {
         return Err(Unusual);
     }
     out.push(b'[');
     let mut n = 0usize;
     field_one_run(b, |value| {
+        out.room()?;
         if n > 0 {
             out.push(b',');
         }
@@ -738,7 +829,7 @@ fn list_value(out: &mut Vec<u8>, b: &[u8], depth: u32) -> W {
 }
 
 /// RFC 3339, as the general path writes it; out of range is its error.
-fn timestamp(out: &mut Vec<u8>, b: &[u8]) -> W {
+fn timestamp(out: &mut Out, b: &[u8]) -> W {
     use std::io::Write;
     let t = prost_types::Timestamp::decode(b).map_err(|_| Unusual)?;
     if !(-62_135_596_800..=253_402_300_799).contains(&t.seconds)
@@ -751,7 +842,7 @@ fn timestamp(out: &mut Vec<u8>, b: &[u8]) -> W {
 }
 
 /// Seconds with a fraction and an `s`, as the general path writes it.
-fn duration(out: &mut Vec<u8>, b: &[u8]) -> W {
+fn duration(out: &mut Out, b: &[u8]) -> W {
     use std::io::Write;
     let d = prost_types::Duration::decode(b).map_err(|_| Unusual)?;
     let same_sign = (d.seconds >= 0 && d.nanos >= 0) || (d.seconds <= 0 && d.nanos <= 0);
@@ -783,11 +874,14 @@ mod tests {
         Some(serde_json::from_slice(&json).unwrap())
     }
 
-    /// This writer's answer, which must be the general path's where given.
+    /// This writer's answer, which must be the general path's where given,
+    /// and fit a limit of exactly its length but not one byte less.
     fn agrees(desc: &MessageDescriptor, bytes: &[u8]) -> bool {
-        let Ok(fast) = write(desc, bytes) else {
+        let Ok(fast) = write(desc, bytes, usize::MAX) else {
             return false;
         };
+        assert_eq!(write(desc, bytes, fast.len()).as_ref(), Ok(&fast));
+        assert_eq!(write(desc, bytes, fast.len() - 1), Err(TooLarge));
         let fast: serde_json::Value = serde_json::from_slice(&fast).unwrap_or_else(|e| {
             panic!(
                 "{}: not JSON ({e}): {}",
@@ -1025,7 +1119,7 @@ mod tests {
             (&s, [entry("b"), entry("a"), entry("b")].concat()),
         ];
         for (desc, bytes) in cases {
-            assert_eq!(write(desc, &bytes), Err(Unusual), "{bytes:?}");
+            assert_eq!(write(desc, &bytes, usize::MAX), Err(Unusual), "{bytes:?}");
             // The public function still answers as the general path does.
             let public = super::super::proto_to_json(desc, &bytes).ok();
             let general = super::super::general_proto_to_json(desc, &bytes).ok();
@@ -1034,5 +1128,83 @@ mod tests {
         // Keys out of order but distinct are fine.
         let bytes = [entry("b"), entry("a"), entry("c")].concat();
         assert!(agrees(&s, &bytes));
+    }
+
+    /// A map in a hash map's order keeps the writer, however many keys it
+    /// has (a cluster's labels, an object's fields); one key twice, past
+    /// the keys compared one by one, is still found.
+    #[test]
+    fn large_maps_in_any_order_are_answered_once_each_key() {
+        let pool = pool();
+        let object = pool.get_message_by_name("google.protobuf.Struct").unwrap();
+        let link = pool.get_message_by_name("otterscale.link.v1.Link").unwrap();
+        let labels = link.get_field_by_name("labels").unwrap().number();
+        let field = |n: u32, body: &[u8]| {
+            let mut out = Vec::new();
+            prost::encoding::encode_key(n, prost::encoding::WireType::LengthDelimited, &mut out);
+            prost::encoding::encode_varint(body.len() as u64, &mut out);
+            out.extend_from_slice(body);
+            out
+        };
+        let mut rng = Rng(7);
+        let mut keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+        // Shuffled, as a hash map iterates.
+        for i in (1..keys.len()).rev() {
+            keys.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        // A Struct's values are `Value`s (here the string "v"), a label's
+        // plain strings.
+        let text = field(3, b"v");
+        let entry = |k: &str| field(1, &[field(1, k.as_bytes()), field(2, &text)].concat());
+        let label = |k: &str| field(labels, &[field(1, k.as_bytes()), field(2, b"v")].concat());
+        let fields: Vec<u8> = keys.iter().flat_map(|k| entry(k)).collect();
+        let labelled: Vec<u8> = keys.iter().flat_map(|k| label(k)).collect();
+        assert!(agrees(&object, &fields));
+        assert!(agrees(&link, &labelled));
+        // The 200th key again, at the end.
+        let twice = [fields, entry(&keys[200])].concat();
+        assert_eq!(write(&object, &twice, usize::MAX), Err(Unusual));
+        let twice = [labelled, label(&keys[200])].concat();
+        assert_eq!(write(&link, &twice, usize::MAX), Err(Unusual));
+    }
+
+    /// A long string's JSON length is counted as serde_json writes it.
+    #[test]
+    fn escaped_length_is_the_written_length() {
+        let all: String = (0u32..0x300).filter_map(char::from_u32).collect();
+        for s in [
+            all.as_str(),
+            "",
+            "plain",
+            "\"\\\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é😀",
+        ] {
+            assert_eq!(
+                escaped_len(s),
+                serde_json::to_string(s).unwrap().len(),
+                "{s:?}"
+            );
+        }
+    }
+
+    /// JSON stops at the limit: a string whose escapes would pass it is not
+    /// written, nor the elements of a list past it.
+    #[test]
+    fn stops_at_the_limit() {
+        let pool = pool();
+        let value = pool.get_message_by_name("google.protobuf.Value").unwrap();
+        let encoded = |kind| prost_types::Value { kind: Some(kind) }.encode_to_vec();
+        use prost_types::value::Kind as V;
+        let controls = encoded(V::StringValue("\u{1}".repeat(10_000)));
+        let json = write(&value, &controls, 60_002).unwrap();
+        assert_eq!(json.len(), 60_002);
+        assert_eq!(&json[..7], b"\"\\u0001");
+        assert_eq!(write(&value, &controls, 60_001), Err(TooLarge));
+        assert_eq!(write(&value, &controls, 20_000), Err(TooLarge));
+        let empty = prost_types::Value { kind: None };
+        let nulls = encoded(V::ListValue(prost_types::ListValue {
+            values: vec![empty; 100_000],
+        }));
+        assert_eq!(write(&value, &nulls, 500_001).map(|j| j.len()), Ok(500_001));
+        assert_eq!(write(&value, &nulls, 1_000), Err(TooLarge));
     }
 }

@@ -20,7 +20,7 @@ pub mod grpc_web;
 mod json;
 pub mod transcode;
 
-use std::io::Read;
+use std::{io::Read, sync::Arc};
 
 use base64::Engine;
 use bytes::Bytes;
@@ -264,6 +264,36 @@ pub fn error_json(status: &Status) -> serde_json::Value {
     err
 }
 
+/// The most JSON values (objects, lists, scalars) a request may hold. It
+/// is decoded into a `DynamicMessage`, a hundred bytes and more per value
+/// against five of JSON (`null,`), so a 16 MiB request of empty values
+/// would take several hundred MiB of the hub. Kubernetes stores objects of
+/// at most 1.5 MiB, about 300,000 values at the densest.
+pub const MAX_JSON_VALUES: usize = 512 * 1024;
+
+/// An upper bound of the values in `json`: the separators and openings
+/// outside strings, plus one.
+fn json_values(json: &[u8]) -> usize {
+    let (mut n, mut in_string, mut escaped) = (1, false, false);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b'[' | b'{' | b':' => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
 /// Decodes JSON (canonical proto3 mapping) into the binary message.
 pub fn json_to_proto(desc: &MessageDescriptor, json: &[u8]) -> Result<Vec<u8>, Status> {
     let json = if json.iter().all(u8::is_ascii_whitespace) {
@@ -271,6 +301,12 @@ pub fn json_to_proto(desc: &MessageDescriptor, json: &[u8]) -> Result<Vec<u8>, S
     } else {
         json
     };
+    let values = json_values(json);
+    if values > MAX_JSON_VALUES {
+        return Err(Status::resource_exhausted(format!(
+            "request of about {values} JSON values; at most {MAX_JSON_VALUES} are taken (send it in protobuf)"
+        )));
+    }
     let mut de = serde_json::Deserializer::from_slice(json);
     let msg = DynamicMessage::deserialize(desc.clone(), &mut de)
         .and_then(|m| de.end().map(|()| m))
@@ -283,14 +319,40 @@ pub fn json_to_proto(desc: &MessageDescriptor, json: &[u8]) -> Result<Vec<u8>, S
     Ok(msg.encode_to_vec())
 }
 
+/// The longest JSON the hub writes for one message: twice the largest
+/// answer it forwards in protobuf, room for a listing's usual growth
+/// (quoted keys and numbers, escaped quotes in annotations). A peer's
+/// bytes can make six times their length in JSON (control characters in
+/// a string); past this the caller is told to ask in protobuf.
+pub const MAX_JSON_MESSAGE: usize = 2 * connect::MAX_UNARY_RESPONSE;
+
+/// The largest message written as JSON through a `DynamicMessage`, for
+/// bytes not as encoders write them. That tree costs a hundred bytes and
+/// more per value (two bytes on the wire: an empty element of a list), so
+/// a peer's 64 MiB of such values would take gigabytes of the hub; our
+/// agents' answers, however large, go the direct way.
+pub const MAX_GENERAL_JSON: usize = 1024 * 1024;
+
 /// Encodes a binary message as JSON (canonical proto3 mapping): straight
 /// from the wire where the bytes are as encoders write them, else through
-/// a `DynamicMessage`.
+/// a `DynamicMessage` (up to [`MAX_GENERAL_JSON`] bytes). JSON over
+/// [`MAX_JSON_MESSAGE`] is refused as `ResourceExhausted`.
 pub fn proto_to_json(desc: &MessageDescriptor, bytes: &[u8]) -> Result<Vec<u8>, Status> {
-    if let Ok(json) = json::write(desc, bytes) {
-        return Ok(json);
+    match json::write(desc, bytes, MAX_JSON_MESSAGE) {
+        Ok(json) => Ok(json),
+        Err(json::TooLarge) => Err(Status::resource_exhausted(format!(
+            "the {} is over {} MiB in JSON; ask for it in protobuf",
+            desc.name(),
+            MAX_JSON_MESSAGE >> 20
+        ))),
+        Err(json::Unusual) if bytes.len() > MAX_GENERAL_JSON => Err(Status::internal(format!(
+            "the {} of {} bytes is not encoded as usual, and over {} MiB such a message is passed on in protobuf only",
+            desc.name(),
+            bytes.len(),
+            MAX_GENERAL_JSON >> 20
+        ))),
+        Err(json::Unusual) => general_proto_to_json(desc, bytes),
     }
-    general_proto_to_json(desc, bytes)
 }
 
 /// [`proto_to_json`] through a `DynamicMessage`, for every shape (public
@@ -314,16 +376,25 @@ pub fn general_proto_to_json(desc: &MessageDescriptor, bytes: &[u8]) -> Result<V
 /// (two thread wake-ups) would cost a good share of the work.
 const BACKGROUND_MIN: usize = 16 * 1024;
 
+/// Whose a call's rewrites are, for the background threads' turns: the
+/// verified caller's, or `""` for a call anyone may make.
+pub fn owner_of(extensions: &http::Extensions) -> Arc<str> {
+    extensions
+        .get::<crate::auth::Verified>()
+        .map_or_else(|| Arc::from(""), |v| Arc::from(v.0.cluster_user.as_str()))
+}
+
 /// Does `work` on a message of `len` bytes: here when it is small, on a
-/// background thread when it is large.
+/// background thread (in `owner`'s turn) when it is large.
 pub async fn rewrite<T: Send + 'static>(
+    owner: &str,
     len: usize,
     work: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
     if len < BACKGROUND_MIN {
         return work();
     }
-    crate::background::run(work)
+    crate::background::run(owner, work)
         .await
         .unwrap_or_else(|_| Err(Status::internal("rewriting a message failed")))
 }
@@ -431,15 +502,74 @@ mod tests {
     async fn large_messages_are_rewritten_off_the_workers() {
         let thread = || Ok(std::thread::current().name().map(str::to_owned));
         let here = std::thread::current().name().map(str::to_owned);
-        assert_eq!(rewrite(BACKGROUND_MIN - 1, thread).await.unwrap(), here);
+        assert_eq!(rewrite("", BACKGROUND_MIN - 1, thread).await.unwrap(), here);
         assert_eq!(
-            rewrite(BACKGROUND_MIN, thread).await.unwrap().as_deref(),
+            rewrite("", BACKGROUND_MIN, thread)
+                .await
+                .unwrap()
+                .as_deref(),
             Some("hub-background")
         );
-        let failed = rewrite(BACKGROUND_MIN, || -> Result<(), Status> { panic!("bad") })
-            .await
-            .unwrap_err();
+        let failed = rewrite("", BACKGROUND_MIN, || -> Result<(), Status> {
+            panic!("bad")
+        })
+        .await
+        .unwrap_err();
         assert_eq!(failed.code(), Code::Internal);
+    }
+
+    /// JSON over its limit is `ResourceExhausted`; bytes no encoder writes
+    /// go through the general decoder up to its limit, and are refused
+    /// over it, while usual bytes of any size are written.
+    #[test]
+    fn json_is_bounded_and_the_general_path_kept_small() {
+        use prost_types::{Value, value::Kind as V};
+        let pool = prost_reflect::DescriptorPool::decode(otter_proto::FILE_DESCRIPTOR_SET).unwrap();
+        let value = pool.get_message_by_name("google.protobuf.Value").unwrap();
+        let encoded = |kind| Value { kind: Some(kind) }.encode_to_vec();
+
+        let controls = encoded(V::StringValue("\u{1}".repeat(MAX_JSON_MESSAGE / 6 + 1)));
+        let e = proto_to_json(&value, &controls).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("in protobuf"), "{e:?}");
+
+        // A list of nulls, then the same list again: the general decoder
+        // joins the two, the direct writer leaves them to it.
+        let list = |n: usize| {
+            // `list_value` (6) of `n` empty values, written out rather than
+            // built as `n` messages first.
+            let mut out = vec![6 << 3 | 2];
+            prost::encoding::encode_varint(2 * n as u64, &mut out);
+            out.extend([0x0a, 0x00].repeat(n));
+            out
+        };
+        let twice = |n| [list(n), list(n)].concat();
+        let small = MAX_GENERAL_JSON / 8;
+        let json = proto_to_json(&value, &twice(small)).unwrap();
+        assert_eq!(json, general_proto_to_json(&value, &twice(small)).unwrap());
+        assert_eq!(json.len(), 2 * 5 * small + 1);
+        let large = MAX_GENERAL_JSON / 2;
+        let e = proto_to_json(&value, &twice(large)).unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+        assert!(e.message().contains("not encoded as usual"), "{e:?}");
+        assert!(proto_to_json(&value, &list(4 * MAX_GENERAL_JSON)).is_ok());
+    }
+
+    /// A JSON request of more values than a stored object holds is refused
+    /// before it is decoded; the count skips what strings hold.
+    #[test]
+    fn json_requests_are_bounded_in_values() {
+        let pool = prost_reflect::DescriptorPool::decode(otter_proto::FILE_DESCRIPTOR_SET).unwrap();
+        let value = pool.get_message_by_name("google.protobuf.Value").unwrap();
+        let list = |n: usize| format!("[{}null]", "null,".repeat(n - 1));
+        assert_eq!(json_values(list(1000).as_bytes()), 1001);
+        assert_eq!(json_values(br#"{"a,[{:":"\",[{"}"#), 3);
+        assert!(json_to_proto(&value, list(MAX_JSON_VALUES - 1).as_bytes()).is_ok());
+        let e = json_to_proto(&value, list(MAX_JSON_VALUES).as_bytes()).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        // However many commas a string holds, it is one value.
+        let text = format!(r#""{}""#, ",".repeat(MAX_JSON_VALUES));
+        assert!(json_to_proto(&value, text.as_bytes()).is_ok());
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! and `application/grpc-web+json` are served by transcoding on the hub with
 //! the descriptors every Connect JSON call already uses.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header;
 use http_body_util::{BodyExt, StreamBody};
@@ -45,11 +47,16 @@ pub struct RequestCodec {
 /// Rewrites a body of enveloped request messages into gRPC frames of
 /// uncompressed protobuf. A message that cannot be read ends the body with
 /// the [`Status`] the caller gets.
-pub fn requests(body: HttpBody, input: MessageDescriptor, codec: RequestCodec) -> HttpBody {
+pub fn requests(
+    body: HttpBody,
+    input: MessageDescriptor,
+    codec: RequestCodec,
+    owner: Arc<str>,
+) -> HttpBody {
     let s = futures::stream::unfold(
         (body, Parser::new(codec.max), false),
         move |(mut body, mut parser, done)| {
-            let input = input.clone();
+            let (input, owner) = (input.clone(), owner.clone());
             async move {
                 if done {
                     return None;
@@ -70,7 +77,7 @@ pub fn requests(body: HttpBody, input: MessageDescriptor, codec: RequestCodec) -
                         }
                         Ok(Some(env)) => {
                             let input = input.clone();
-                            let message = rewrite(env.payload.len(), move || {
+                            let message = rewrite(&owner, env.payload.len(), move || {
                                 request_message(&input, codec, env)
                             });
                             return Some(match message.await {
@@ -140,11 +147,16 @@ fn request_message(
 /// Rewrites a gRPC response body's protobuf messages into JSON, leaving
 /// trailers as they are. A message that cannot be rewritten ends the body
 /// with trailers carrying the status, as a handler's error would.
-pub fn json_responses(body: HttpBody, output: MessageDescriptor, gzip: bool) -> HttpBody {
+pub fn json_responses(
+    body: HttpBody,
+    output: MessageDescriptor,
+    gzip: bool,
+    owner: Arc<str>,
+) -> HttpBody {
     let s = futures::stream::unfold(
         (body, Parser::new(super::connect::MAX_UNARY_RESPONSE), false),
         move |(mut body, mut parser, done)| {
-            let output = output.clone();
+            let (output, owner) = (output.clone(), owner.clone());
             async move {
                 if done {
                     return None;
@@ -167,7 +179,7 @@ pub fn json_responses(body: HttpBody, output: MessageDescriptor, gzip: bool) -> 
                                 return Some((ended(status), (body, parser, true)));
                             }
                             let output = output.clone();
-                            let json = rewrite(env.payload.len(), move || {
+                            let json = rewrite(&owner, env.payload.len(), move || {
                                 if env.flags & FLAG_COMPRESSED != 0 {
                                     gunzip(&env.payload, super::connect::MAX_UNARY_RESPONSE)
                                         .and_then(|p| proto_to_json(&output, &p))
@@ -224,19 +236,22 @@ pub fn json_request(
         max,
     };
     parts.headers = super::pass_headers(&parts.headers);
-    http::Request::from_parts(parts, requests(body, input, codec))
+    let owner = super::owner_of(&parts.extensions);
+    http::Request::from_parts(parts, requests(body, input, codec, owner))
 }
 
 /// The response of a JSON-codec call: the handler's answer with its
-/// messages in JSON (the caller sets the content type its protocol says).
+/// messages in JSON (the caller sets the content type its protocol says),
+/// rewritten in `owner`'s turn.
 pub fn json_response(
     resp: http::Response<HttpBody>,
     output: MessageDescriptor,
+    owner: Arc<str>,
 ) -> http::Response<HttpBody> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     // The messages leave uncompressed whatever the handler did.
     let gzip = super::accepts_gzip(parts.headers.get("grpc-encoding"));
     parts.headers.remove("grpc-encoding");
-    http::Response::from_parts(parts, json_responses(body, output, gzip))
+    http::Response::from_parts(parts, json_responses(body, output, gzip, owner))
 }

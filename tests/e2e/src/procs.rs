@@ -468,6 +468,22 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
     Some(status_kib(&status, "VmHWM:")? as f64 / 1024.0)
 }
 
+/// Runs `work` and returns its output with how far process `pid`'s peak
+/// resident memory rose above what it held before, in MiB. Panics when
+/// the peak cannot be reset or read: unmeasured is not "no growth".
+pub async fn peak_growth_mib<T>(pid: u32, work: impl Future<Output = T>) -> (T, f64) {
+    // The peak from here on: the process's start-up peak is above its idle
+    // memory, and would hide growth below it.
+    assert!(
+        reset_peak_rss(pid),
+        "cannot reset the peak memory of process {pid} (/proc/{pid}/clear_refs)"
+    );
+    let before = rss_mib(pid).expect("memory of the process");
+    let out = work.await;
+    let peak = peak_rss_mib(pid).expect("memory of the process");
+    (out, peak - before)
+}
+
 /// The VmRSS (KiB) of the text of a `/proc/<pid>/status`.
 fn vm_rss_kib(status: &str) -> Option<u64> {
     status_kib(status, "VmRSS:")

@@ -21,7 +21,7 @@ use otter_e2e::{
     fleet::Fleet,
     grpc_framed,
     kube::{sim_config, within},
-    procs::{peak_rss_mib, reset_peak_rss, rss_mib},
+    procs::peak_growth_mib,
     with_token,
 };
 use otter_proto::resource::v1::{
@@ -106,17 +106,8 @@ fn string_field(object: &Struct, key: &str) -> String {
 /// Runs `call`; fails the test when the hub's peak memory meanwhile grew
 /// by [`MAX_GROWTH_MIB`] or more.
 async fn peak_growth<T>(hub: u32, what: &str, call: impl Future<Output = T>) -> T {
-    // The peak from here on: the hub's start-up peak is above its idle
-    // memory, and would hide growth below it.
-    assert!(
-        reset_peak_rss(hub),
-        "cannot reset the hub's peak memory (/proc/{hub}/clear_refs)"
-    );
-    let before = rss_mib(hub).expect("hub memory");
-    let out = call.await;
-    let peak = peak_rss_mib(hub).expect("hub memory");
-    let growth = peak - before;
-    eprintln!("{what}: hub memory {before:.1} MiB, peak {peak:.1} (+{growth:.1})");
+    let (out, growth) = peak_growth_mib(hub, call).await;
+    eprintln!("{what}: hub peak memory +{growth:.1} MiB");
     assert!(
         growth < MAX_GROWTH_MIB,
         "the hub's peak memory grew {growth:.1} MiB passing {what}'s {SIZE} bytes in one-byte frames"

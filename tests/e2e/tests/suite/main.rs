@@ -26,6 +26,7 @@ mod hostile_api;
 mod hostile_enrollment;
 mod hostile_frames;
 mod hostile_identity;
+mod hostile_json;
 mod hostile_lookups;
 mod hostile_readers;
 mod hostile_tunnel;
