@@ -434,3 +434,56 @@ pub async fn wait_connected(channel: &tonic::transport::Channel, token: &str, n:
     )
     .await;
 }
+
+/// A ResourceService a compromised agent might serve: every call answered
+/// with fixed gRPC-framed bytes (`watch` for a Watch, `get` for anything
+/// else), cut into DATA frames of `cut` bytes, then an OK status. The
+/// bytes need not be a valid message.
+#[derive(Debug, Clone)]
+pub struct Canned {
+    pub watch: bytes::Bytes,
+    pub get: bytes::Bytes,
+    pub cut: usize,
+}
+
+impl tonic::server::NamedService for Canned {
+    const NAME: &'static str = "otterscale.resource.v1.ResourceService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Canned {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        use hyper::body::Frame;
+        let message = if req.uri().path().ends_with("/Watch") {
+            self.watch.clone()
+        } else {
+            self.get.clone()
+        };
+        let cut = self.cut.max(1);
+        let mut status = http::HeaderMap::new();
+        status.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let frames = (0..message.len().div_ceil(cut))
+            .map(move |i| {
+                let end = (i + 1).saturating_mul(cut).min(message.len());
+                Ok::<_, std::convert::Infallible>(Frame::data(message.slice(i * cut..end)))
+            })
+            .chain(std::iter::once(Ok(Frame::trailers(status))));
+        let body = tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )));
+        std::future::ready(Ok(http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(body)
+            .expect("response")))
+    }
+}

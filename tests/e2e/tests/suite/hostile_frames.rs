@@ -6,18 +6,9 @@
 //! byte of a Watch event held until whole: 307 MiB for the 3 MiB event
 //! before the hub gathered small chunks and copied small frames).
 
-use std::{
-    convert::Infallible,
-    future::{Ready, ready},
-    task::{Context, Poll},
-};
-
-use bytes::Bytes;
 use futures::StreamExt;
-use http_body_util::StreamBody;
-use hyper::body::Frame;
 use otter_e2e::{
-    double::{get, watch},
+    double::{Canned, get, watch},
     fleet::Fleet,
     grpc_framed,
     kube::{sim_config, within},
@@ -56,46 +47,6 @@ fn object(name: &str) -> Struct {
     }
 }
 
-/// The agent's ResourceService, replaced: every call is answered with one
-/// message, a DATA frame per byte, then an OK status.
-#[derive(Clone)]
-struct Crumbs {
-    watch: Bytes,
-    get: Bytes,
-}
-
-impl tonic::server::NamedService for Crumbs {
-    const NAME: &'static str = "otterscale.resource.v1.ResourceService";
-}
-
-impl tower::Service<http::Request<tonic::body::Body>> for Crumbs {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let message = if req.uri().path().ends_with("/Watch") {
-            self.watch.clone()
-        } else {
-            self.get.clone()
-        };
-        let mut status = http::HeaderMap::new();
-        status.insert("grpc-status", http::HeaderValue::from_static("0"));
-        let bytes = (0..message.len())
-            .map(move |i| Ok::<_, Infallible>(Frame::data(message.slice(i..i + 1))))
-            .chain(std::iter::once(Ok(Frame::trailers(status))));
-        let body = tonic::body::Body::new(StreamBody::new(futures::stream::iter(bytes)));
-        ready(Ok(http::Response::builder()
-            .header("content-type", "application/grpc")
-            .body(body)
-            .expect("response")))
-    }
-}
-
 fn string_field(object: &Struct, key: &str) -> String {
     match object.fields.get(key).and_then(|v| v.kind.as_ref()) {
         Some(Kind::StringValue(s)) => s.clone(),
@@ -129,9 +80,12 @@ async fn answers_cut_into_one_byte_frames_pass_whole_within_bounded_hub_memory()
     let answer = Resource {
         object: Some(object("got")),
     };
-    let crumbs = Crumbs {
+    // The agent's ResourceService, replaced: every call answered with one
+    // message, a DATA frame per byte, then an OK status.
+    let crumbs = Canned {
         watch: grpc_framed(&event.encode_to_vec()),
         get: grpc_framed(&answer.encode_to_vec()),
+        cut: 1,
     };
     let routes = tonic::service::Routes::new(crumbs);
 

@@ -17,17 +17,10 @@
 //! And a caller's JSON request of more values than any stored object holds
 //! is refused before it is decoded into such a tree.
 
-use std::{
-    convert::Infallible,
-    future::{Ready, ready},
-    task::{Context, Poll},
-};
-
 use bytes::Bytes;
-use http_body_util::{Full, StreamBody};
-use hyper::body::Frame;
+use http_body_util::Full;
 use otter_e2e::{
-    double::get,
+    double::{Canned, get},
     fleet::Fleet,
     grpc_framed,
     kube::{sim_config, within},
@@ -62,50 +55,48 @@ fn resource(key: &str, value: &[u8]) -> Vec<u8> {
     field(1, &field(1, &entry))
 }
 
-/// The agent's ResourceService, replaced: every call is answered with the
-/// same message in one DATA frame, then an OK status.
-#[derive(Clone)]
-struct Answer(Bytes);
-
-impl tonic::server::NamedService for Answer {
-    const NAME: &'static str = "otterscale.resource.v1.ResourceService";
+/// A Connect unary Get of `cluster` in JSON.
+fn get_json(fleet: &Fleet, cluster: &str) -> http::Request<Full<Bytes>> {
+    connect_json(
+        fleet,
+        "/otterscale.resource.v1.ResourceService/Get",
+        format!(r#"{{"cluster":"{cluster}","name":"x"}}"#),
+    )
 }
 
-impl tower::Service<http::Request<tonic::body::Body>> for Answer {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: http::Request<tonic::body::Body>) -> Self::Future {
-        let mut status = http::HeaderMap::new();
-        status.insert("grpc-status", http::HeaderValue::from_static("0"));
-        let frames = [
-            Ok::<_, Infallible>(Frame::data(self.0.clone())),
-            Ok(Frame::trailers(status)),
-        ];
-        let body = tonic::body::Body::new(StreamBody::new(futures::stream::iter(frames)));
-        ready(Ok(http::Response::builder()
-            .header("content-type", "application/grpc")
-            .body(body)
-            .expect("response")))
-    }
-}
-
-/// A Connect unary Get of `cluster` in JSON: (status, body).
-async fn get_json(fleet: &Fleet, cluster: &str) -> (http::StatusCode, Bytes) {
-    let req = http::Request::post("/otterscale.resource.v1.ResourceService/Get")
+/// A Connect unary call of `path` with a JSON `body`, as the admin.
+fn connect_json(fleet: &Fleet, path: &str, body: String) -> http::Request<Full<Bytes>> {
+    http::Request::post(path)
         .header("content-type", "application/json")
         .header("authorization", format!("Bearer {}", fleet.admin_token))
-        .body(Full::new(Bytes::from(format!(
-            r#"{{"cluster":"{cluster}","name":"x"}}"#
-        ))))
-        .unwrap();
-    let (status, _, body) = otter_e2e::http_call(fleet.api_addr(), &fleet.ca_pem, true, req).await;
-    (status, body)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+/// Makes `req` and checks that the hub refused it with `status` and the
+/// Connect `code`, its message holding `why`, while its peak memory grew
+/// less than [`MAX_GROWTH_MIB`].
+async fn refused(
+    fleet: &Fleet,
+    what: &str,
+    req: http::Request<Full<Bytes>>,
+    (status, code, why): (u16, &str, &str),
+) {
+    let hub = fleet.hub.as_ref().expect("hub").pid();
+    let call = otter_e2e::http_call(fleet.api_addr(), &fleet.ca_pem, true, req);
+    let ((got, _, body), growth) = peak_growth_mib(hub, within(what, call)).await;
+    eprintln!("{what}: hub peak memory +{growth:.1} MiB");
+    let (got_code, message) = connect_error(&body);
+    assert_eq!(
+        (got.as_u16(), got_code.as_str()),
+        (status, code),
+        "{what}: {message}"
+    );
+    assert!(message.contains(why), "{what}: {message}");
+    assert!(
+        growth < MAX_GROWTH_MIB,
+        "{what}: the hub's peak memory grew {growth:.1} MiB"
+    );
 }
 
 /// The Connect error's code and message.
@@ -141,45 +132,32 @@ async fn answers_built_to_blow_up_as_json_are_refused_within_bounded_hub_memory(
 
     let mut agents = Vec::new();
     for (i, answer) in [&unusual, &escapes, &usual].into_iter().enumerate() {
-        let routes = tonic::service::Routes::new(Answer(grpc_framed(answer)));
+        // Every call answered with this message in one DATA frame.
+        let answer = grpc_framed(answer);
+        let canned = Canned {
+            watch: answer.clone(),
+            get: answer,
+            cut: usize::MAX,
+        };
+        let routes = tonic::service::Routes::new(canned);
         agents.push(fleet.own_agent(i, TransportKind::Quic, routes).await);
     }
     let channel = fleet.channel().await;
     fleet.all_connected(&channel).await;
-    let hub = fleet.hub.as_ref().expect("hub").pid();
-
-    let ((status, body), growth) =
-        peak_growth_mib(hub, within("the unusual Get", get_json(&fleet, "edge-0"))).await;
-    eprintln!(
-        "unusual answer of {} bytes: hub peak memory +{growth:.1} MiB",
-        unusual.len()
-    );
-    let (code, message) = connect_error(&body);
-    assert_eq!(
-        (status.as_u16(), code.as_str()),
-        (500, "internal"),
-        "{message}"
-    );
-    assert!(message.contains("not encoded as usual"), "{message}");
-    assert!(
-        growth < MAX_GROWTH_MIB,
-        "the hub's peak memory grew {growth:.1} MiB refusing {} bytes",
-        unusual.len()
-    );
-
-    let ((status, body), growth) =
-        peak_growth_mib(hub, within("the escapes Get", get_json(&fleet, "edge-1"))).await;
-    eprintln!(
-        "control characters, {} bytes: hub peak memory +{growth:.1} MiB",
-        escapes.len()
-    );
-    let (code, message) = connect_error(&body);
-    assert_eq!(
-        (status.as_u16(), code.as_str()),
-        (429, "resource_exhausted"),
-        "{message}"
-    );
-    assert!(message.contains("in protobuf"), "{message}");
+    refused(
+        &fleet,
+        "the 16 MiB answer not encoded as usual",
+        get_json(&fleet, "edge-0"),
+        (500, "internal", "not encoded as usual"),
+    )
+    .await;
+    refused(
+        &fleet,
+        "the 24 MiB string of control characters",
+        get_json(&fleet, "edge-1"),
+        (429, "resource_exhausted", "in protobuf"),
+    )
+    .await;
     // In protobuf the same answer passes whole.
     let got = within(
         "the escapes Get in gRPC",
@@ -196,7 +174,13 @@ async fn answers_built_to_blow_up_as_json_are_refused_within_bounded_hub_memory(
 
     // As encoders write it, a list of the same kind is answered in JSON,
     // over the size up to which unusual bytes are still decoded.
-    let (status, body) = within("the usual Get", get_json(&fleet, "edge-2")).await;
+    let call = otter_e2e::http_call(
+        fleet.api_addr(),
+        &fleet.ca_pem,
+        true,
+        get_json(&fleet, "edge-2"),
+    );
+    let (status, _, body) = within("the usual Get", call).await;
     assert_eq!(
         status,
         200,
@@ -211,25 +195,17 @@ async fn answers_built_to_blow_up_as_json_are_refused_within_bounded_hub_memory(
     // strings to remove as labels, three bytes each) is refused before it
     // is decoded.
     let remove = vec![r#""""#; 600_000].join(",");
-    let req = http::Request::post("/otterlink.fleet.v1.FleetService/LabelLink")
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {}", fleet.admin_token))
-        .body(Full::new(Bytes::from(format!(
-            r#"{{"cluster":"edge-2","remove":[{remove}]}}"#
-        ))))
-        .unwrap();
-    let ((status, _, body), growth) = peak_growth_mib(
-        hub,
-        otter_e2e::http_call(fleet.api_addr(), &fleet.ca_pem, true, req),
+    refused(
+        &fleet,
+        "600,000 JSON values",
+        connect_json(
+            &fleet,
+            "/otterlink.fleet.v1.FleetService/LabelLink",
+            format!(r#"{{"cluster":"edge-2","remove":[{remove}]}}"#),
+        ),
+        (429, "resource_exhausted", "JSON values"),
     )
     .await;
-    eprintln!("600,000 JSON values: hub peak memory +{growth:.1} MiB");
-    let (code, message) = connect_error(&body);
-    assert_eq!(
-        (status.as_u16(), code.as_str()),
-        (429, "resource_exhausted"),
-        "{message}"
-    );
 
     for agent in agents {
         agent.shutdown().await;
