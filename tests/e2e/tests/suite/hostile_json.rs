@@ -6,11 +6,14 @@
 //! - 16 MiB of empty list elements followed by a field sent twice: bytes
 //!   no encoder writes, which the hub used to decode into a tree of
 //!   dynamic values (a hundred bytes and more per two-byte element) before
-//!   writing them out. It is refused, and the hub's peak memory grows by
-//!   about the answer, not by gigabytes.
+//!   writing them out (851 MiB of peak memory, and no answer within 20 s).
+//!   It is refused, the hub's peak memory growing by the answer and the
+//!   JSON written up to the repeated field.
 //! - A 24 MiB string of control characters, six bytes of JSON each: the
 //!   JSON would be 144 MiB. It is refused as too large, and the same
 //!   answer still reaches a gRPC caller whole.
+//! - A Watch event of the first kind (4 MiB: a streamed message is bounded
+//!   at 16 MiB) read as a Connect stream: the stream ends with the refusal.
 //!
 //! The same list with its elements as encoders write them (4 MiB) is
 //! answered in JSON: the refusals are for the peer's shapes, not the size.
@@ -120,9 +123,11 @@ async fn answers_built_to_blow_up_as_json_are_refused_within_bounded_hub_memory(
 
     // edge-0: 8 Mi empty elements of a list, then the object again (a
     // field twice: the general decoder merges, no encoder writes it).
-    let empties = [0x0a, 0x00].repeat(8 << 20);
-    let mut unusual = resource("list", &field(6, &empties));
-    unusual.extend_from_slice(&[0x0a, 0x00]);
+    let unusual = |n: usize| {
+        let mut r = resource("list", &field(6, &[0x0a, 0x00].repeat(n)));
+        r.extend_from_slice(&[0x0a, 0x00]);
+        r
+    };
     // edge-1: 24 MiB of control characters in one string.
     let controls = vec![0x01; 24 << 20];
     let escapes = resource("data", &field(3, &controls));
@@ -130,13 +135,20 @@ async fn answers_built_to_blow_up_as_json_are_refused_within_bounded_hub_memory(
     let nulls = [0x0a, 0x02, 0x08, 0x00].repeat(1 << 20);
     let usual = resource("list", &field(6, &nulls));
 
+    // Watches get an event (`resource`, 2) of the same kind, within the
+    // 16 MiB a streamed message may have.
+    let event = |object: &[u8]| grpc_framed(&field(2, object));
+    let answers = [
+        (unusual(8 << 20), event(&unusual(2 << 20))),
+        (escapes, event(b"")),
+        (usual, event(b"")),
+    ];
     let mut agents = Vec::new();
-    for (i, answer) in [&unusual, &escapes, &usual].into_iter().enumerate() {
-        // Every call answered with this message in one DATA frame.
-        let answer = grpc_framed(answer);
+    for (i, (get, watch)) in answers.iter().enumerate() {
+        // Every call answered with one message in one DATA frame.
         let canned = Canned {
-            watch: answer.clone(),
-            get: answer,
+            watch: watch.clone(),
+            get: grpc_framed(get),
             cut: usize::MAX,
         };
         let routes = tonic::service::Routes::new(canned);
@@ -170,6 +182,35 @@ async fn answers_built_to_blow_up_as_json_are_refused_within_bounded_hub_memory(
     assert_eq!(
         otter_e2e::double::field(&got.into_inner(), "data").len(),
         controls.len()
+    );
+
+    // An event not encoded as usual (4 MiB), read as a Connect stream in
+    // JSON: the stream ends with the refusal.
+    let watch = br#"{"cluster":"edge-0"}"#;
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(watch.len() as u32).to_be_bytes());
+    body.extend_from_slice(watch);
+    let req = http::Request::post("/otterscale.resource.v1.ResourceService/Watch")
+        .header("content-type", "application/connect+json")
+        .header("authorization", format!("Bearer {}", fleet.admin_token))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let hub = fleet.hub.as_ref().expect("hub").pid();
+    let call = otter_e2e::http_call(fleet.api_addr(), &fleet.ca_pem, true, req);
+    let ((status, _, body), growth) = peak_growth_mib(hub, within("the Watch", call)).await;
+    eprintln!("the Watch event not encoded as usual: hub peak memory +{growth:.1} MiB");
+    assert_eq!(status, 200);
+    // One envelope: the end of the stream (flag 2) with the error.
+    assert!(
+        body.len() > 5 && body[0] == 2,
+        "{:?}",
+        &body[..body.len().min(64)]
+    );
+    let end: serde_json::Value = serde_json::from_slice(&body[5..]).unwrap();
+    assert_eq!(end["error"]["code"], "internal", "{end}");
+    assert!(
+        growth < MAX_GROWTH_MIB,
+        "the hub's peak memory grew {growth:.1} MiB"
     );
 
     // As encoders write it, a list of the same kind is answered in JSON,
