@@ -10,7 +10,10 @@
 //!   `otter port-forward` sends them, counted by what reached the pod;
 //! - `kubectl.download` / `kubectl.upload`: kubectl's WebSocket
 //!   port-forward through the hub's Kubernetes API proxy;
-//! - `get.p50` / `get.p99`: small calls (a Get of one pod), one at a time.
+//! - `get.p50` / `get.p99`: small calls (a Get of one pod), one at a time;
+//! - `get.beside-download.p50` / `.p99`: the same calls while a download
+//!   fills the tunnel (what a call waits behind bulk bytes queued on the
+//!   way, in the agent's buffers or its kernel's).
 //!
 //! Each transfer runs for a fixed time and counts what arrived in it, so a
 //! stalled path shows as a low rate instead of a bench that never ends.
@@ -44,6 +47,7 @@ struct Point {
     kubectl_down: f64,
     kubectl_up: f64,
     gets: Latency,
+    gets_beside: Latency,
 }
 
 /// Measures one point from a thread in the hub's namespace.
@@ -78,19 +82,44 @@ async fn measure(ca_pem: String, token: String, secs: Duration) -> anyhow::Resul
         ..Default::default()
     };
     for _ in 0..GETS {
-        let t = Instant::now();
-        connect
-            .unary("otterscale.resource.v1.ResourceService", "Get", &get)
-            .await?;
-        gets.push(t.elapsed());
+        gets.push(timed_get(&connect, &get).await?);
     }
     Ok(Point {
+        gets_beside: gets_beside_download(&connect, &get, secs).await?,
         connect_down: connect_download(&connect, secs).await?,
         connect_up: connect_upload(&connect, secs).await?,
         kubectl_down: ws_download(&ws, secs).await?,
         kubectl_up: ws_upload(&ws, secs).await?,
         gets: Latency::of(&gets),
     })
+}
+
+async fn timed_get(c: &Connect, get: &GetRequest) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    c.unary("otterscale.resource.v1.ResourceService", "Get", get)
+        .await?;
+    Ok(t.elapsed())
+}
+
+/// Gets one at a time while a download runs through the same tunnel, from
+/// a quarter of `secs` (the download at its rate) to three quarters, at
+/// most [`GETS`] of them.
+async fn gets_beside_download(
+    c: &Connect,
+    get: &GetRequest,
+    secs: Duration,
+) -> anyhow::Result<Latency> {
+    let gets = async {
+        tokio::time::sleep(secs / 4).await;
+        let until = Instant::now() + secs / 2;
+        let mut took = Vec::with_capacity(GETS);
+        while took.len() < GETS && Instant::now() < until {
+            took.push(timed_get(c, get).await?);
+        }
+        anyhow::Ok(took)
+    };
+    let (_, took) = tokio::try_join!(connect_download(c, secs), gets)?;
+    Ok(Latency::of(&took))
 }
 
 /// Bytes a download got in `secs`, as MB/s.
@@ -206,13 +235,15 @@ pub fn run(secs: u64, losses: &[f64]) -> anyhow::Result<Figures> {
             let point =
                 measure_point(&scene, secs).with_context(|| format!("{transport} at {at} loss"))?;
             eprintln!(
-                "bench: wan {transport} {at}: connect ↓{:.2} ↑{:.2}, kubectl ↓{:.2} ↑{:.2} MB/s, get p50 {:.0} p99 {:.0} ms",
+                "bench: wan {transport} {at}: connect ↓{:.2} ↑{:.2}, kubectl ↓{:.2} ↑{:.2} MB/s, get p50 {:.0} p99 {:.0} ms, beside a download p50 {:.0} p99 {:.0} ms",
                 point.connect_down,
                 point.connect_up,
                 point.kubectl_down,
                 point.kubectl_up,
                 point.gets.p50 / 1000.0,
                 point.gets.p99 / 1000.0,
+                point.gets_beside.p50 / 1000.0,
+                point.gets_beside.p99 / 1000.0,
             );
             let name = |what: &str| format!("wan.{at}.{transport}.{what}");
             let kubectl_down = name("kubectl.download");
@@ -231,8 +262,21 @@ pub fn run(secs: u64, losses: &[f64]) -> anyhow::Result<Figures> {
                 Some(&kubectl_up),
                 point.connect_up,
             );
-            figs.add(&name("get.p50"), "ms", None, point.gets.p50 / 1000.0);
-            figs.add(&name("get.p99"), "ms", None, point.gets.p99 / 1000.0);
+            let (alone50, alone99) = (name("get.p50"), name("get.p99"));
+            figs.add(&alone50, "ms", None, point.gets.p50 / 1000.0);
+            figs.add(&alone99, "ms", None, point.gets.p99 / 1000.0);
+            figs.add(
+                &name("get.beside-download.p50"),
+                "ms",
+                Some(&alone50),
+                point.gets_beside.p50 / 1000.0,
+            );
+            figs.add(
+                &name("get.beside-download.p99"),
+                "ms",
+                Some(&alone99),
+                point.gets_beside.p99 / 1000.0,
+            );
         }
         let [down, up] = &scene.link.counters;
         eprintln!(
