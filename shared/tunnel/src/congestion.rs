@@ -27,10 +27,10 @@
 //! [`SteadyBbr`] measures the path's delivery rate itself ([`Delivery`]),
 //! and once the rate stops growing (BBR's own rule) or a loss with a
 //! queue behind it shows the path full, bounds the window to what that
-//! rate sends in the path's least round trip and a quarter more
-//! ([`RATE_WINDOW_GAIN`]): the queue it keeps is a quarter of a round trip
-//! at most, and the spare quarter is how the rate finds more room. On that link 1,088 of 301,881 datagrams
-//! were dropped. Where the round trip is short the bound is never less
+//! rate sends in the path's least round trip and a tenth more
+//! ([`RATE_WINDOW_GAIN`]): the queue it keeps is a tenth of a round trip
+//! at most, and the spare tenth is how the rate finds more room. On that
+//! link 1,088 of 301,881 datagrams were dropped (with a quarter more). Where the round trip is short the bound is never less
 //! than [`RATE_WINDOW_FLOOR`] of sending at that rate: there
 //! acknowledgements come in bursts that a window of one round trip would
 //! not cover, and a queue of a few milliseconds costs little.
@@ -61,8 +61,16 @@ const PROBE_AFTER: Duration = Duration::from_secs(10);
 const HOLD_FOR: Duration = Duration::from_secs(1);
 
 /// The window over the path's delivery rate times its least round trip:
-/// a quarter to spare, which is also how the rate finds more room.
-const RATE_WINDOW_GAIN: f64 = 1.25;
+/// a tenth to spare, which is also how the rate finds more room.
+///
+/// A call beside a transfer that fills the path waits behind what the
+/// spare keeps queued at the path's bottleneck. Over the bench's distant
+/// link (100 ms, 100 Mbit/s), a Get beside a Connect download took 127 ms
+/// at p50 with a quarter to spare and 112 with a tenth (102 alone), the
+/// transfers' rates the same within their spread at 0, 1 and 5 % loss.
+/// The cost: a window bound too low (a rate measured from small calls)
+/// grows back by a tenth per round trip instead of a quarter.
+const RATE_WINDOW_GAIN: f64 = 1.1;
 
 /// The least window, as a time of sending at the path's delivery rate.
 const RATE_WINDOW_FLOOR: Duration = Duration::from_millis(4);
@@ -557,7 +565,7 @@ mod tests {
     }
 
     #[test]
-    fn once_the_rate_is_found_the_window_sends_it_in_a_round_trip_and_a_quarter() {
+    fn once_the_rate_is_found_the_window_sends_it_in_a_round_trip_and_a_tenth() {
         // 10 MB/s over 100 ms: BBR's own window (2 MB here) would keep
         // twice the 1 MB in flight that the path holds.
         let mut cc = over(ms(100));
@@ -565,14 +573,14 @@ mod tests {
         assert_eq!(cc.window(), NORMAL, "not found yet: BBR's window");
         let t = deliver(&mut cc, t, 10e6, 1.0, false);
         let window = cc.window();
-        assert!((1_240_000..=1_260_000).contains(&window), "{window}");
+        assert!((1_090_000..=1_110_000).contains(&window), "{window}");
         // A quiet spell (keepalives only) does not lower it.
         let t = deliver(&mut cc, t, 1e3, 5.0, true);
         assert_eq!(cc.window(), window);
         // A path that delivers half as much has it halved, ten spans on.
         deliver(&mut cc, t, 5e6, 1.5, false);
         let halved = cc.window();
-        assert!((610_000..=640_000).contains(&halved), "{halved}");
+        assert!((535_000..=565_000).contains(&halved), "{halved}");
     }
 
     #[test]
@@ -590,12 +598,12 @@ mod tests {
 
     #[test]
     fn over_a_short_path_the_window_covers_a_few_milliseconds_and_the_initial_window() {
-        // 1 GB/s over loopback (50 µs): 4 ms of it, 5 MB with the spare
-        // quarter, is above BBR's own window, which stays.
+        // 1 GB/s over loopback (50 µs): 4 ms of it, 4.4 MB with the spare
+        // tenth, is above BBR's own window, which stays.
         let mut cc = over(Duration::from_micros(50));
         deliver(&mut cc, Instant::now(), 1e9, 0.1, false);
         assert_eq!(cc.window(), NORMAL);
-        // 1 MB/s over 1 ms: 4 ms of it is 5 kB, below what a connection
+        // 1 MB/s over 1 ms: 4 ms of it is 4.4 kB, below what a connection
         // starts with, which it gets.
         let mut cc = over(ms(1));
         deliver(&mut cc, Instant::now(), 1e6, 0.1, false);
@@ -614,9 +622,9 @@ mod tests {
         assert_eq!(cc.window(), INITIAL);
         // A transfer then keeps that window in flight, paced, so quinn
         // flags it app-limited: each round trip delivers the window, and
-        // the window grows by its spare quarter (twenty round trips take
-        // it from 0.24 MB to 2 MB).
-        for _ in 0..20 {
+        // the window grows by its spare tenth (thirty round trips take it
+        // from 0.24 MB past 2 MB).
+        for _ in 0..30 {
             let window = cc.window();
             cc.on_end_acks(t, window, true, None);
             t = deliver(&mut cc, t, window as f64 / 0.1, 0.1, true);
@@ -651,6 +659,6 @@ mod tests {
         cc.inner = Box::new(Fake::default());
         deliver_with(&mut cc, t, 10e6, 0.1, true, ms(130));
         let window = cc.window();
-        assert!((1_240_000..=1_260_000).contains(&window), "{window}");
+        assert!((1_090_000..=1_110_000).contains(&window), "{window}");
     }
 }
