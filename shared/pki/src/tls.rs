@@ -305,26 +305,24 @@ mod tests {
             negotiate(ours, server()),
             rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
         );
-        // A client that asks for AES-256 first (rustls' own order, OpenSSL's)
-        // gets it: the server follows the client's choice.
-        let theirs =
-            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
+        let client = |provider: Arc<CryptoProvider>,
+                      version: &'static rustls::SupportedProtocolVersion| {
+            ClientConfig::builder_with_provider(provider)
+                .with_protocol_versions(&[version])
                 .unwrap()
                 .with_root_certificates(roots(ca.cert_pem()).unwrap())
-                .with_no_client_auth();
+                .with_no_client_auth()
+        };
+        // A client that asks for AES-256 first (rustls' own order, OpenSSL's)
+        // gets it: the server follows the client's choice.
+        let theirs = Arc::new(rustls::crypto::ring::default_provider());
         assert_eq!(
-            negotiate(theirs, server()),
+            negotiate(client(theirs, &rustls::version::TLS13), server()),
             rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
         );
         // TLS 1.2 peers, too, get AES-128 first.
-        let old = ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS12])
-            .unwrap()
-            .with_root_certificates(roots(ca.cert_pem()).unwrap())
-            .with_no_client_auth();
         assert_eq!(
-            negotiate(old, server()),
+            negotiate(client(provider(), &rustls::version::TLS12), server()),
             rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
         );
     }
