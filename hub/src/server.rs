@@ -554,11 +554,17 @@ impl Hub {
         let tunnels = self.state.registry.all();
         let step = std::time::Instant::now();
         // Goodbyes go out together: a stop waits at most one goodbye's bound.
-        futures::future::join_all(
-            tunnels
-                .iter()
-                .map(|t| crate::registry::close_with_goodbye(t, otter_tunnel::frame::BYE_STOPPING)),
-        )
+        // A QUIC tunnel gets none: the endpoint's close, sent as the stop
+        // began, names the reason in a frame only the hub can send, and a
+        // goodbye would only open a stream that close then cuts (2,000
+        // such goodbyes took 71-85 ms of a stop, closing alone 21-62).
+        futures::future::join_all(tunnels.iter().map(|t| async move {
+            if t.opener.kind() == otter_tunnel::TransportKind::Quic {
+                t.opener.close(otter_tunnel::frame::BYE_STOPPING);
+            } else {
+                crate::registry::close_with_goodbye(t, otter_tunnel::frame::BYE_STOPPING).await;
+            }
+        }))
         .await;
         for t in tunnels {
             crate::peers::release(&self.state, &t.cluster, t.id);
