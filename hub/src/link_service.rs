@@ -441,12 +441,16 @@ impl LinkSvc {
             },
         };
         let keep_labels = join_token_labels.is_none();
+        let own_retry = join_token.as_ref().is_some_and(|(t, _)| t.record.uses > 0);
         let written = write_link(
             &*self.state.store,
             cluster,
             record,
-            enrolling,
-            keep_labels,
+            Writing {
+                enrolling,
+                keep_labels,
+                own_retry,
+            },
             &with,
         )
         .map_err(|e| e.into_status())?;
@@ -787,19 +791,16 @@ fn change_link(
     change_link_with(store, cluster, change, || Ok(None))
 }
 
-/// [`update_link`] in one write with what `with` makes, made again for
-/// every try (another record read where it stands then): all or none.
-pub fn update_link_with(
+/// [`update_link_unflushed`] in one write with what `with` makes, made
+/// again for every try (another record read where it stands then): all or
+/// none. Whether there was a link.
+pub fn update_link_with_unflushed(
     store: &dyn crate::store::Store,
     cluster: &str,
     change: impl FnMut(&mut LinkRecord) -> bool,
     with: impl FnMut() -> crate::Result<Option<crate::store::Swap>>,
 ) -> crate::Result<bool> {
-    let wrote = change_link_with(store, cluster, change, with)?;
-    if wrote == Some(true) {
-        store.flush()?;
-    }
-    Ok(wrote.is_some())
+    Ok(change_link_with(store, cluster, change, with)?.is_some())
 }
 
 fn change_link_with(
@@ -830,29 +831,59 @@ fn change_link_with(
     }
 }
 
+/// How [`write_link`] writes a Register's link.
+#[derive(Debug, Clone, Copy)]
+struct Writing {
+    /// With a join token (not a renewal).
+    enrolling: bool,
+    /// The token has no labels of its own: the link keeps its labels.
+    keep_labels: bool,
+    /// This agent enrolling again on a token it already spent.
+    own_retry: bool,
+}
+
 /// Writes a link Register made, over whatever is there by then (a
 /// compare-and-swap, retried): a re-enrollment mark set since the link
 /// was read stays, unless this is the enrollment that ends it, and so do
 /// the labels there unless `keep_labels` is false (an enrollment with
 /// labels of its own). Written with `with` (the token an enrollment spends,
 /// its claim on the name), all or none: false when one of those no longer
-/// holds what it was read as.
+/// holds what it was read as. Durable when it returns true: the
+/// certificate Register hands out names the serial written.
 fn write_link(
     store: &dyn crate::store::Store,
     cluster: &str,
     mut record: LinkRecord,
-    enrolling: bool,
-    keep_labels: bool,
+    how: Writing,
     with: &[crate::store::Swap],
 ) -> crate::Result<bool> {
+    let Writing {
+        enrolling,
+        keep_labels,
+        own_retry,
+    } = how;
     loop {
         let raw = store.get_raw(tree::LINKS, cluster)?;
         if let Some(raw) = &raw
-            && (!enrolling || keep_labels)
+            && (!enrolling || keep_labels || own_retry)
         {
             let there: LinkRecord = crate::store::decode(tree::LINKS, cluster, raw)?;
             if !enrolling {
                 record.reenroll_after = there.reenroll_after;
+            }
+            // An enrollment this agent asked for again (the answer to the
+            // first was lost, or came after the agent gave up on it): the
+            // hub answered both, and the agent holds whichever reached it.
+            // Both stay good until the newest carries a tunnel, as after a
+            // renewal. Written over when the two raced, the one written
+            // first is the one kept. Never for a re-enrollment's first
+            // Register: the replaced agent's certificate goes.
+            if own_retry
+                && there.agent_id == record.agent_id
+                && there.reenroll_after.is_none()
+                && there.cert_serial != record.cert_serial
+            {
+                record.prev_serial = Some(there.cert_serial.clone());
             }
             if keep_labels {
                 record.labels = there.labels;
@@ -1119,6 +1150,15 @@ pub(crate) mod tests {
     use super::*;
     use crate::store::{SledStore, Store, StoreExt};
 
+    /// How a Register writes: not an agent's retry of its own enrollment.
+    fn how(enrolling: bool, keep_labels: bool) -> Writing {
+        Writing {
+            enrolling,
+            keep_labels,
+            own_retry: false,
+        }
+    }
+
     /// A link of cluster `edge-1`, agent `a1`, with no tunnel yet.
     pub(crate) fn link() -> LinkRecord {
         serde_json::from_value(serde_json::json!({
@@ -1149,7 +1189,7 @@ pub(crate) mod tests {
         let opened = open_for_reenrollment(&store, "edge-1").unwrap();
         assert!(opened.is_some());
         // ...and writes after it; so does a tunnel's close (last seen).
-        assert!(write_link(&store, "edge-1", stale, false, true, &[]).unwrap());
+        assert!(write_link(&store, "edge-1", stale, how(false, true), &[]).unwrap());
         assert!(
             update_link(&store, "edge-1", |l| {
                 l.last_seen = 2;
@@ -1164,7 +1204,7 @@ pub(crate) mod tests {
         assert_eq!(now.reenroll_after, opened, "the mark survived both writes");
         assert_eq!(now.last_seen, 2);
         // The enrollment it was for ends it.
-        assert!(write_link(&store, "edge-1", link(), true, true, &[]).unwrap());
+        assert!(write_link(&store, "edge-1", link(), how(true, true), &[]).unwrap());
         let now = store
             .get::<LinkRecord>(tree::LINKS, "edge-1")
             .unwrap()
@@ -1195,7 +1235,7 @@ pub(crate) mod tests {
             true
         })
         .unwrap();
-        assert!(write_link(&store, "edge-1", stale, false, true, &[]).unwrap());
+        assert!(write_link(&store, "edge-1", stale, how(false, true), &[]).unwrap());
         let read = || {
             store
                 .get::<LinkRecord>(tree::LINKS, "edge-1")
@@ -1205,12 +1245,12 @@ pub(crate) mod tests {
         };
         assert_eq!(read(), labels(&[("env", "prod")]));
         // A re-enrollment whose token carries no labels keeps them...
-        assert!(write_link(&store, "edge-1", link(), true, true, &[]).unwrap());
+        assert!(write_link(&store, "edge-1", link(), how(true, true), &[]).unwrap());
         assert_eq!(read(), labels(&[("env", "prod")]));
         // ...one whose token does replaces them.
         let mut enrolled = link();
         enrolled.labels = labels(&[("env", "dev")]);
-        assert!(write_link(&store, "edge-1", enrolled, true, false, &[]).unwrap());
+        assert!(write_link(&store, "edge-1", enrolled, how(true, false), &[]).unwrap());
         assert_eq!(read(), labels(&[("env", "dev")]));
     }
 }

@@ -19,6 +19,7 @@ use otter_e2e::{
     with_token,
 };
 use otter_proto::{
+    link::v1::{RegisterRequest, link_service_client::LinkServiceClient},
     resource::v1::{WatchRequest, resource_service_client::ResourceServiceClient},
     runtime::v1::{self as pb, runtime_service_client::RuntimeServiceClient},
 };
@@ -632,6 +633,65 @@ async fn a_hub_behind_its_quic_socket_counts_the_drops() {
     assert!(dropped <= SENT as f64, "{m}");
     // The hub and its QUIC agent go on.
     fleet.all_connected(&channel).await;
+    drop(fleet);
+    sim.shutdown().await;
+}
+
+/// A Register the hub answered is on disk: the hub killed with SIGKILL the
+/// moment the certificates arrived keeps the links, with those
+/// certificates' serials, when it starts again on the same data. (The
+/// embedded store writes to disk on its own every half second; Register
+/// flushes before it answers, while a tunnel's first write waits for the
+/// next batch of last-seen times.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_register_answered_survives_a_kill_at_once() {
+    let sim = kube_sim::KubeSim::start(sim_config())
+        .await
+        .expect("kube-sim");
+    let mut fleet = Fleet::start_hub_only(&sim, &["quic", "h2", "quic"]).await;
+    let channel = fleet.channel().await;
+    let link = LinkServiceClient::new(channel);
+    // Three at once.
+    let registers = (0..3).map(|i| {
+        let token =
+            std::fs::read_to_string(fleet.dir.path().join(format!("token-{i}"))).expect("token");
+        let (_key, csr) = otter_pki::csr::generate(&format!("edge-{i}"), "a1").expect("csr");
+        let mut link = link.clone();
+        async move {
+            link.register(RegisterRequest {
+                cluster: Some(format!("edge-{i}")),
+                csr: Some(csr.into_bytes()),
+                agent_id: Some("a1".into()),
+                agent_version: Some("v0.1.0".into()),
+                rancher_project_id: None,
+                join_token: Some(token),
+            })
+            .await
+            .expect("registered")
+            .into_inner()
+        }
+    });
+    let answers = futures::future::join_all(registers).await;
+    fleet.hub.as_mut().expect("hub").kill9();
+
+    fleet.start_hub();
+    let links = fleet.links(&fleet.channel().await).await;
+    for (i, answer) in answers.iter().enumerate() {
+        let pem =
+            std::str::from_utf8(answer.certificate.as_deref().expect("certificate")).expect("PEM");
+        let der = otter_pki::tls::parse_certs(pem).expect("certificate")[0].clone();
+        let serial = otter_pki::identity::PeerCertificate::from_der(&der)
+            .expect("ours")
+            .serial;
+        let kept = links
+            .iter()
+            .find(|l| l.cluster.as_deref() == Some(&format!("edge-{i}")))
+            .unwrap_or_else(|| panic!("edge-{i} lost in the crash: {links:?}"));
+        assert_eq!(kept.agent_id.as_deref(), Some("a1"));
+        assert_eq!(kept.certificate_serial.as_deref(), Some(serial.as_str()));
+    }
+    // Nothing else dials: `link` was the only caller.
+    drop(link);
     drop(fleet);
     sim.shutdown().await;
 }

@@ -590,6 +590,86 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
     hub.hub.shutdown().await;
 }
 
+/// An agent that asked for its enrollment twice on its token (the answer
+/// to the first was lost on the way, or came after it had given up) holds
+/// the certificate of whichever answer reached it: both open a tunnel
+/// until the newest has carried one. In a first connect of 10,000 agents
+/// on two replicas, two Registers of one agent answered in the opposite
+/// order left that agent refused everywhere (its certificate superseded,
+/// its token spent) until an admin re-enrolled it. A re-enrollment keeps
+/// none of the replaced agent's certificates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enrollment_asked_twice_honours_both_answers() {
+    use otter_hub::store::StoreExt;
+    let hub = TestHub::start().await;
+    let channel = hub.channel().await;
+    let enroll = async |token: &str| {
+        let (key, csr) = otter_pki::csr::generate("edge-r", "r1").unwrap();
+        let cert = LinkServiceClient::new(channel.clone())
+            .register(register_request("edge-r", "r1", token, &csr))
+            .await
+            .unwrap()
+            .into_inner()
+            .certificate
+            .unwrap();
+        (String::from_utf8(cert).unwrap(), key)
+    };
+    let link = || {
+        hub.hub
+            .state
+            .store
+            .get::<otter_hub::link_service::LinkRecord>("links", "edge-r")
+            .unwrap()
+            .unwrap()
+    };
+    let token = hub.hub.mint_join_token("edge-r").unwrap();
+    let (cert1, key1) = enroll(&token).await;
+    let (cert2, key2) = enroll(&token).await;
+    // The agent kept the first answer: its tunnel is admitted.
+    let first = serve(
+        dial(&hub, TransportKind::H2, &cert1, &key1).await.unwrap(),
+        "edge-r",
+        "r1",
+    );
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    first.abort();
+    // The newest carries a tunnel: from then on the first is refused.
+    let newest = serve(
+        dial(&hub, TransportKind::Quic, &cert2, &key2)
+            .await
+            .unwrap(),
+        "edge-r",
+        "r1",
+    );
+    otter_e2e::double::wait_until(
+        async || link().prev_serial.is_none(),
+        "the first answer's serial retired",
+    )
+    .await;
+    let why = refusal(&hub, TransportKind::H2, &cert1, &key1).await;
+    assert!(!why.is_empty());
+    newest.abort();
+
+    // An admin re-enrolls the cluster; the new agent (same name) enrolls
+    // on a new token: the replaced agent's certificate is refused.
+    otter_hub::link_service::open_for_reenrollment(&*hub.hub.state.store, "edge-r")
+        .unwrap()
+        .expect("a link");
+    let token = hub.hub.mint_join_token("edge-r").unwrap();
+    let (cert3, _) = enroll(&token).await;
+    let der = otter_pki::tls::parse_certs(&cert3).unwrap()[0].clone();
+    let serial3 = otter_pki::identity::PeerCertificate::from_der(&der)
+        .unwrap()
+        .serial;
+    assert_eq!(link().cert_serial, serial3);
+    assert_eq!(link().prev_serial, None);
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        let why = refusal(&hub, transport, &cert2, &key2).await;
+        assert!(!why.is_empty(), "{transport:?}");
+    }
+    hub.hub.shutdown().await;
+}
+
 /// The tunnel port's link API ([`otter_tunnel::h2::LINK_ALPN`]), where an
 /// agent renews when the tunnel port is its only way out, answers Register
 /// with the agent's own certificate and nothing else: not without a

@@ -943,22 +943,34 @@ async fn unsupported_content_types_are_refused_with_415() {
 async fn grpc_and_grpc_web_with_the_json_codec() {
     let (hub, agent) = hub_with_agent(|_| {}).await;
     let t = hub.admin_token.clone();
+    // Messages as bytes (the hostile ones need not be text), with a
+    // bearer token or none.
+    let grpc_call =
+        |path: &str, ct: &str, messages: &[&[u8]], timeout: Option<&str>, token: Option<&str>| {
+            let mut body = Vec::new();
+            for m in messages {
+                body.extend(frame(m));
+            }
+            let mut req = http::Request::post(path)
+                .header("content-type", ct)
+                .header("te", "trailers");
+            if let Some(token) = token {
+                req = req.header("authorization", format!("Bearer {token}"));
+            }
+            if ct.starts_with("application/grpc-web") {
+                req = req.header("x-grpc-web", "1");
+            }
+            if let Some(timeout) = timeout {
+                req = req.header("grpc-timeout", timeout);
+            }
+            req.body(Full::new(Bytes::from(body))).unwrap()
+        };
     let grpc = |path: &str, ct: &str, messages: &[&str], timeout: Option<&str>| {
-        let mut body = Vec::new();
-        for m in messages {
-            body.extend(frame(m.as_bytes()));
-        }
-        let mut req = http::Request::post(path)
-            .header("content-type", ct)
-            .header("te", "trailers")
-            .header("authorization", format!("Bearer {t}"));
-        if ct.starts_with("application/grpc-web") {
-            req = req.header("x-grpc-web", "1");
-        }
-        if let Some(timeout) = timeout {
-            req = req.header("grpc-timeout", timeout);
-        }
-        req.body(Full::new(Bytes::from(body))).unwrap()
+        let messages: Vec<&[u8]> = messages.iter().map(|m| m.as_bytes()).collect();
+        grpc_call(path, ct, &messages, timeout, Some(&t))
+    };
+    let grpc_raw = |path: &str, ct: &str, messages: &[&[u8]], token: Option<&str>| {
+        grpc_call(path, ct, messages, None, token)
     };
     // gRPC-Web ends with a trailers frame; gRPC sends HTTP trailers (the
     // helper merges them into the headers).
@@ -1070,7 +1082,49 @@ async fn grpc_and_grpc_web_with_the_json_codec() {
         );
         let (_, headers, body) = call(&hub, http2, req).await;
         assert_eq!(split(ct, &headers, &body), ("3".into(), vec![]), "{ct}");
+
+        // Hostile JSON: cut short, not UTF-8, nested far past any message.
+        // Each is refused as the caller's mistake, before a tunnel is asked.
+        let deep = format!(r#"{{"cluster":"edge-1","x":{}"#, "[".repeat(100_000));
+        for bad in [
+            &br#"{"cluster":"edge-1","version""#[..],
+            &b"{\"cluster\":\"edge-\xff\xfe\"}"[..],
+            deep.as_bytes(),
+        ] {
+            let req = grpc_raw(
+                "/otterscale.resource.v1.ResourceService/Get",
+                ct,
+                &[bad],
+                Some(&hub.admin_token),
+            );
+            let (status, headers, body) = call(&hub, http2, req).await;
+            assert_eq!(status, 200, "{ct}");
+            assert_eq!(split(ct, &headers, &body), ("3".into(), vec![]), "{ct}");
+        }
+        // Without a token: refused before the body is decoded at all.
+        let req = grpc_raw(
+            "/otterscale.resource.v1.ResourceService/Get",
+            ct,
+            &[deep.as_bytes()],
+            None,
+        );
+        let (_, headers, body) = call(&hub, http2, req).await;
+        // Refused from the headers: a trailers-only answer.
+        assert_eq!(headers["grpc-status"], "16", "{ct}: {headers:?}");
+        assert!(body.is_empty(), "{ct}: {body:?}");
     }
+    // The tunnel was never troubled: the agent answers as before.
+    let req = grpc(
+        "/otterscale.resource.v1.ResourceService/Get",
+        "application/grpc-web+json",
+        &[r#"{"cluster":"edge-1","version":"v1","resource":"pods","name":"after"}"#],
+        None,
+    );
+    let (_, headers, body) = call(&hub, true, req).await;
+    let (code, messages) = split("application/grpc-web+json", &headers, &body);
+    assert_eq!(code, "0");
+    assert_eq!(messages[0]["object"]["name"], "after");
+    assert_eq!(agent.agent.status().connects, 1);
     agent.agent.shutdown().await;
     hub.hub.shutdown().await;
 }
