@@ -73,6 +73,13 @@ pub struct Metrics {
     pub handshakes_pending: Gauge<i64, AtomicI64>,
     pub handshakes_evicted: Gauge<i64, AtomicI64>,
     pub handshakes_refused: Gauge<i64, AtomicI64>,
+    /// The same of the API port (where agents Register), and its
+    /// connections open now and closed at once for being over a cap.
+    pub api_handshakes_pending: Gauge<i64, AtomicI64>,
+    pub api_handshakes_evicted: Gauge<i64, AtomicI64>,
+    pub api_handshakes_refused: Gauge<i64, AtomicI64>,
+    pub api_connections_open: Gauge<i64, AtomicI64>,
+    pub api_connections_refused: Gauge<i64, AtomicI64>,
     pub registrations_peak: Gauge<i64, AtomicI64>,
     pub registration_refusals: Gauge<i64, AtomicI64>,
     /// kubectl exec / attach / port-forward connections relayed right now.
@@ -192,6 +199,36 @@ impl Default for Metrics {
             "Connections refused at once since the hub started for their source holding more than its share of the pending handshakes",
             handshakes_refused.clone(),
         );
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let g = Gauge::<i64, AtomicI64>::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let api_handshakes_pending = gauge(
+            &mut registry,
+            "api_handshakes_pending",
+            "Connections to the API port that have not yet sent a whole request head",
+        );
+        let api_handshakes_evicted = gauge(
+            &mut registry,
+            "api_handshakes_evicted",
+            "API connections dropped before their first request for a newer connection since the hub started, every place being taken (stalled or slow peers)",
+        );
+        let api_handshakes_refused = gauge(
+            &mut registry,
+            "api_handshakes_refused",
+            "API connections refused at once since the hub started for their source holding more than its share of the pending ones",
+        );
+        let api_connections_open = gauge(
+            &mut registry,
+            "api_connections_open",
+            "Connections to the API port open now",
+        );
+        let api_connections_refused = gauge(
+            &mut registry,
+            "api_connections_refused",
+            "API connections closed at once since the hub started for being over the total or their source's cap",
+        );
         let registrations_peak = Gauge::<i64, AtomicI64>::default();
         let registration_refusals = Gauge::<i64, AtomicI64>::default();
         registry.register(
@@ -247,6 +284,11 @@ impl Default for Metrics {
             handshakes_pending,
             handshakes_evicted,
             handshakes_refused,
+            api_handshakes_pending,
+            api_handshakes_evicted,
+            api_handshakes_refused,
+            api_connections_open,
+            api_connections_refused,
             registrations_peak,
             registration_refusals,
             kube_upgraded,
@@ -283,6 +325,21 @@ impl Metrics {
         self.handshakes_refused.set(m(handshakes.refused()));
         self.registrations_peak.set(n(registrations.peak()));
         self.registration_refusals.set(m(registrations.refused()));
+    }
+
+    /// Copies the API port's counts in, before a render.
+    pub fn api_port(
+        &self,
+        pending: &otter_tunnel::handshakes::Handshakes,
+        connections: &crate::limits::ApiConnections,
+    ) {
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        let m = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.api_handshakes_pending.set(n(pending.pending()));
+        self.api_handshakes_evicted.set(m(pending.evicted()));
+        self.api_handshakes_refused.set(m(pending.refused()));
+        self.api_connections_open.set(n(connections.open()));
+        self.api_connections_refused.set(m(connections.refused()));
     }
 
     /// Names the QUIC tunnel socket's port, whose drops [`Self::quic_socket`]

@@ -130,6 +130,9 @@ fn not_ready(state: &HubState) -> Option<&'static str> {
 /// The Prometheus text of the hub's metrics.
 pub fn metrics(state: &HubState) -> http::Response<HttpBody> {
     state.metrics.pacers(&state.pacer, &state.register_pacer);
+    state
+        .metrics
+        .api_port(&state.api_pending, &state.api_connections);
     state.metrics.tickets(&state.tickets);
     state.metrics.quic_socket();
     let mut resp = plain(http::StatusCode::OK, state.metrics.render().trim_end());

@@ -205,11 +205,15 @@ impl HubProc {
     /// (`otter_hub_tunnel_handshakes_evicted`): each is work thrown away
     /// and an agent sent back to retry.
     async fn handshakes_evicted(&self) -> anyhow::Result<f64> {
+        self.metric("otter_hub_tunnel_handshakes_evicted").await
+    }
+
+    /// One figure of the hub's `/metrics`.
+    async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let text = otter_e2e::procs::http_get(self.metrics, "/metrics")
             .await
             .context("the hub's /metrics did not answer")?;
-        otter_agent::gauges::sample(&text, "otter_hub_tunnel_handshakes_evicted")
-            .context("no otter_hub_tunnel_handshakes_evicted on /metrics")
+        otter_agent::gauges::sample(&text, name).with_context(|| format!("no {name} on /metrics"))
     }
 
     pub fn kill(mut self) {
@@ -685,6 +689,23 @@ pub async fn run(n: usize, idle_secs: u64) -> anyhow::Result<Figures> {
         None,
         hub.handshakes_evicted().await?,
     );
+    // The API port's, where every agent Registers first: connections it
+    // dropped before their first request for newer ones, and those it
+    // closed at once over its cap. Each sends an agent back to retry.
+    for (figure, metric) in [
+        ("api-handshakes-evicted", "otter_hub_api_handshakes_evicted"),
+        (
+            "api-connections-refused",
+            "otter_hub_api_connections_refused",
+        ),
+    ] {
+        figs.add(
+            &format!("scale.{figure}.n{n}"),
+            "connections",
+            None,
+            hub.metric(metric).await?,
+        );
+    }
 
     // Idle with keepalives.
     tokio::time::sleep(Duration::from_secs(3)).await;

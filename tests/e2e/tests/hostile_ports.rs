@@ -528,6 +528,34 @@ async fn api_port_floods_leave_room_for_users_and_agents() {
     );
     assert!(held.len() >= slow_heads / 2, "the flood could not be held");
     drop(held);
+
+    // What the API port turned away shows on /metrics, for an operator
+    // to tell a flood (or a first connect of many agents) from a fault.
+    let req = http::Request::get("/metrics")
+        .header("authorization", format!("Bearer {}", hub.admin))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    let (status, _, body) = otter_e2e::http_call(hub.api, &hub.ca_pem, true, req).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let metric = |name: &str| {
+        otter_agent::gauges::sample(&text, name).unwrap_or_else(|| panic!("no {name}:\n{text}"))
+    };
+    let turned_away = [
+        "otter_hub_api_handshakes_evicted",
+        "otter_hub_api_handshakes_refused",
+        "otter_hub_api_connections_refused",
+    ]
+    .map(metric);
+    println!(
+        "API port after the flood: evicted, refused for their source's share, over a cap: {turned_away:?}"
+    );
+    assert!(
+        turned_away.iter().sum::<f64>() >= 1.0,
+        "{} slow heads turned nobody away: {turned_away:?}",
+        slow_heads
+    );
+    assert!(metric("otter_hub_api_connections_open") >= 1.0, "this one");
 }
 
 /// How many of `held` the other end has closed.
