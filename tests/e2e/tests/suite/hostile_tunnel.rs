@@ -512,13 +512,56 @@ async fn a_tunnel_dialled_before_the_live_one_does_not_displace_it() {
     assert!(!newer.is_finished());
 }
 
+/// Opens a tunnel with the `old` certificate (admitted), ends it, then one
+/// with the `new`, and waits until the hub retired the old serial: from
+/// then on the old one is refused over either transport. The new tunnel's
+/// task.
+async fn old_then_new(
+    hub: &TestHub,
+    cluster: &str,
+    agent: &str,
+    old: (&str, &str),
+    new: (&str, &str),
+) -> tokio::task::JoinHandle<()> {
+    use otter_hub::store::StoreExt;
+    let channel = hub.channel().await;
+    let first = serve(
+        dial(hub, TransportKind::H2, old.0, old.1).await.unwrap(),
+        cluster,
+        agent,
+    );
+    wait_connected(&channel, &hub.admin_token, 1).await;
+    first.abort();
+    let second = serve(
+        dial(hub, TransportKind::Quic, new.0, new.1).await.unwrap(),
+        cluster,
+        agent,
+    );
+    otter_e2e::double::wait_until(
+        async || {
+            hub.hub
+                .state
+                .store
+                .get::<otter_hub::link_service::LinkRecord>("links", cluster)
+                .unwrap()
+                .is_some_and(|l| l.prev_serial.is_none())
+        },
+        "the old serial retired",
+    )
+    .await;
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        let why = refusal(hub, transport, old.0, old.1).await;
+        assert!(!why.is_empty(), "{transport:?}");
+    }
+    second
+}
+
 /// The certificate serial is pinned: once an agent renewed and its new
 /// certificate carried a tunnel, a copy of the old certificate (and key)
 /// is refused at the tunnel and at renewal. Until then the old one still
 /// works, in case the agent never received the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
-    use otter_hub::store::StoreExt;
     let hub = TestHub::start().await;
     let channel = hub.channel().await;
     let (cert1, key1) = enrolled(&hub, "edge-c", "c1").await;
@@ -542,36 +585,8 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
     };
     let (cert2, key2) = renew(cert1.clone(), key1.clone()).await.unwrap();
     // The agent may not have the new certificate yet: the old one still
-    // opens a tunnel.
-    let old = serve(
-        dial(&hub, TransportKind::H2, &cert1, &key1).await.unwrap(),
-        "edge-c",
-        "c1",
-    );
-    wait_connected(&channel, &hub.admin_token, 1).await;
-    old.abort();
-    // The new one carries a tunnel: from now on the old one is refused.
-    let new = serve(
-        dial(&hub, TransportKind::H2, &cert2, &key2).await.unwrap(),
-        "edge-c",
-        "c1",
-    );
-    otter_e2e::double::wait_until(
-        async || {
-            hub.hub
-                .state
-                .store
-                .get::<otter_hub::link_service::LinkRecord>("links", "edge-c")
-                .unwrap()
-                .is_some_and(|l| l.prev_serial.is_none())
-        },
-        "the old serial retired",
-    )
-    .await;
-    for transport in [TransportKind::H2, TransportKind::Quic] {
-        let why = refusal(&hub, transport, &cert1, &key1).await;
-        assert!(!why.is_empty(), "{transport:?}");
-    }
+    // opens a tunnel, until the new one carries one.
+    let new = old_then_new(&hub, "edge-c", "c1", (&cert1, &key1), (&cert2, &key2)).await;
     tokio::time::sleep(otter_hub::link_service::MIN_RENEWAL_GAP).await;
     let e = renew(cert1.clone(), key1.clone()).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -625,29 +640,9 @@ async fn an_enrollment_asked_twice_honours_both_answers() {
     let token = hub.hub.mint_join_token("edge-r").unwrap();
     let (cert1, key1) = enroll(&token).await;
     let (cert2, key2) = enroll(&token).await;
-    // The agent kept the first answer: its tunnel is admitted.
-    let first = serve(
-        dial(&hub, TransportKind::H2, &cert1, &key1).await.unwrap(),
-        "edge-r",
-        "r1",
-    );
-    wait_connected(&channel, &hub.admin_token, 1).await;
-    first.abort();
-    // The newest carries a tunnel: from then on the first is refused.
-    let newest = serve(
-        dial(&hub, TransportKind::Quic, &cert2, &key2)
-            .await
-            .unwrap(),
-        "edge-r",
-        "r1",
-    );
-    otter_e2e::double::wait_until(
-        async || link().prev_serial.is_none(),
-        "the first answer's serial retired",
-    )
-    .await;
-    let why = refusal(&hub, TransportKind::H2, &cert1, &key1).await;
-    assert!(!why.is_empty());
+    // The agent kept the first answer: its tunnel is admitted, until the
+    // newest carries one.
+    let newest = old_then_new(&hub, "edge-r", "r1", (&cert1, &key1), (&cert2, &key2)).await;
     newest.abort();
 
     // An admin re-enrolls the cluster; the new agent (same name) enrolls
