@@ -64,9 +64,14 @@ fn register_request(cluster: &str, agent: &str, token: &str, csr: &str) -> Regis
 /// token as its agent would.
 async fn enrolled(hub: &TestHub, cluster: &str, agent: &str) -> (String, String) {
     let token = hub.hub.mint_join_token(cluster).unwrap();
+    enrolled_with(hub, cluster, agent, &token).await
+}
+
+/// Like [`enrolled`], on the join token given.
+async fn enrolled_with(hub: &TestHub, cluster: &str, agent: &str, token: &str) -> (String, String) {
     let (key, csr) = otter_pki::csr::generate(cluster, agent).unwrap();
     let cert = LinkServiceClient::new(hub.channel().await)
-        .register(register_request(cluster, agent, &token, &csr))
+        .register(register_request(cluster, agent, token, &csr))
         .await
         .unwrap()
         .into_inner()
@@ -617,18 +622,7 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
 async fn an_enrollment_asked_twice_honours_both_answers() {
     use otter_hub::store::StoreExt;
     let hub = TestHub::start().await;
-    let channel = hub.channel().await;
-    let enroll = async |token: &str| {
-        let (key, csr) = otter_pki::csr::generate("edge-r", "r1").unwrap();
-        let cert = LinkServiceClient::new(channel.clone())
-            .register(register_request("edge-r", "r1", token, &csr))
-            .await
-            .unwrap()
-            .into_inner()
-            .certificate
-            .unwrap();
-        (String::from_utf8(cert).unwrap(), key)
-    };
+    let enroll = async |token: &str| enrolled_with(&hub, "edge-r", "r1", token).await;
     let link = || {
         hub.hub
             .state
