@@ -528,16 +528,18 @@ pub fn relayed(
     into_body(resp).map(|inner| {
         Placed {
             inner,
-            _place: place,
+            place: Some(place),
         }
         .boxed_unsync()
     })
 }
 
-/// An answer holding its call's place.
+/// An answer holding its call's place until its end, which is let go
+/// before the last frame goes on: a caller who saw the end and calls again
+/// finds the place free.
 struct Placed {
     inner: HttpBody,
-    _place: crate::registry::TenantPlace,
+    place: Option<crate::registry::TenantPlace>,
 }
 
 impl http_body::Body for Placed {
@@ -548,7 +550,15 @@ impl http_body::Body for Placed {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+        let next = std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_frame(cx));
+        let last = match &next {
+            Some(Ok(frame)) => frame.is_trailers() || self.inner.is_end_stream(),
+            Some(Err(_)) | None => true,
+        };
+        if last {
+            self.place = None;
+        }
+        std::task::Poll::Ready(next)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -134,8 +134,8 @@ where
 
 /// Sends `req` over `stream` to the agent's service `target` (see
 /// [`crate::frame::RequestHead::target`]; empty for its gRPC API) on behalf
-/// of `caller`, and returns the agent's response. `guard` lives as long as
-/// the response body (a concurrency permit, a metrics gauge).
+/// of `caller`, and returns the agent's response. `guard` (a concurrency permit, a metrics
+/// gauge) is held until the response ends or its body is dropped.
 pub async fn forward<B>(
     stream: TunnelStream,
     target: &str,
@@ -215,7 +215,7 @@ where
         turn: Turn::default(),
         turn_over: false,
         small: Small::default(),
-        _guard: guard,
+        guard,
     });
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -357,7 +357,9 @@ pub struct ResponseBody {
     turn_over: bool,
     /// Small frames not yet taken downstream, and what waits behind them.
     small: Small,
-    _guard: Option<Box<dyn Any + Send + Sync>>,
+    /// Let go when the response ends, before its last frame goes on: a
+    /// caller who saw the end and calls again finds the place free.
+    guard: Option<Box<dyn Any + Send + Sync>>,
 }
 
 /// Small frames (under [`SMALL_CHUNK`]) of one response that are still
@@ -493,6 +495,7 @@ impl ResponseBody {
 
     fn finish(&mut self) {
         self.finished = true;
+        self.guard = None;
         if let Some(done) = self.done.take() {
             let _ = done.send(());
         }
@@ -559,12 +562,14 @@ impl Body for ResponseBody {
                 }
                 Some(Ok((kind, _))) => {
                     self.finished = true;
+                    self.guard = None;
                     Some(Err(TunnelError::protocol(format!(
                         "unexpected {kind:?} in response"
                     ))))
                 }
                 Some(Err(e)) => {
                     self.finished = true;
+                    self.guard = None;
                     Some(Err(e))
                 }
             };
@@ -943,7 +948,7 @@ mod tests {
             turn: Turn::default(),
             turn_over: false,
             small: Small::default(),
-            _guard: None,
+            guard: None,
         }
     }
 
@@ -995,6 +1000,39 @@ mod tests {
         assert!(frames.len() < 100, "{} frames", frames.len());
         assert!(frames.contains(&9_990), "{frames:?}");
         assert_eq!(status.unwrap()["grpc-status"], "0");
+    }
+
+    /// The call's place is free once its last frame is handed on, with the
+    /// body still held: a caller who saw the end and calls again gets in.
+    #[tokio::test]
+    async fn the_guard_is_let_go_with_the_last_frame() {
+        use http_body_util::BodyExt;
+
+        let mut wire = bytes::BytesMut::new();
+        for (kind, payload) in [
+            (ChunkKind::Data, &b"answer"[..]),
+            (
+                ChunkKind::Trailers,
+                &HeaderList::default().encode_to_vec()[..],
+            ),
+        ] {
+            tokio_util::codec::Encoder::encode(
+                &mut ChunkCodec::default(),
+                (kind, Bytes::copy_from_slice(payload)),
+                &mut wire,
+            )
+            .unwrap();
+        }
+        let place = Arc::new(());
+        let mut body = body_reading(wire.to_vec());
+        body.guard = Some(Box::new(place.clone()));
+        let data = body.frame().await.unwrap().unwrap();
+        assert_eq!(data.into_data().unwrap(), "answer");
+        assert_eq!(Arc::strong_count(&place), 2, "held while the answer runs");
+        let last = body.frame().await.unwrap().unwrap();
+        assert!(last.is_trailers());
+        assert_eq!(Arc::strong_count(&place), 1, "let go with the trailers");
+        assert!(body.frame().await.is_none());
     }
 
     /// A stream that hands over one chunk per read, with nothing ready in
