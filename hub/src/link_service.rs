@@ -831,6 +831,31 @@ fn change_link_with(
     }
 }
 
+/// The write `change` makes to the cluster's link as the store holds it
+/// now, for a caller that writes several links in one transaction (and
+/// changes them one at a time should it fail); none when there is no link
+/// or `change` leaves it as it was.
+pub fn link_swap(
+    store: &dyn crate::store::Store,
+    cluster: &str,
+    change: impl FnOnce(&mut LinkRecord) -> bool,
+) -> crate::Result<Option<crate::store::Swap>> {
+    let Some(raw) = store.get_raw(tree::LINKS, cluster)? else {
+        return Ok(None);
+    };
+    let mut link: LinkRecord = crate::store::decode(tree::LINKS, cluster, &raw)?;
+    if !change(&mut link) {
+        return Ok(None);
+    }
+    let new = crate::store::encode(tree::LINKS, cluster, &link)?;
+    Ok(Some(crate::store::Swap::new(
+        tree::LINKS,
+        cluster,
+        Some(raw),
+        Some(new),
+    )))
+}
+
 /// How [`write_link`] writes a Register's link.
 #[derive(Debug, Clone, Copy)]
 struct Writing {

@@ -79,6 +79,143 @@ pub fn claim(state: &HubState, entry: &TunnelEntry) {
     tracing::warn!(cluster = %entry.cluster, "the cluster's tunnel record kept changing; not taken");
 }
 
+/// Most keys one transaction writes: etcd refuses a transaction of more
+/// than 128 operations (`--max-txn-ops`), and one record changed since it
+/// was read fails the whole transaction, whose writes are then made one
+/// tunnel at a time.
+const KEYS_PER_TRANSACTION: usize = 64;
+
+/// Claims of admitted tunnels (and a link's first tunnel, see
+/// [`crate::tunnels::first_tunnel`]), waiting to be written. Tunnels are
+/// admitted one at a time, and each of these writes is an etcd
+/// transaction: when a replica died and its agents all came to this one,
+/// each admission waited for its own (an fsync on etcd's disk), and the
+/// last agent in line for all of them. They wait here instead, and those
+/// that came in meanwhile go in one transaction.
+#[derive(Debug, Default)]
+pub struct Claims {
+    pending: std::sync::Mutex<std::collections::VecDeque<Claim>>,
+    wake: tokio::sync::Notify,
+    /// Held while a batch is checked and written, and by a release: a
+    /// claim is never written after its tunnel's release read the record.
+    writing: std::sync::Mutex<()>,
+}
+
+#[derive(Debug)]
+struct Claim {
+    entry: Arc<TunnelEntry>,
+    /// The link's first tunnel, written with the claim.
+    first: bool,
+}
+
+impl Claim {
+    fn keys(&self) -> usize {
+        1 + usize::from(self.first)
+    }
+}
+
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Records soon that this replica holds `entry`'s tunnel (see [`Claims`]),
+/// and with it the link's first tunnel when `first`; false without peers,
+/// where nothing is claimed and the caller writes the first tunnel itself.
+pub fn claim_soon(state: &HubState, entry: &Arc<TunnelEntry>, first: bool) -> bool {
+    if state.config.peer_url.is_none() {
+        return false;
+    }
+    locked(&state.claims.pending).push_back(Claim {
+        entry: entry.clone(),
+        first,
+    });
+    state.claims.wake.notify_one();
+    true
+}
+
+/// Writes the claims admissions leave, a batch at a time (those that came
+/// in while one was written are the next), until `shutdown`; what is left
+/// then is not written (the stop releases every tunnel).
+pub async fn write_claims(state: Arc<HubState>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = state.claims.wake.notified() => {}
+            () = shutdown.cancelled() => return,
+        }
+        // Off the workers: the store blocks for the transaction.
+        let s = state.clone();
+        let _ = tokio::task::spawn_blocking(move || while write_claim_batch(&s) {}).await;
+    }
+}
+
+/// Writes the pending claims of up to [`KEYS_PER_TRANSACTION`] keys, of
+/// tunnels still live here; whether there were any.
+fn write_claim_batch(state: &HubState) -> bool {
+    let _writing = locked(&state.claims.writing);
+    let mut batch = Vec::new();
+    {
+        let mut pending = locked(&state.claims.pending);
+        let mut keys = 0;
+        while let Some(next) = pending.front()
+            && keys + next.keys() <= KEYS_PER_TRANSACTION
+        {
+            keys += next.keys();
+            batch.extend(pending.pop_front());
+        }
+    }
+    if batch.is_empty() {
+        return false;
+    }
+    let mut claimed = Vec::with_capacity(batch.len());
+    let mut swaps = Vec::with_capacity(KEYS_PER_TRANSACTION);
+    for claim in batch {
+        let entry = &claim.entry;
+        // Closed or replaced meanwhile: its release found nothing to undo.
+        let live = state
+            .registry
+            .get(&entry.cluster)
+            .is_some_and(|e| e.id == entry.id);
+        if !live {
+            continue;
+        }
+        let first = match claim.first {
+            true => crate::tunnels::first_tunnel_swap(state, entry),
+            false => Ok(None),
+        };
+        match first.and_then(|first| Ok((first, claim_swap(state, entry)?))) {
+            Ok((None, None)) => {}
+            Ok((first, mine)) => {
+                swaps.extend(first.into_iter().chain(mine));
+                claimed.push(claim);
+            }
+            Err(e) => {
+                tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica")
+            }
+        }
+    }
+    if swaps.is_empty() {
+        return true;
+    }
+    match state.store.compare_and_swap_all(&swaps) {
+        Ok(true) if claimed.iter().any(|c| c.first) => state.last_seen.flush_soon(),
+        Ok(true) => {}
+        // A record changed since it was read: each on its own, reading it
+        // again.
+        Ok(false) => {
+            for Claim { entry, first } in &claimed {
+                match first {
+                    true => crate::tunnels::first_tunnel(state, entry),
+                    false => claim(state, entry),
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(tunnels = claimed.len(), error = %e, "could not record the tunnels' replica")
+        }
+    }
+    true
+}
+
 /// The write that records this replica as holding `entry`'s tunnel, under
 /// its lease, from the record read now; none without peers, or when a
 /// newer tunnel of the cluster is on another replica (which keeps it, and
@@ -119,6 +256,8 @@ pub fn release(state: &HubState, cluster: &str, id: u64) {
     if state.config.peer_url.is_none() {
         return;
     }
+    let _writing = locked(&state.claims.writing);
+    locked(&state.claims.pending).retain(|c| !(c.entry.cluster == cluster && c.entry.id == id));
     let release = || -> crate::Result<()> {
         let Some(raw) = state.store.get_raw(tree::TUNNELS, cluster)? else {
             return Ok(());

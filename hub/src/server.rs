@@ -102,6 +102,8 @@ pub struct HubState {
     pub uploads: crate::uploads::Uploads,
     /// Links' last-seen times, written off the tunnels' paths.
     pub last_seen: crate::tunnels::LastSeen,
+    /// Which tunnels this replica holds, written off the admissions' path.
+    pub claims: crate::peers::Claims,
     /// Links as listings read them, decoded once per change.
     pub links: crate::links::Links,
 }
@@ -372,6 +374,7 @@ impl Hub {
             fan_outs: Default::default(),
             uploads: Default::default(),
             last_seen: Default::default(),
+            claims: Default::default(),
             links: Default::default(),
             api_pending,
         });
@@ -442,6 +445,9 @@ impl Hub {
                 tls,
                 shutdown.clone(),
             ));
+        }
+        if state.config.peer_url.is_some() {
+            tasks.spawn(crate::peers::write_claims(state.clone(), shutdown.clone()));
         }
         if state.config.store.is_some() {
             tasks.spawn(follow_cas(state.clone(), shutdown.clone()));

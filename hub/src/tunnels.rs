@@ -161,13 +161,15 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
         );
     }
     if link.last_transport.is_empty() {
-        // The link's first tunnel, written before the tunnel counts:
-        // until then Register takes the same agent's join token again (a
-        // retried Register whose answer was lost).
-        first_tunnel(state, &entry);
+        // The link's first tunnel: until it is written Register takes the
+        // same agent's join token again (a retried Register whose answer
+        // was lost).
+        if !crate::peers::claim_soon(state, &entry, true) {
+            first_tunnel(state, &entry);
+        }
     } else {
         touch(state, &cluster, a.transport.as_str());
-        crate::peers::claim(state, &entry);
+        crate::peers::claim_soon(state, &entry, false);
     }
     let gauge = state
         .metrics
@@ -259,22 +261,21 @@ fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
     }
 }
 
-/// Writes a link's first tunnel (now, and its transport) before it counts,
-/// with this replica's record of holding the tunnel: on etcd one
-/// transaction, where each would take one. Flushed with the next batch of
-/// last-seen times, not waited for: admissions are made one at a time, and
-/// an fsync each held every agent behind it (a first connect of 2,000
-/// agents, three alternating pairs: 4.1-5.0 s against 4.6-5.6); a crash
-/// before the flush only lets this agent's retried Register spend its join
-/// token once more.
-fn first_tunnel(state: &HubState, entry: &TunnelEntry) {
+/// Writes a link's first tunnel (now, and its transport), with this
+/// replica's record of holding the tunnel: on etcd one transaction, where
+/// each would take one. Flushed with the next batch of last-seen times, not
+/// waited for: admissions are made one at a time, and an fsync each held
+/// every agent behind it (a first connect of 2,000 agents, three
+/// alternating pairs: 4.1-5.0 s against 4.6-5.6); a crash before the flush
+/// only lets this agent's retried Register spend its join token once more.
+/// Replicas batch these writes (see [`crate::peers::Claims`]).
+pub(crate) fn first_tunnel(state: &HubState, entry: &TunnelEntry) {
     let cluster = &entry.cluster;
     let written = crate::link_service::update_link_with_unflushed(
         &*state.store,
         cluster,
         |link| {
-            link.last_seen = unix_now();
-            link.last_transport = entry.transport.as_str().to_owned();
+            first_seen_over(link, entry);
             true
         },
         || crate::peers::claim_swap(state, entry),
@@ -288,6 +289,24 @@ fn first_tunnel(state: &HubState, entry: &TunnelEntry) {
             crate::peers::claim(state, entry);
         }
     }
+}
+
+/// The link now that `entry` is its first tunnel.
+fn first_seen_over(link: &mut LinkRecord, entry: &TunnelEntry) {
+    link.last_seen = unix_now();
+    link.last_transport = entry.transport.as_str().to_owned();
+}
+
+/// [`first_tunnel`]'s write of the link as the store holds it now, for a
+/// batch; none when the link is gone.
+pub(crate) fn first_tunnel_swap(
+    state: &HubState,
+    entry: &TunnelEntry,
+) -> crate::Result<Option<crate::store::Swap>> {
+    crate::link_service::link_swap(&*state.store, &entry.cluster, |link| {
+        first_seen_over(link, entry);
+        true
+    })
 }
 
 /// Records when a cluster was last seen (and over which transport, unless
@@ -315,6 +334,26 @@ struct Seen {
     /// Empty: the transport is left as it was (a tunnel that closed).
     transport: String,
 }
+
+impl Seen {
+    /// Whether `link` changed.
+    fn apply(&self, link: &mut LinkRecord) -> bool {
+        let mut changed = false;
+        if self.at > link.last_seen {
+            link.last_seen = self.at;
+            changed = true;
+        }
+        if !self.transport.is_empty() && link.last_transport != self.transport {
+            link.last_transport.clone_from(&self.transport);
+            changed = true;
+        }
+        changed
+    }
+}
+
+/// Most links one write of last-seen times changes (etcd refuses a
+/// transaction of more than 128 operations, `--max-txn-ops`).
+const LINKS_PER_WRITE: usize = 64;
 
 impl LastSeen {
     fn record(&self, cluster: &str, transport: &str) {
@@ -357,18 +396,30 @@ impl LastSeen {
         if pending.is_empty() && !flush_wanted {
             return;
         }
-        // A compare-and-swap each: the close of a tunnel must not undo a
-        // renewal or a re-enrollment written meanwhile.
-        for (cluster, seen) in &pending {
-            let touched = crate::link_service::update_link_unflushed(store, cluster, |link| {
-                link.last_seen = link.last_seen.max(seen.at);
-                if !seen.transport.is_empty() {
-                    link.last_transport.clone_from(&seen.transport);
+        // Compare-and-swaps: the close of a tunnel must not undo a renewal
+        // or a re-enrollment written meanwhile. Many links to a write: on
+        // etcd each is a transaction, and a failover brings thousands.
+        let pending: Vec<_> = pending.into_iter().collect();
+        for batch in pending.chunks(LINKS_PER_WRITE) {
+            let mut swaps = Vec::with_capacity(batch.len());
+            for (cluster, seen) in batch {
+                match crate::link_service::link_swap(store, cluster, |link| seen.apply(link)) {
+                    Ok(swap) => swaps.extend(swap),
+                    Err(e) => tracing::warn!(%cluster, error = %e, "could not record last seen"),
                 }
-                true
-            });
-            if let Err(e) = touched {
-                tracing::warn!(%cluster, error = %e, "could not record last seen");
+            }
+            if swaps.is_empty() || store.compare_and_swap_all(&swaps).unwrap_or(false) {
+                continue;
+            }
+            // A link changed since it was read (or the write failed): each
+            // on its own, reading it again.
+            for (cluster, seen) in batch {
+                let touched = crate::link_service::update_link_unflushed(store, cluster, |link| {
+                    seen.apply(link)
+                });
+                if let Err(e) = touched {
+                    tracing::warn!(%cluster, error = %e, "could not record last seen");
+                }
             }
         }
         if let Err(e) = store.flush() {
@@ -531,5 +582,85 @@ mod tests {
         assert!(read(&store, "gone").is_none(), "no link made for it");
         assert!(seen.pending.lock().unwrap().is_empty());
         let _ = store.flush();
+    }
+
+    /// A store counting its multi-key writes, whose first one finds a link
+    /// renewed just before it (another writer's).
+    struct Racing {
+        inner: SledStore,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Store for Racing {
+        fn get_raw(&self, tree: &str, key: &str) -> crate::Result<Option<Vec<u8>>> {
+            self.inner.get_raw(tree, key)
+        }
+        fn put_raw(&self, tree: &str, key: &str, value: &[u8]) -> crate::Result<()> {
+            self.inner.put_raw(tree, key, value)
+        }
+        fn delete(&self, tree: &str, key: &str) -> crate::Result<()> {
+            self.inner.delete(tree, key)
+        }
+        fn compare_and_swap_raw(
+            &self,
+            tree: &str,
+            key: &str,
+            old: Option<&[u8]>,
+            new: Option<&[u8]>,
+        ) -> crate::Result<bool> {
+            self.inner.compare_and_swap_raw(tree, key, old, new)
+        }
+        fn compare_and_swap_all(&self, swaps: &[crate::store::Swap]) -> crate::Result<bool> {
+            if self
+                .writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                == 0
+            {
+                crate::link_service::update_link(&self.inner, &swaps[0].key, |l| {
+                    l.cert_serial = "02".into();
+                    true
+                })?;
+            }
+            self.inner.compare_and_swap_all(swaps)
+        }
+        fn scan_raw(&self, tree: &str) -> crate::Result<Vec<(String, Vec<u8>)>> {
+            self.inner.scan_raw(tree)
+        }
+        fn flush(&self) -> crate::Result<()> {
+            self.inner.flush()
+        }
+        fn writable(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn many_links_go_in_few_writes_and_a_lost_race_is_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Racing {
+            inner: SledStore::open(dir.path()).unwrap(),
+            writes: Default::default(),
+        };
+        let seen = LastSeen::default();
+        let clusters: Vec<String> = (0..150).map(|i| format!("edge-{i:03}")).collect();
+        for c in &clusters {
+            let mut link = crate::link_service::tests::link();
+            link.cluster.clone_from(c);
+            store.put(tree::LINKS, c, &link).unwrap();
+            seen.record(c, "quic");
+        }
+        seen.write_pending(&store);
+        // Three writes of at most 64 links; the first lost its race and its
+        // links went one by one.
+        let writes = store.writes.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(writes, 3 + LINKS_PER_WRITE, "{writes} writes");
+        let mut renewed = 0;
+        for c in &clusters {
+            let link: LinkRecord = store.get(tree::LINKS, c).unwrap().unwrap();
+            assert_eq!(link.last_transport, "quic", "{c}");
+            assert!(link.last_seen > 1, "{c}");
+            renewed += usize::from(link.cert_serial == "02");
+        }
+        assert_eq!(renewed, 1, "the renewal written meanwhile is kept");
     }
 }

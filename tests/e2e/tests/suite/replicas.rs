@@ -1159,6 +1159,81 @@ async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
     b.hub.shutdown().await;
 }
 
+/// When a replica stops, its agents' new tunnels on the other are recorded
+/// in the store (which replica holds each, under that replica's lease), a
+/// batch of admissions to a transaction: every cluster's record names the
+/// survivor and the very tunnel it holds, so calls through any replica
+/// find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_taken_over_together_are_all_recorded() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (a, b, root) = two_replicas(&etcd, true).await;
+    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
+    wait_until(
+        async || {
+            otter_hub::peers::tunnel_urls_for_agents(&a.hub.state)
+                .iter()
+                .any(|u| u.as_str().ends_with(&b_port))
+        },
+        "a to know b's tunnel URLs",
+    )
+    .await;
+    let clusters: Vec<String> = (0..12).map(|i| format!("edge-t{i}")).collect();
+    let agents: Vec<_> = clusters
+        .iter()
+        .map(|c| {
+            let token = a.hub.mint_join_token(c).unwrap();
+            otter_e2e::double::start_agent_at(
+                a.api_url(),
+                a.hub.ca_pem(),
+                c,
+                &format!("agent-{c}"),
+                &token,
+                TransportKind::H2,
+                |c| {
+                    c.more_hub_urls = vec![b.api_url()];
+                    c.backoff_cap = Duration::from_secs(2);
+                },
+            )
+        })
+        .collect();
+    for agent in &agents {
+        agent
+            .agent
+            .wait_for(WAIT, |s| {
+                s.connected.is_some()
+                    && s.advertised_urls
+                        .iter()
+                        .any(|u| u.as_str().ends_with(&b_port))
+            })
+            .await
+            .expect("connected through a, and told b's tunnel URLs");
+    }
+    a.hub.shutdown().await;
+    let state = &b.hub.state;
+    let recorded = |cluster: &str| {
+        let live = state.registry.get(cluster)?;
+        let owner = otter_hub::peers::owner(&*state.store, cluster, "").ok()??;
+        (owner.replica == state.config.replica && owner.tunnel == live.id).then_some(())
+    };
+    wait_until(
+        async || clusters.iter().all(|c| recorded(c).is_some()),
+        "every cluster recorded as b's, with the tunnel b holds",
+    )
+    .await;
+    let mut resource = ResourceServiceClient::new(b.channel().await);
+    for c in &clusters {
+        resource
+            .get(with_token(otter_e2e::double::get(c, "web"), &root))
+            .await
+            .expect("a call through b");
+    }
+    for agent in agents {
+        agent.agent.shutdown().await;
+    }
+    b.hub.shutdown().await;
+}
+
 /// A replica that starts after an agent connected is named to that agent
 /// as soon as the agent's replica reads its record (the store's watch), not
 /// at some later diagnosis; one that stops is dropped again. Otherwise an
