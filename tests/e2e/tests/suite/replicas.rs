@@ -43,6 +43,63 @@ async fn two_replicas(etcd: &Etcd, peers: bool) -> (TestHub, TestHub, String) {
     (a, b, root)
 }
 
+/// [`two_replicas`] with peers, once a names b's tunnel URLs to its agents
+/// (the `:port/` they end with is the last item). b is live once a reads
+/// its record from the store: only then do a's Register answer and tunnel
+/// name b's URLs (in a loaded run, a had not yet read it when the agent
+/// came; a tells its agents when it does, but a test of what follows
+/// starts from a known list).
+async fn two_replicas_a_knows_b(etcd: &Etcd) -> (TestHub, TestHub, String, String) {
+    let (a, b, root) = two_replicas(etcd, true).await;
+    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
+    wait_until(
+        async || {
+            otter_hub::peers::tunnel_urls_for_agents(&a.hub.state)
+                .iter()
+                .any(|u| u.as_str().ends_with(&b_port))
+        },
+        "a to know b's tunnel URLs",
+    )
+    .await;
+    (a, b, root, b_port)
+}
+
+/// An HTTP/2 agent enrolled through a, given b's API URL too and a short
+/// backoff, once connected through a and told b's tunnel URLs (`b_port`,
+/// from [`two_replicas_a_knows_b`]); with its status then.
+async fn agent_on_a_knowing_b(
+    a: &TestHub,
+    b: &TestHub,
+    b_port: &str,
+    cluster: &str,
+    agent_id: &str,
+) -> (otter_e2e::double::TestAgent, otter_agent::AgentStatus) {
+    let token = a.hub.mint_join_token(cluster).unwrap();
+    let agent = otter_e2e::double::start_agent_at(
+        a.api_url(),
+        a.hub.ca_pem(),
+        cluster,
+        agent_id,
+        &token,
+        TransportKind::H2,
+        |c| {
+            c.more_hub_urls = vec![b.api_url()];
+            c.backoff_cap = Duration::from_secs(2);
+        },
+    );
+    let status = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some()
+                && s.advertised_urls
+                    .iter()
+                    .any(|u| u.as_str().ends_with(b_port))
+        })
+        .await
+        .expect("connected through a, and told b's tunnel URLs");
+    (agent, status)
+}
+
 /// Two stores on one etcd racing: compare-and-swap increments all count,
 /// and first-use secrets come out the same everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1086,44 +1143,8 @@ async fn a_killed_replica_hands_its_clusters_to_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
     let Some(etcd) = Etcd::start() else { return };
-    let (a, b, root) = two_replicas(&etcd, true).await;
-    // b is live once a reads its record from the store: only then do a's
-    // Register answer and tunnel name b's URLs (in a loaded run, a had not
-    // yet read it when the agent came; a tells its agents when it does,
-    // which the test below shows, but this one starts from a known list).
-    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
-    wait_until(
-        async || {
-            otter_hub::peers::tunnel_urls_for_agents(&a.hub.state)
-                .iter()
-                .any(|u| u.as_str().ends_with(&b_port))
-        },
-        "a to know b's tunnel URLs",
-    )
-    .await;
-    let token = a.hub.mint_join_token("edge-1").unwrap();
-    let agent = otter_e2e::double::start_agent_at(
-        a.api_url(),
-        a.hub.ca_pem(),
-        "edge-1",
-        "a1",
-        &token,
-        TransportKind::H2,
-        |c| {
-            c.more_hub_urls = vec![b.api_url()];
-            c.backoff_cap = Duration::from_secs(2);
-        },
-    );
-    let first = agent
-        .agent
-        .wait_for(WAIT, |s| {
-            s.connected.is_some()
-                && s.advertised_urls
-                    .iter()
-                    .any(|u| u.as_str().ends_with(&b_port))
-        })
-        .await
-        .expect("connected through a, and told b's tunnel URLs");
+    let (a, b, root, b_port) = two_replicas_a_knows_b(&etcd).await;
+    let (agent, first) = agent_on_a_knowing_b(&a, &b, &b_port, "edge-1", "a1").await;
     assert!(
         a.hub.state.registry.get("edge-1").is_some(),
         "a holds the tunnel"
@@ -1167,47 +1188,12 @@ async fn agents_fail_over_to_another_replica_without_a_load_balancer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnels_taken_over_together_are_all_recorded() {
     let Some(etcd) = Etcd::start() else { return };
-    let (a, b, root) = two_replicas(&etcd, true).await;
-    let b_port = format!(":{}/", b.hub.tunnel_addr.port());
-    wait_until(
-        async || {
-            otter_hub::peers::tunnel_urls_for_agents(&a.hub.state)
-                .iter()
-                .any(|u| u.as_str().ends_with(&b_port))
-        },
-        "a to know b's tunnel URLs",
-    )
-    .await;
+    let (a, b, root, b_port) = two_replicas_a_knows_b(&etcd).await;
     let clusters: Vec<String> = (0..12).map(|i| format!("edge-t{i}")).collect();
-    let agents: Vec<_> = clusters
-        .iter()
-        .map(|c| {
-            let token = a.hub.mint_join_token(c).unwrap();
-            otter_e2e::double::start_agent_at(
-                a.api_url(),
-                a.hub.ca_pem(),
-                c,
-                &format!("agent-{c}"),
-                &token,
-                TransportKind::H2,
-                |c| {
-                    c.more_hub_urls = vec![b.api_url()];
-                    c.backoff_cap = Duration::from_secs(2);
-                },
-            )
-        })
-        .collect();
-    for agent in &agents {
-        agent
-            .agent
-            .wait_for(WAIT, |s| {
-                s.connected.is_some()
-                    && s.advertised_urls
-                        .iter()
-                        .any(|u| u.as_str().ends_with(&b_port))
-            })
-            .await
-            .expect("connected through a, and told b's tunnel URLs");
+    let mut agents = Vec::new();
+    for c in &clusters {
+        let agent_id = format!("agent-{c}");
+        agents.push(agent_on_a_knowing_b(&a, &b, &b_port, c, &agent_id).await.0);
     }
     a.hub.shutdown().await;
     let state = &b.hub.state;
