@@ -775,22 +775,68 @@ async fn read_all(
     mut client: Client,
     prefix: String,
 ) -> std::result::Result<Snapshot, etcd_client::Error> {
-    let resp = client
-        .get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await?;
-    let revision = resp.header().map_or(0, |h| h.revision());
-    let kvs = resp
-        .kvs()
-        .iter()
-        .map(|kv| {
+    let end = range_end(prefix.as_bytes());
+    let mut kvs = Vec::new();
+    let mut from = prefix.as_bytes().to_vec();
+    // The first page's revision, for every page: one consistent read.
+    let mut revision = None;
+    let mut page = READ_PAGE;
+    loop {
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
+        if let Some(r) = revision {
+            options = options.with_revision(r);
+        }
+        let resp = match client.get(from.clone(), Some(options)).await {
+            Ok(resp) => resp,
+            // Larger than the client takes in one answer: fewer at once.
+            // One key always fits (etcd takes no value over 1.5 MiB).
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.code() == tonic::Code::OutOfRange && page > 1 =>
+            {
+                page /= 2;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let at = *revision.get_or_insert(resp.header().map_or(0, |h| h.revision()));
+        kvs.extend(resp.kvs().iter().map(|kv| {
             (
                 String::from_utf8_lossy(kv.key()).into_owned(),
                 kv.value().to_vec(),
                 kv.mod_revision(),
             )
-        })
-        .collect();
-    Ok((kvs, revision))
+        }));
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                // The next page starts just after the last key read.
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok((kvs, at)),
+        }
+    }
+}
+
+/// Keys a full read asks for at once. One answer holding every key was
+/// refused by the client past 4 MiB (its bound on a message): a replica
+/// of a hub with 10,000 clusters could not start. Pages of this many keys
+/// stay far below it (a link's record is well under a KiB); a page that
+/// does not is asked again in halves.
+const READ_PAGE: i64 = 500;
+
+/// The end of the range of keys that start with `prefix` (as etcd's
+/// `--prefix` reads it): the prefix with its last byte below 0xff
+/// incremented, and what follows cut.
+fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff (or none): to the end of the key space.
+    vec![0]
 }
 
 /// Makes the copy what a full read found: keys it lacks were deleted.
@@ -823,6 +869,15 @@ fn replace_copy(copy: &Mutex<Copy>, prefix: &str, (kvs, revision): Snapshot) -> 
     revision
 }
 
+/// The largest answer of a watch taken in. A watch that starts behind
+/// (made again after a break, while replicas wrote) gets the changes of up
+/// to 1,000 revisions in one answer, far over the client's default 4 MiB
+/// in a reconnect storm of thousands of agents: refused, the watch would
+/// be made again from the same revision, refused again, and the copy would
+/// stay behind for good. etcd itself is trusted (the operator's), and a
+/// revision holds at most 1.5 MiB.
+const WATCH_ANSWER_MAX: usize = 256 << 20;
+
 /// Follows every change under `prefix` from `revision` on, for as long as
 /// the client's thread runs. A broken watch is made again from where it
 /// stopped; one whose history etcd compacted away reads everything anew.
@@ -835,7 +890,9 @@ async fn follow(
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        let mut c = client.clone();
+        let mut c = client
+            .watch_client()
+            .max_decoding_message_size(WATCH_ANSWER_MAX);
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -1069,6 +1126,51 @@ mod tests {
         ] {
             assert!(EtcdOptions::from_url(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A watch made again far behind takes the changes it missed, 6 MiB
+    /// of them in one answer of etcd.
+    #[test]
+    fn a_watch_far_behind_takes_answers_over_4_mib() {
+        let Some(etcd) = otter_e2e::etcd::Etcd::start() else {
+            return;
+        };
+        let endpoints = EtcdOptions::from_url(&etcd.url()).unwrap().endpoints;
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let mut client = Client::connect(endpoints, None).await.unwrap();
+            let from = client.get("/p/", None).await.unwrap();
+            let from = from.header().unwrap().revision();
+            for i in 0..6u8 {
+                let key = format!("/p/ballast/k{i}");
+                client
+                    .put(key, vec![b'a' + i; 1 << 20], None)
+                    .await
+                    .unwrap();
+            }
+            let copy = Arc::new(Mutex::new(Copy::default()));
+            let (changed, _seen) = tokio::sync::watch::channel(0);
+            let following = tokio::spawn(follow(client, "/p/".into(), copy.clone(), changed, from));
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let held = || copy.lock().unwrap().entries.len();
+            while held() < 6 && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            following.abort();
+            assert_eq!(held(), 6, "the copy took in every change");
+            let copy = copy.lock().unwrap();
+            assert_eq!(
+                copy.entries["ballast/k5"].value.as_deref(),
+                Some(&vec![b'f'; 1 << 20][..])
+            );
+        });
+    }
+
+    #[test]
+    fn a_prefix_range_ends_after_its_last_key() {
+        assert_eq!(range_end(b"/otterscale-link/"), b"/otterscale-link0");
+        assert_eq!(range_end(b"a\xff"), b"b");
+        assert_eq!(range_end(b"\xff\xff"), vec![0]);
     }
 
     #[test]

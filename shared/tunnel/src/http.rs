@@ -493,9 +493,16 @@ impl ResponseBody {
         out.map_or(first, BytesMut::freeze)
     }
 
-    fn finish(&mut self) {
+    /// No more frames: the call's places go now, not when the body is
+    /// dropped, so a caller who saw the end and calls again finds room.
+    fn end(&mut self) {
         self.finished = true;
         self.guard = None;
+    }
+
+    /// Ended well: the agent's side of the stream is closed too.
+    fn finish(&mut self) {
+        self.end();
         if let Some(done) = self.done.take() {
             let _ = done.send(());
         }
@@ -561,15 +568,13 @@ impl Body for ResponseBody {
                     Some(parse_trailers(payload).map(Frame::trailers))
                 }
                 Some(Ok((kind, _))) => {
-                    self.finished = true;
-                    self.guard = None;
+                    self.end();
                     Some(Err(TunnelError::protocol(format!(
                         "unexpected {kind:?} in response"
                     ))))
                 }
                 Some(Err(e)) => {
-                    self.finished = true;
-                    self.guard = None;
+                    self.end();
                     Some(Err(e))
                 }
             };

@@ -3,7 +3,9 @@
 //! Get by sending it to the one that does, what idle agents cost etcd in
 //! writes, and how long the agents of a replica killed with SIGKILL take to
 //! be back through the other one (no load balancer: each agent knows both
-//! replicas' API URLs and learns their tunnel URLs from the hub).
+//! replicas' API URLs and learns their tunnel URLs from the hub); then, as
+//! the rest of a rolling restart, the killed one back and the survivor
+//! stopped gracefully.
 
 use std::time::{Duration, Instant};
 
@@ -41,7 +43,7 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
     otter_pki::tls::install_default_provider();
     let etcd = Etcd::start().context("etcd is not installed (scripts/setup.sh installs it)")?;
     let dir = tempfile::tempdir()?;
-    let of = |name: &str| ReplicaOf {
+    let replica_of = |name: &str| ReplicaOf {
         store: etcd.url(),
         key_file: dir.path().join("store.key"),
         name: name.to_owned(),
@@ -49,8 +51,8 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
     otter_e2e::etcd::store_key(dir.path());
     // r0 makes the CA, the admin token and a join token per cluster (the
     // store is shared, so r1 takes them too); the latency agent is the last.
-    let r0 = HubProc::replica(&dir.path().join("r0"), agents + 1, &of("r0"))?;
-    let r1 = HubProc::replica(&dir.path().join("r1"), 0, &of("r1"))?;
+    let r0 = HubProc::replica(&dir.path().join("r0"), agents + 1, &replica_of("r0"))?;
+    let r1 = HubProc::replica(&dir.path().join("r1"), 0, &replica_of("r1"))?;
     let root = admin_token(&dir.path().join("r0"))?;
     let ca = std::fs::read_to_string(dir.path().join("r0").join("bench-ca.pem"))?;
     let tokens: Vec<String> = std::fs::read_to_string(dir.path().join("r0").join("bench-tokens"))?
@@ -179,6 +181,7 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
         })
         .collect();
     let moved = on_r1.iter().flatten().count();
+    let r1_ports = r1.ports();
     eprintln!("bench: killing replica r1, which holds {moved} of the {agents} tunnels");
     let killed = Instant::now();
     r1.kill();
@@ -274,9 +277,80 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
             ),
         ));
     }
+    if back.iter().all(Option::is_some) {
+        let _r1 = HubProc::replica_again(&dir.path().join("r1"), r1_ports, &replica_of("r1"))?;
+        rolling_restart(&mut figs, r0, &idle_agents, limit).await?;
+        for i in (0..agents).step_by((agents / 10).max(1)) {
+            one_get(&via_r1, &root, &format!("c-{i}")).await?;
+        }
+    } else {
+        drop(r0);
+    }
     for a in idle_agents {
         tokio::spawn(a.shutdown());
     }
-    drop(r0);
     Ok(figs)
+}
+
+/// The second step of a rolling restart: `r0`, holding every agent, stops
+/// gracefully while `r1` (back on its old ports) serves. How long the stop
+/// took (it says goodbye on each tunnel and clears each tunnel's record in
+/// etcd) and when each agent had a tunnel again, now through `r1`.
+async fn rolling_restart(
+    figs: &mut Figures,
+    r0: HubProc,
+    agents: &[otter_agent::Agent],
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let n = agents.len();
+    let made: Vec<u32> = agents
+        .iter()
+        .map(|a| {
+            let s = a.status();
+            s.connects + s.redials
+        })
+        .collect();
+    // r1's record reaches r0 through etcd's watch; agents learn r1's
+    // tunnel URL from r0's goodbye round (it is the one they knew).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    eprintln!("bench: stopping replica r0 gracefully, which holds the {n} tunnels");
+    let stopping = Instant::now();
+    let stop = tokio::spawn(r0.stop_timed(Duration::from_secs(60)));
+    let mut back: Vec<Option<Duration>> = vec![None; n];
+    while back.iter().any(Option::is_none) && stopping.elapsed() < limit {
+        for ((b, a), m) in back.iter_mut().zip(agents).zip(&made) {
+            let s = a.status();
+            if b.is_none() && s.connected.is_some() && s.connects + s.redials > *m {
+                *b = Some(stopping.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stopped = stop.await?;
+    let name = |what: &str| format!("replicas.rolling-{what}.n{n}");
+    match stopped {
+        Some(took) => figs.add(&name("stop"), "s", None, took.as_secs_f64()),
+        None => figs.push(Figure::skipped(
+            name("stop"),
+            "r0 had not stopped after 60 s",
+        )),
+    }
+    let times: Vec<Duration> = back.iter().flatten().copied().collect();
+    if times.len() < n {
+        figs.push(Figure::skipped(
+            name("all"),
+            format!("{} of {n} agents not back after {limit:?}", n - times.len()),
+        ));
+        return Ok(());
+    }
+    let all = Latency::of(&times);
+    figs.add(&name("p50"), "s", None, all.p50 / 1e6);
+    figs.add(&name("all"), "s", None, all.max / 1e6);
+    eprintln!(
+        "bench: r0 stopped in {:.2} s; its {n} agents back through r1: half {:.1} s, all {:.1} s",
+        stopped.map_or(f64::NAN, |d| d.as_secs_f64()),
+        all.p50 / 1e6,
+        all.max / 1e6
+    );
+    Ok(())
 }

@@ -131,6 +131,17 @@ impl HubProc {
         Self::start_as(dir, 0, 0, clusters, Some(of))
     }
 
+    /// Replica `of` again in `dir`, on the ports `was` listened on (its
+    /// agents know those), as a restarted replica comes back.
+    pub fn replica_again(dir: &Path, was: (u16, u16), of: &ReplicaOf) -> anyhow::Result<HubProc> {
+        Self::start_as(dir, was.0, was.1, 0, Some(of))
+    }
+
+    /// The API and tunnel ports, to start the hub again on them.
+    pub fn ports(&self) -> (u16, u16) {
+        (self.api.port(), self.tunnel.port())
+    }
+
     fn start_as(
         dir: &Path,
         api: u16,
@@ -219,6 +230,22 @@ impl HubProc {
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Closes stdin, as [`HubProc::stop`] does, and waits off the
+    /// runtime's workers (agents of this process are served meanwhile)
+    /// until the process has ended: how long its graceful stop took, or
+    /// none when it had to be killed after `limit`.
+    pub async fn stop_timed(mut self, limit: Duration) -> Option<Duration> {
+        let begun = Instant::now();
+        drop(self.child.stdin.take());
+        while begun.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Some(begun.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        None
     }
 
     /// Closes stdin: the hub shuts down gracefully (killed after 15 s).

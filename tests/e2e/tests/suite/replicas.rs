@@ -450,6 +450,43 @@ async fn replicas_share_tenants_tokens_and_links_on_etcd() {
 
 /// `otter hub --store etcd://…` as a process: refused without a key to
 /// seal the store's secrets, serving with one.
+/// A replica starts on a store larger than one answer of etcd's client
+/// takes (4 MiB): it reads the store in pages. A replica of a hub with
+/// 10,000 clusters (11 MB of keys) could not start before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starts_on_a_store_larger_than_one_answer() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (hubs, root) = otter_e2e::etcd::start_replicas(&etcd, 1, false).await;
+    let a = hubs.into_iter().next().unwrap();
+    // Six values of 1 MiB (etcd takes up to 1.5 MiB in one request), in a
+    // tree the hub does not read otherwise, each with its own bytes.
+    let value = |i: u8| vec![b'a' + i; 1 << 20];
+    for i in 0..6 {
+        a.hub
+            .state
+            .store
+            .put_raw("ballast", &format!("k{i}"), &value(i))
+            .unwrap();
+    }
+    let b = otter_e2e::etcd::add_replica(&etcd.url(), &a, 1, false).await;
+    for i in 0..6 {
+        assert_eq!(
+            b.hub
+                .state
+                .store
+                .get_raw("ballast", &format!("k{i}"))
+                .unwrap(),
+            Some(value(i)),
+            "key {i} read by the new replica"
+        );
+    }
+    // And what the hub keeps itself: the first admin token serves on b.
+    LinkServiceClient::new(b.channel().await)
+        .list_links(with_token(ListLinksRequest {}, &root))
+        .await
+        .expect("the admin token works on the new replica");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hub_process_runs_on_etcd_and_only_sealed() {
     use otter_e2e::procs::{Proc, Role, free_port, read_when_whole, whole_pem};
