@@ -85,32 +85,89 @@ pub fn claim(state: &HubState, entry: &TunnelEntry) {
 /// tunnel at a time.
 const KEYS_PER_TRANSACTION: usize = 64;
 
-/// Claims of admitted tunnels (and a link's first tunnel, see
-/// [`crate::tunnels::first_tunnel`]), waiting to be written. Tunnels are
-/// admitted one at a time, and each of these writes is an etcd
-/// transaction: when a replica died and its agents all came to this one,
-/// each admission waited for its own (an fsync on etcd's disk), and the
-/// last agent in line for all of them. They wait here instead, and those
-/// that came in meanwhile go in one transaction.
+/// Records of tunnels waiting to be written: claims of admitted tunnels
+/// (with a link's first tunnel, see [`crate::tunnels::first_tunnel`]) and
+/// releases of closed ones. Each is an etcd transaction. Tunnels are
+/// admitted one at a time: when a replica died and its agents all came to
+/// this one, each admission waited for its own (an fsync on etcd's disk),
+/// and the last agent in line for all of them. A release waited on the
+/// runtime worker of the tunnel's task: when a replica holding 10,000
+/// tunnels stopped, their releases held both workers, one transaction
+/// after the other, and its goodbyes went out late (the stop took 29 s,
+/// its agents half 15 s to be back elsewhere). They wait here instead,
+/// and those that came in meanwhile go in one transaction.
 #[derive(Debug, Default)]
 pub struct Claims {
-    pending: std::sync::Mutex<std::collections::VecDeque<Claim>>,
+    pending: std::sync::Mutex<std::collections::VecDeque<Record>>,
     wake: tokio::sync::Notify,
-    /// Held while a batch is checked and written, and by a release: a
-    /// claim is never written after its tunnel's release read the record.
+    /// Held while a batch is taken and written: batches go one after the
+    /// other (the writer's, and the stop's), so a release queued after a
+    /// claim is written after it.
     writing: std::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
-struct Claim {
-    entry: Arc<TunnelEntry>,
-    /// The link's first tunnel, written with the claim.
-    first: bool,
+enum Record {
+    Claim {
+        entry: Arc<TunnelEntry>,
+        /// The link's first tunnel, written with the claim.
+        first: bool,
+    },
+    /// The cluster's record goes if it still names tunnel `id` here.
+    Release { cluster: String, id: u64 },
 }
 
-impl Claim {
+impl Record {
+    fn cluster(&self) -> &str {
+        match self {
+            Record::Claim { entry, .. } => &entry.cluster,
+            Record::Release { cluster, .. } => cluster,
+        }
+    }
+
     fn keys(&self) -> usize {
-        1 + usize::from(self.first)
+        match self {
+            Record::Claim { first, .. } => 1 + usize::from(*first),
+            Record::Release { .. } => 1,
+        }
+    }
+
+    /// The write this record makes now, as the store holds it: none when
+    /// there is nothing to write (or, for a claim, its tunnel is gone).
+    fn swaps(&self, state: &HubState) -> crate::Result<Vec<Swap>> {
+        match self {
+            Record::Claim { entry, first } => {
+                // Closed or replaced meanwhile: its release found nothing
+                // to undo.
+                let live = state
+                    .registry
+                    .get(&entry.cluster)
+                    .is_some_and(|e| e.id == entry.id);
+                if !live {
+                    return Ok(Vec::new());
+                }
+                let first = match first {
+                    true => crate::tunnels::first_tunnel_swap(state, entry)?,
+                    false => None,
+                };
+                Ok(first.into_iter().chain(claim_swap(state, entry)?).collect())
+            }
+            Record::Release { cluster, id } => {
+                Ok(release_swap(state, cluster, *id)?.into_iter().collect())
+            }
+        }
+    }
+
+    /// Writes it alone, reading the store again (a batch's compare failed).
+    fn write_alone(&self, state: &HubState) {
+        match self {
+            Record::Claim { entry, first: true } => crate::tunnels::first_tunnel(state, entry),
+            Record::Claim {
+                entry,
+                first: false,
+            } => claim(state, entry),
+            Record::Release { cluster, id } => release_now(state, cluster, *id),
+        }
     }
 }
 
@@ -125,7 +182,7 @@ pub fn claim_soon(state: &HubState, entry: &Arc<TunnelEntry>, first: bool) -> bo
     if state.config.peer_url.is_none() {
         return false;
     }
-    locked(&state.claims.pending).push_back(Claim {
+    locked(&state.claims.pending).push_back(Record::Claim {
         entry: entry.clone(),
         first,
     });
@@ -133,9 +190,32 @@ pub fn claim_soon(state: &HubState, entry: &Arc<TunnelEntry>, first: bool) -> bo
     true
 }
 
-/// Writes the claims admissions leave, a batch at a time (those that came
-/// in while one was written are the next), until `shutdown`; what is left
-/// then is not written (the stop releases every tunnel).
+/// Forgets soon that this replica holds the cluster's tunnel `id`, unless
+/// another replica (or a newer tunnel here) took it meanwhile. A claim of
+/// the tunnel still waiting is dropped instead: nothing was written.
+pub fn release(state: &HubState, cluster: &str, id: u64) {
+    if state.config.peer_url.is_none() {
+        return;
+    }
+    let mut pending = locked(&state.claims.pending);
+    let waiting = pending.len();
+    pending.retain(
+        |r| !matches!(r, Record::Claim { entry, .. } if entry.cluster == cluster && entry.id == id),
+    );
+    if pending.len() < waiting {
+        return;
+    }
+    pending.push_back(Record::Release {
+        cluster: cluster.to_owned(),
+        id,
+    });
+    drop(pending);
+    state.claims.wake.notify_one();
+}
+
+/// Writes the records claims and releases leave, a batch at a time (those
+/// that came in while one was written are the next), until `shutdown`;
+/// the stop writes its releases itself ([`write_records_now`]).
 pub async fn write_claims(state: Arc<HubState>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
@@ -148,16 +228,32 @@ pub async fn write_claims(state: Arc<HubState>, shutdown: CancellationToken) {
     }
 }
 
-/// Writes the pending claims of up to [`KEYS_PER_TRANSACTION`] keys, of
-/// tunnels still live here; whether there were any.
+/// Writes every record waiting, for at most `limit` (the stop's releases,
+/// all at once: what is left when etcd answers too slowly goes with this
+/// replica's lease).
+pub async fn write_records_now(state: &Arc<HubState>, limit: std::time::Duration) {
+    let s = state.clone();
+    let until = std::time::Instant::now() + limit;
+    let _ = tokio::task::spawn_blocking(move || {
+        while std::time::Instant::now() < until && write_claim_batch(&s) {}
+    })
+    .await;
+}
+
+/// Writes the waiting records of up to [`KEYS_PER_TRANSACTION`] keys in
+/// one transaction; whether there were any. A batch names each cluster
+/// once (a transaction may not write one key twice): the next record of a
+/// cluster already in it starts the next batch, and reads what this one
+/// wrote.
 fn write_claim_batch(state: &HubState) -> bool {
     let _writing = locked(&state.claims.writing);
-    let mut batch = Vec::new();
+    let mut batch: Vec<Record> = Vec::new();
     {
         let mut pending = locked(&state.claims.pending);
         let mut keys = 0;
         while let Some(next) = pending.front()
             && keys + next.keys() <= KEYS_PER_TRANSACTION
+            && !batch.iter().any(|r| r.cluster() == next.cluster())
         {
             keys += next.keys();
             batch.extend(pending.pop_front());
@@ -166,51 +262,36 @@ fn write_claim_batch(state: &HubState) -> bool {
     if batch.is_empty() {
         return false;
     }
-    let mut claimed = Vec::with_capacity(batch.len());
+    let mut written = Vec::with_capacity(batch.len());
     let mut swaps = Vec::with_capacity(KEYS_PER_TRANSACTION);
-    for claim in batch {
-        let entry = &claim.entry;
-        // Closed or replaced meanwhile: its release found nothing to undo.
-        let live = state
-            .registry
-            .get(&entry.cluster)
-            .is_some_and(|e| e.id == entry.id);
-        if !live {
-            continue;
-        }
-        let first = match claim.first {
-            true => crate::tunnels::first_tunnel_swap(state, entry),
-            false => Ok(None),
-        };
-        match first.and_then(|first| Ok((first, claim_swap(state, entry)?))) {
-            Ok((None, None)) => {}
-            Ok((first, mine)) => {
-                swaps.extend(first.into_iter().chain(mine));
-                claimed.push(claim);
+    for record in batch {
+        match record.swaps(state) {
+            Ok(mine) if mine.is_empty() => {}
+            Ok(mine) => {
+                swaps.extend(mine);
+                written.push(record);
             }
             Err(e) => {
-                tracing::warn!(cluster = %entry.cluster, error = %e, "could not record the tunnel's replica")
+                tracing::warn!(cluster = %record.cluster(), error = %e, "could not record the tunnel's replica")
             }
         }
     }
     if swaps.is_empty() {
         return true;
     }
+    let first = |r: &Record| matches!(r, Record::Claim { first: true, .. });
     match state.store.compare_and_swap_all(&swaps) {
-        Ok(true) if claimed.iter().any(|c| c.first) => state.last_seen.flush_soon(),
+        Ok(true) if written.iter().any(first) => state.last_seen.flush_soon(),
         Ok(true) => {}
         // A record changed since it was read: each on its own, reading it
         // again.
         Ok(false) => {
-            for Claim { entry, first } in &claimed {
-                match first {
-                    true => crate::tunnels::first_tunnel(state, entry),
-                    false => claim(state, entry),
-                }
+            for record in &written {
+                record.write_alone(state);
             }
         }
         Err(e) => {
-            tracing::warn!(tunnels = claimed.len(), error = %e, "could not record the tunnels' replica")
+            tracing::warn!(tunnels = written.len(), error = %e, "could not record the tunnels' replica")
         }
     }
     true
@@ -250,28 +331,25 @@ pub fn claim_swap(state: &HubState, entry: &TunnelEntry) -> crate::Result<Option
     }))
 }
 
-/// Forgets that this replica holds the cluster's tunnel `id`, unless
-/// another replica (or a newer tunnel here) took it meanwhile.
-pub fn release(state: &HubState, cluster: &str, id: u64) {
-    if state.config.peer_url.is_none() {
-        return;
-    }
-    let _writing = locked(&state.claims.writing);
-    locked(&state.claims.pending).retain(|c| !(c.entry.cluster == cluster && c.entry.id == id));
-    let release = || -> crate::Result<()> {
-        let Some(raw) = state.store.get_raw(tree::TUNNELS, cluster)? else {
-            return Ok(());
-        };
-        let ours = serde_json::from_slice::<TunnelOwner>(&raw)
-            .is_ok_and(|o| o.replica == state.config.replica && o.tunnel == id);
-        if ours {
-            state
-                .store
-                .compare_and_swap_raw(tree::TUNNELS, cluster, Some(&raw), None)?;
-        }
-        Ok(())
+/// The write that clears the cluster's record if it names this
+/// replica's tunnel `id`; none otherwise (another replica, or a newer
+/// tunnel here, took it meanwhile).
+fn release_swap(state: &HubState, cluster: &str, id: u64) -> crate::Result<Option<Swap>> {
+    let Some(raw) = state.store.get_raw(tree::TUNNELS, cluster)? else {
+        return Ok(None);
     };
-    if let Err(e) = release() {
+    let ours = serde_json::from_slice::<TunnelOwner>(&raw)
+        .is_ok_and(|o| o.replica == state.config.replica && o.tunnel == id);
+    Ok(ours.then(|| Swap::new(tree::TUNNELS, cluster, Some(raw), None)))
+}
+
+/// [`release_swap`] written now, alone.
+fn release_now(state: &HubState, cluster: &str, id: u64) {
+    let written = release_swap(state, cluster, id).and_then(|swap| match swap {
+        Some(swap) => state.store.compare_and_swap_all(&[swap]).map(drop),
+        None => Ok(()),
+    });
+    if let Err(e) = written {
         tracing::warn!(%cluster, error = %e, "could not clear the tunnel's replica");
     }
 }

@@ -572,6 +572,8 @@ impl Hub {
             }
         }))
         .await;
+        slow_step(step, "saying goodbye on every tunnel");
+        let step = std::time::Instant::now();
         for t in tunnels {
             crate::peers::release(&self.state, &t.cluster, t.id);
             // Recorded here, not only by the tunnel's own task: that task
@@ -579,7 +581,10 @@ impl Hub {
             // table, which is emptied below, maybe before it runs.
             crate::tunnels::touch(&self.state, &t.cluster, "");
         }
-        slow_step(step, "saying goodbye on every tunnel");
+        // Many to a transaction; what etcd has not taken within the bound
+        // goes with this replica's lease.
+        crate::peers::write_records_now(&self.state, Duration::from_secs(5)).await;
+        slow_step(step, "clearing the tunnels' records");
         if self.state.config.store.is_some()
             && let Err(e) = self
                 .state

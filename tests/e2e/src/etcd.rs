@@ -176,8 +176,29 @@ impl Etcd {
     /// The store's revision now (each write adds one), from etcd's JSON
     /// gateway.
     pub fn revision(&self) -> Option<i64> {
+        let v = self.range(r#"{"key":"AA=="}"#)?;
+        v["header"]["revision"].as_str()?.parse().ok()
+    }
+
+    /// How many keys start with `prefix` (one of the hub's trees under the
+    /// default prefix: `/otterscale-link/tunnels/`).
+    pub fn keys_under(&self, prefix: &str) -> Option<u64> {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let mut end = prefix.as_bytes().to_vec();
+        *end.last_mut()? += 1;
+        let v = self.range(&format!(
+            r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+            b64(prefix.as_bytes()),
+            b64(&end)
+        ))?;
+        // etcd leaves `count` out when it is zero.
+        Some(v["count"].as_str().map_or(Ok(0), str::parse).ok()?)
+    }
+
+    /// A range request's answer from etcd's JSON gateway.
+    fn range(&self, body: &str) -> Option<serde_json::Value> {
         use std::io::{Read, Write};
-        let body = r#"{"key":"AA=="}"#;
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.client_port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         write!(
@@ -189,8 +210,7 @@ impl Etcd {
         let mut answer = String::new();
         s.read_to_string(&mut answer).ok()?;
         let json = answer.split("\r\n\r\n").nth(1)?;
-        let v: serde_json::Value = serde_json::from_str(json).ok()?;
-        v["header"]["revision"].as_str()?.parse().ok()
+        serde_json::from_str(json).ok()
     }
 }
 
