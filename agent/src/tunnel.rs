@@ -318,12 +318,20 @@ impl Supervisor {
                 Err(Next::Stop) => return,
                 Err(_) => continue,
             };
-            let Some(why) = Session::start(&mut self, admitted, &current)
+            let Some(mut why) = Session::start(&mut self, admitted, &current)
                 .run(&mut self)
                 .await
             else {
                 return;
             };
+            // A stopping replica names the others: the next round dials
+            // them (see `adopt_advertised_urls`).
+            let (reason, go_to) = otter_tunnel::frame::go_to(&why.why);
+            let go_to = dialable(go_to.into_iter());
+            why.why = reason.to_owned();
+            if !go_to.is_empty() {
+                self.status.send_modify(|s| s.advertised_urls = go_to);
+            }
             tracing::info!(closed_by = %why.by, reason = %why.why, "tunnel down");
             // A replica that went silent, reset the connection or said it is
             // stopping is likely gone: the next round dials the next
@@ -1048,13 +1056,7 @@ fn diagnosis(
         let advertised: Vec<Url> = headers
             .get(otter_tunnel::frame::TUNNEL_URLS_HEADER)
             .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.split(',')
-                    .filter_map(|u| Url::parse(u.trim()).ok())
-                    .filter(|u| u.scheme().parse::<TransportKind>().is_ok() && u.host().is_some())
-                    .take(MAX_ADVERTISED_URLS)
-                    .collect()
-            })
+            .map(|v| dialable(v.split(',')))
             .unwrap_or_default();
         if !advertised.is_empty() {
             status.send_if_modified(|s| {
@@ -1086,6 +1088,15 @@ fn diagnosis(
         }
         bytes::Bytes::from(report.to_string())
     })
+}
+
+/// The tunnel URLs of a list from the hub that an agent can dial: one of
+/// its transports and a host; at most [`MAX_ADVERTISED_URLS`].
+fn dialable<'a>(urls: impl Iterator<Item = &'a str>) -> Vec<Url> {
+    urls.filter_map(|u| Url::parse(u.trim()).ok())
+        .filter(|u| u.scheme().parse::<TransportKind>().is_ok() && u.host().is_some())
+        .take(MAX_ADVERTISED_URLS)
+        .collect()
 }
 
 /// Takes the tunnel URLs the hub advertised on its last diagnosis request

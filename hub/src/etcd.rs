@@ -150,6 +150,12 @@ struct Entry {
 struct Copy {
     /// By `<tree>/<key>`.
     entries: BTreeMap<String, Entry>,
+    /// The deletions among `entries`, by revision: the markers
+    /// [`Copy::advance`] forgets once the watch has passed them. Found by
+    /// a scan of every entry before, on each answer of the watch: a
+    /// replica taking in a reconnect storm of 10,000 agents spent a fifth
+    /// of its time there (and held every reader of the copy meanwhile).
+    deletions: std::collections::BTreeSet<(i64, String)>,
     /// Every change up to this revision is in.
     seen: i64,
     /// Whether the watch is following etcd now.
@@ -169,6 +175,9 @@ impl Copy {
         match self.entries.get(&key) {
             Some(e) if e.revision >= revision => {}
             _ => {
+                if value.is_none() {
+                    self.deletions.insert((revision, key.clone()));
+                }
                 self.entries.insert(key, Entry { value, revision });
             }
         }
@@ -177,11 +186,24 @@ impl Copy {
     /// The watch has brought everything up to `revision`: deletions the
     /// watch has passed need no marker any more.
     fn advance(&mut self, revision: i64) {
-        if revision > self.seen {
-            self.seen = revision;
-            let seen = self.seen;
-            self.entries
-                .retain(|_, e| e.value.is_some() || e.revision > seen);
+        if revision <= self.seen {
+            return;
+        }
+        self.seen = revision;
+        while let Some(first) = self.deletions.first()
+            && first.0 <= revision
+        {
+            let Some((at, key)) = self.deletions.pop_first() else {
+                break;
+            };
+            // Unless written again since.
+            if self
+                .entries
+                .get(&key)
+                .is_some_and(|e| e.value.is_none() && e.revision == at)
+            {
+                self.entries.remove(&key);
+            }
         }
     }
 }
@@ -862,6 +884,11 @@ fn replace_copy(copy: &Mutex<Copy>, prefix: &str, (kvs, revision): Snapshot) -> 
             fresh.insert(k, e);
         }
     }
+    copy.deletions = fresh
+        .iter()
+        .filter(|(_, e)| e.value.is_none())
+        .map(|(k, e)| (e.revision, k.clone()))
+        .collect();
     copy.entries = fresh;
     copy.versions.wrote_all();
     copy.seen = revision;
@@ -965,6 +992,18 @@ async fn follow(
 }
 
 impl Store for EtcdStore {
+    fn stamp(&self, tree: &str, key: &str) -> Option<i64> {
+        let copy = self
+            .copy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some(
+            copy.entries
+                .get(&format!("{tree}/{key}"))
+                .map_or(0, |e| e.revision),
+        )
+    }
+
     fn get_raw(&self, tree: &str, key: &str) -> Result<Option<Vec<u8>>> {
         let name = format!("{tree}/{key}");
         if let Some(e) = self
@@ -1188,6 +1227,13 @@ mod tests {
         assert!(c.entries["links/b"].value.is_none());
         c.advance(9);
         assert!(!c.entries.contains_key("links/b"));
+        // A key deleted and written again keeps its value past the
+        // deletion's revision; no marker is left behind.
+        c.apply("links/c".into(), None, 10);
+        c.apply("links/c".into(), Some(b"back".to_vec()), 11);
+        c.advance(11);
+        assert_eq!(c.entries["links/c"].value.as_deref(), Some(&b"back"[..]));
+        assert!(c.deletions.is_empty());
     }
 
     /// A tree's version moves with every change the copy takes in for it

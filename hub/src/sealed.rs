@@ -281,6 +281,10 @@ impl<S: Store> Store for SealedStore<S> {
     fn version(&self, tree: &str) -> Option<u64> {
         self.inner.version(tree)
     }
+
+    fn stamp(&self, tree: &str, key: &str) -> Option<i64> {
+        self.inner.stamp(tree, key)
+    }
 }
 
 /// A record that could not be sealed or opened, and why.

@@ -555,22 +555,35 @@ impl Hub {
         self.state
             .serving
             .store(false, std::sync::atomic::Ordering::Release);
-        self.shutdown.cancel();
-        self.state.uploads.stop();
         let tunnels = self.state.registry.all();
         let step = std::time::Instant::now();
-        // Goodbyes go out together: a stop waits at most one goodbye's bound.
-        // A QUIC tunnel gets none: the endpoint's close, sent as the stop
-        // began, names the reason in a frame only the hub can send, and a
-        // goodbye would only open a stream that close then cuts (2,000
-        // such goodbyes took 71-85 ms of a stop, closing alone 21-62).
-        futures::future::join_all(tunnels.iter().map(|t| async move {
+        // The goodbye sends the agents to the other live replicas.
+        let others: Vec<url::Url> = crate::peers::tunnel_urls_for_agents(&self.state)
+            .into_iter()
+            .filter(|u| !self.state.tunnel_urls.contains(u))
+            .collect();
+        let others: Vec<&str> = others.iter().map(url::Url::as_str).collect();
+        let bye = otter_tunnel::frame::stopping_reason(&others, otter_tunnel::http::MAX_REASON);
+        // A QUIC tunnel's goodbye is its close, which names the reason in
+        // a frame only the hub can send; a goodbye on a stream would only
+        // open one that the close then cuts (2,000 such goodbyes took 71-85
+        // ms of a stop, closing alone 21-62). Closed before the endpoint
+        // (below), whose own close names no other replica.
+        for t in &tunnels {
             if t.opener.kind() == otter_tunnel::TransportKind::Quic {
-                t.opener.close(otter_tunnel::frame::BYE_STOPPING);
-            } else {
-                crate::registry::close_with_goodbye(t, otter_tunnel::frame::BYE_STOPPING).await;
+                t.opener.close(&bye);
             }
-        }))
+        }
+        self.shutdown.cancel();
+        self.state.uploads.stop();
+        // Goodbyes go out together: a stop waits at most one goodbye's bound.
+        let bye = bye.as_str();
+        futures::future::join_all(
+            tunnels
+                .iter()
+                .filter(|t| t.opener.kind() != otter_tunnel::TransportKind::Quic)
+                .map(|t| crate::registry::close_with_goodbye(t, bye)),
+        )
         .await;
         slow_step(step, "saying goodbye on every tunnel");
         let step = std::time::Instant::now();

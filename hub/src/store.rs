@@ -191,6 +191,13 @@ pub trait Store: Send + Sync + 'static {
     fn version(&self, _tree: &str) -> Option<u64> {
         None
     }
+    /// A number that moves whenever the key's value changes, 0 while it
+    /// is absent (etcd: the revision it was written at, in this replica's
+    /// copy): while it stays, what was made of the value still holds.
+    /// `None`: this store cannot tell; read the value each time.
+    fn stamp(&self, _tree: &str, _key: &str) -> Option<i64> {
+        None
+    }
 }
 
 /// Writes counted per tree, for [`Store::version`].

@@ -279,7 +279,7 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
     }
     if back.iter().all(Option::is_some) {
         let _r1 = HubProc::replica_again(&dir.path().join("r1"), r1_ports, &replica_of("r1"))?;
-        rolling_restart(&mut figs, r0, &idle_agents, limit).await?;
+        rolling_restart(&mut figs, r0, r1_ports.1, &idle_agents, limit).await?;
         for i in (0..agents).step_by((agents / 10).max(1)) {
             one_get(&via_r1, &root, &format!("c-{i}")).await?;
         }
@@ -299,6 +299,7 @@ pub async fn run(calls: usize, agents: usize, idle: Duration) -> anyhow::Result<
 async fn rolling_restart(
     figs: &mut Figures,
     r0: HubProc,
+    r1_tunnel_port: u16,
     agents: &[otter_agent::Agent],
     limit: Duration,
 ) -> anyhow::Result<()> {
@@ -313,7 +314,26 @@ async fn rolling_restart(
     // r1's record reaches r0 through etcd's watch; agents learn r1's
     // tunnel URL from r0's goodbye round (it is the one they knew).
     tokio::time::sleep(Duration::from_secs(1)).await;
-    eprintln!("bench: stopping replica r0 gracefully, which holds the {n} tunnels");
+    // Those r0 has told of r1 already (its diagnosis requests, a few at a
+    // time): the others learn of it from the goodbye.
+    let knew = agents
+        .iter()
+        .filter(|a| {
+            a.status()
+                .advertised_urls
+                .iter()
+                .any(|u| u.port() == Some(r1_tunnel_port))
+        })
+        .count();
+    figs.add(
+        &format!("replicas.rolling-knew-r1.n{n}"),
+        "agents",
+        None,
+        knew as f64,
+    );
+    eprintln!(
+        "bench: stopping replica r0 gracefully, which holds the {n} tunnels ({knew} know r1)"
+    );
     let stopping = Instant::now();
     let stop = tokio::spawn(r0.stop_timed(Duration::from_secs(60)));
     let mut back: Vec<Option<Duration>> = vec![None; n];
@@ -346,8 +366,20 @@ async fn rolling_restart(
     let all = Latency::of(&times);
     figs.add(&name("p50"), "s", None, all.p50 / 1e6);
     figs.add(&name("all"), "s", None, all.max / 1e6);
+    // Whose tunnel ended with r0's goodbye (the others saw it cut).
+    let told = agents
+        .iter()
+        .filter(|a| {
+            a.status().last_tunnel_end.is_some_and(|e| {
+                e.by == otter_agent::ended::EndedBy::Hub
+                    && e.why == otter_tunnel::frame::BYE_STOPPING
+            })
+        })
+        .count();
+    figs.add(&name("told-goodbye"), "agents", None, told as f64);
     eprintln!(
-        "bench: r0 stopped in {:.2} s; its {n} agents back through r1: half {:.1} s, all {:.1} s",
+        "bench: r0 stopped in {:.2} s; its {n} agents back through r1: half {:.1} s, all {:.1} s; \
+         {told} took its goodbye",
         stopped.map_or(f64::NAN, |d| d.as_secs_f64()),
         all.p50 / 1e6,
         all.max / 1e6

@@ -1257,6 +1257,81 @@ async fn tunnels_taken_over_together_are_all_recorded() {
     b.hub.shutdown().await;
 }
 
+/// A stopping replica's goodbye sends its agents to the other live
+/// replicas, over QUIC (in the close) and HTTP/2 (in the goodbye) alike:
+/// an agent that knew of none (here, one given replica a's API URL only)
+/// would have nowhere to turn, and one that knew of them only from its
+/// last diagnosis could know replicas long gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_sends_its_agents_to_the_others() {
+    let Some(etcd) = Etcd::start() else { return };
+    let (a, b, _root, _) = two_replicas_a_knows_b(&etcd).await;
+    let b_port = b.hub.tunnel_addr.port();
+    let mut agents = Vec::new();
+    let mut ended = Vec::new();
+    for kind in [TransportKind::Quic, TransportKind::H2] {
+        let cluster = format!("edge-bye-{kind}");
+        let token = a.hub.mint_join_token(&cluster).unwrap();
+        let agent = otter_e2e::double::start_agent_at(
+            a.api_url(),
+            a.hub.ca_pem(),
+            &cluster,
+            "agent-0",
+            &token,
+            kind,
+            |c| c.backoff_cap = Duration::from_secs(2),
+        );
+        agent
+            .agent
+            .wait_for(WAIT, |s| s.connected.is_some())
+            .await
+            .expect("connected through a");
+        // The URLs the agent holds as its tunnel ends with a's goodbye.
+        let mut status = agent.agent.status_watch();
+        ended.push(tokio::spawn(async move {
+            loop {
+                {
+                    let s = status.borrow_and_update();
+                    let bye = s.last_tunnel_end.as_ref().map(|e| e.why.clone());
+                    if s.connected.is_none() && bye.is_some() {
+                        return (bye, s.advertised_urls.clone());
+                    }
+                }
+                if status.changed().await.is_err() {
+                    return (None, Vec::new());
+                }
+            }
+        }));
+        agents.push((cluster, agent));
+    }
+    a.hub.shutdown().await;
+    for ((cluster, agent), ended) in agents.iter().zip(ended) {
+        let (why, urls) = tokio::time::timeout(WAIT, ended)
+            .await
+            .expect("the tunnel ended")
+            .unwrap();
+        // The reason as it was, the URLs taken out of it.
+        assert_eq!(why.as_deref(), Some(otter_tunnel::frame::BYE_STOPPING));
+        assert!(
+            !urls.is_empty() && urls.iter().all(|u| u.port() == Some(b_port)),
+            "{cluster}: told b's URLs only, got {urls:?}"
+        );
+        agent
+            .agent
+            .wait_for(WAIT, |s| s.connected.is_some())
+            .await
+            .expect("connected through b");
+        assert!(
+            b.hub.state.registry.get(cluster).is_some(),
+            "{cluster} on b"
+        );
+    }
+    for (_, agent) in agents {
+        agent.agent.shutdown().await;
+    }
+    b.hub.shutdown().await;
+}
+
 /// A replica stopping clears the records of the tunnels it held, many to
 /// a transaction and off the runtime's workers: each was a transaction of
 /// its own, made on the worker of the tunnel's task, and a replica holding
