@@ -432,11 +432,20 @@ pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationTok
     let mut untold: Vec<Arc<crate::registry::TunnelEntry>> = Vec::new();
     // By cluster: the tunnel checked last and its records' stamps then.
     let mut checked: HashMap<String, (u64, i64, i64)> = HashMap::new();
+    // How long the last pass took: the next waits nine times that at
+    // least, so however many tunnels a pass looks at, these passes take
+    // at most a tenth of a core (a reconnect storm changes the store all
+    // the time).
+    let mut took = Duration::ZERO;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            () = follower.next() => {}
+            () = async {
+                follower.next().await;
+                tokio::time::sleep((took * 9).min(TUNNEL_CHECK_EVERY)).await;
+            } => {}
         }
+        let began = tokio::time::Instant::now();
         let urls = tunnel_urls_for_agents(&state);
         if urls != told {
             tracing::info!(tunnel_urls = ?urls.iter().map(Url::as_str).collect::<Vec<_>>(), "the replicas' tunnel URLs changed; telling connected agents");
@@ -496,6 +505,7 @@ pub async fn check_local_tunnels(state: Arc<HubState>, shutdown: CancellationTok
             }
         }
         checked = now_checked;
+        took = began.elapsed();
     }
 }
 
