@@ -193,7 +193,7 @@ impl Etcd {
             b64(&end)
         ))?;
         // etcd leaves `count` out when it is zero.
-        Some(v["count"].as_str().map_or(Ok(0), str::parse).ok()?)
+        v["count"].as_str().map_or(Ok(0), str::parse).ok()
     }
 
     /// A range request's answer from etcd's JSON gateway.

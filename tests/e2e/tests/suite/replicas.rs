@@ -448,8 +448,6 @@ async fn replicas_share_tenants_tokens_and_links_on_etcd() {
     b.hub.shutdown().await;
 }
 
-/// `otter hub --store etcd://…` as a process: refused without a key to
-/// seal the store's secrets, serving with one.
 /// A replica starts on a store larger than one answer of etcd's client
 /// takes (4 MiB): it reads the store in pages. A replica of a hub with
 /// 10,000 clusters (11 MB of keys) could not start before.
@@ -487,6 +485,8 @@ async fn a_replica_starts_on_a_store_larger_than_one_answer() {
         .expect("the admin token works on the new replica");
 }
 
+/// `otter hub --store etcd://…` as a process: refused without a key to
+/// seal the store's secrets, serving with one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hub_process_runs_on_etcd_and_only_sealed() {
     use otter_e2e::procs::{Proc, Role, free_port, read_when_whole, whole_pem};
