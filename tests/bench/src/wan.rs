@@ -158,7 +158,9 @@ async fn connect_upload(c: &Connect, secs: Duration) -> anyhow::Result<f64> {
         anyhow::Ok(())
     };
     let both = async { tokio::try_join!(writing, counting) };
-    let _ = tokio::time::timeout(secs.saturating_sub(t.elapsed()), both).await;
+    if let Ok(Err(e)) = tokio::time::timeout(secs.saturating_sub(t.elapsed()), both).await {
+        eprintln!("bench: a Connect upload ended early: {e:#}");
+    }
     Ok(mb_per_s(acked * ACK_EVERY, secs))
 }
 
