@@ -1787,6 +1787,43 @@ mod tests {
         assert_eq!(kept.retry_after(), Some(Duration::from_millis(1500)));
     }
 
+    /// The hub names the URLs to dial next (in a diagnosis header, in a
+    /// stopping replica's goodbye): only tunnel URLs with a host are kept,
+    /// and no more than [`MAX_ADVERTISED_URLS`] of them, whatever it sends.
+    /// (Each is dialled like any other: the hub CA is checked there too.)
+    #[test]
+    fn urls_the_hub_names_are_kept_only_when_dialable() {
+        let named = [
+            " quic://b.example:8444 ",
+            "h2://[::1]:8444",
+            "wss://b.example",
+            "http://b.example:80",
+            "file:///etc/passwd",
+            "unix:/run/otter.sock",
+            "quic:no-host",
+            "not a url",
+            "",
+        ];
+        let kept: Vec<String> = dialable(named.into_iter())
+            .iter()
+            .map(Url::to_string)
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                "quic://b.example:8444",
+                "h2://[::1]:8444",
+                "wss://b.example/"
+            ]
+        );
+        let many: Vec<String> = (0..100)
+            .map(|i| format!("quic://r{i}.example:8444"))
+            .collect();
+        let kept = dialable(many.iter().map(String::as_str));
+        assert_eq!(kept.len(), MAX_ADVERTISED_URLS);
+        assert_eq!(kept[0].host_str(), Some("r0.example"));
+    }
+
     #[test]
     fn replicas_urls_are_dialled_one_replica_at_a_time_round_and_round() {
         let urls: Vec<Url> = [
