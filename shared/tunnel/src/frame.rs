@@ -9,6 +9,11 @@
 //! hub → agent:  OPEN(RequestHead)  DATA*  END   … (stream stays open: closing it cancels the call)
 //! agent → hub:  HEAD(ResponseHead) DATA*  [TRAILERS]  FIN
 //! ```
+//!
+//! Where the agent has said it watches for a stop
+//! ([`ResponseHead::fin_with_request`], QUIC only), a request the hub has
+//! whole goes `OPEN DATA* END FIN` in one write, and the hub stops reading
+//! the answer (STOP_SENDING) to cancel the call.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
@@ -277,6 +282,13 @@ pub struct ResponseHead {
     pub status: u32,
     #[prost(message, repeated, tag = "2")]
     pub headers: Vec<Header>,
+    /// The agent takes a FIN right after the request's END as the end of
+    /// the request, and watches its answer for a stop (a QUIC
+    /// STOP_SENDING) to learn that the caller left: the hub may send its
+    /// FIN with the requests it sends whole from then on. An agent that
+    /// does not say so takes an early FIN as the call abandoned.
+    #[prost(bool, tag = "3")]
+    pub fin_with_request: bool,
 }
 
 /// Converts an HTTP header map to wire headers.

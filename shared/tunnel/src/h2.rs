@@ -184,6 +184,8 @@ impl Opener for H2Opener {
                 send: Box::new(H2Send::open(stream)),
                 recv: reader(RecvState::Waiting(response)),
                 sent_before: None,
+                fin_with_request: None,
+                stopped: None,
             })
         })
     }
@@ -578,6 +580,8 @@ impl Acceptor for H2Acceptor {
                 send: Box::new(H2Send::unanswered(respond)),
                 recv: reader(RecvState::Ready(request.into_body())),
                 sent_before: None,
+                fin_with_request: None,
+                stopped: None,
             }))
         })
     }

@@ -161,6 +161,10 @@ where
         caller,
         target: target.to_owned(),
     };
+    // Whether a request that is whole may go with its FIN (see
+    // `TunnelStream::fin_with_request`): the agent has said so before.
+    let learnt = stream.fin_with_request;
+    let fin_with_request = learnt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
     let mut writer: Writer = FramedWrite::new(stream.send, codec);
     // Queued, not flushed: it leaves with the request's first bytes.
     writer
@@ -170,7 +174,8 @@ where
     // What the body has ready goes with the head. A body that is already
     // whole (a unary call: one message, then its end) leaves in one write
     // and needs no task to pump it; the response keeps the writer so the
-    // stream stays open until the response is done.
+    // stream stays open until the response is done, unless the agent takes
+    // the FIN with the request.
     let mut body = Box::pin(body);
     let (ready, whole) = ready_data(body.as_mut())?;
     // A write that fails here is the pump's failure: the request is cut
@@ -181,12 +186,17 @@ where
             feed_data(&mut writer, data, limits.max_data).await?;
         }
         if whole {
-            writer.send((ChunkKind::End, Bytes::new())).await?;
+            writer.feed((ChunkKind::End, Bytes::new())).await?;
+            match fin_with_request {
+                true => writer.close().await?,
+                false => writer.flush().await?,
+            }
         }
         Ok::<_, TunnelError>(())
     }
     .await;
     let (sent, done) = match (written, whole) {
+        (Ok(()), true) if fin_with_request => (None, None),
         (Ok(()), true) => (Some(writer), None),
         (Ok(()), false) => {
             let (done_tx, done_rx) = oneshot::channel();
@@ -206,7 +216,12 @@ where
             "expected response head, got {kind:?}"
         )));
     }
-    let (status, headers) = parse_response_head(payload)?;
+    let head = parse_response_head(payload)?;
+    if head.fin_with_request
+        && let Some(learnt) = learnt
+    {
+        learnt.store(true, Ordering::Relaxed);
+    }
     let mut response = http::Response::new(ResponseBody {
         reader,
         done,
@@ -216,16 +231,26 @@ where
         turn_over: false,
         small: Small::default(),
         guard,
+        end_due: false,
     });
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
+    *response.status_mut() = head.status;
+    *response.headers_mut() = head.headers;
     Ok(response)
+}
+
+/// A response head as the hub uses it: checked status and headers.
+#[derive(Debug)]
+pub struct ParsedResponseHead {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    /// See [`ResponseHead::fin_with_request`].
+    pub fin_with_request: bool,
 }
 
 /// Decodes the payload of a HEAD chunk (what the agent sent) into a status
 /// and headers, refusing statuses and headers HTTP does not allow. Public so
 /// the fuzz targets feed it exactly what the hub parses.
-pub fn parse_response_head(payload: Bytes) -> Result<(http::StatusCode, http::HeaderMap)> {
+pub fn parse_response_head(payload: Bytes) -> Result<ParsedResponseHead> {
     let head = ResponseHead::decode(payload)
         .map_err(|e| TunnelError::protocol(format!("response head: {e}")))?;
     // Checked before the cast: a u32 status must not wrap into a valid u16.
@@ -233,7 +258,11 @@ pub fn parse_response_head(payload: Bytes) -> Result<(http::StatusCode, http::He
         .filter(|s| *s <= 999)
         .and_then(|s| http::StatusCode::from_u16(s as u16).ok())
         .ok_or_else(|| TunnelError::protocol(format!("bad status {}", head.status)))?;
-    Ok((status, from_wire(head.headers)?))
+    Ok(ParsedResponseHead {
+        status,
+        headers: from_wire(head.headers)?,
+        fin_with_request: head.fin_with_request,
+    })
 }
 
 /// Decodes the payload of a TRAILERS chunk.
@@ -360,6 +389,26 @@ pub struct ResponseBody {
     /// Let go when the response ends, before its last frame goes on: a
     /// caller who saw the end and calls again finds the place free.
     guard: Option<Box<dyn Any + Send + Sync>>,
+    /// The trailers came and the agent's FIN is still to be read (see
+    /// [`ResponseBody::read_end`]).
+    end_due: bool,
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        if !self.end_due {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let empty: Box<dyn AsyncRead + Send + Unpin> = Box::new(tokio::io::empty());
+        let codec = *self.reader.decoder();
+        let mut reader = std::mem::replace(&mut self.reader, FramedRead::new(empty, codec));
+        runtime.spawn(async move {
+            let _ = tokio::time::timeout(LINGER, reader.next()).await;
+        });
+    }
 }
 
 /// Small frames (under [`SMALL_CHUNK`]) of one response that are still
@@ -500,6 +549,18 @@ impl ResponseBody {
         self.guard = None;
     }
 
+    /// After the trailers only the agent's FIN may come. Read now if it is
+    /// in (it mostly comes in the trailers' datagram), else read when the
+    /// body is dropped: a QUIC stream let go before its end is read sends
+    /// the agent a STOP_SENDING, which means a caller that left. The FIN
+    /// trails the trailers when the agent's connection sends its bytes in
+    /// the moment between their write and its end (one call in twenty on
+    /// a busy machine).
+    fn read_end(&mut self) {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        self.end_due = self.reader.poll_next_unpin(&mut cx).is_pending();
+    }
+
     /// Ended well: the agent's side of the stream is closed too.
     fn finish(&mut self) {
         self.end();
@@ -565,6 +626,7 @@ impl Body for ResponseBody {
                 }
                 Some(Ok((ChunkKind::Trailers, payload))) => {
                     self.finish();
+                    self.read_end();
                     Some(parse_trailers(payload).map(Frame::trailers))
                 }
                 Some(Ok((kind, _))) => {
@@ -651,6 +713,7 @@ where
     B::Error: Into<BoxError>,
 {
     let codec = ChunkCodec { limits };
+    let stopped = stream.stopped;
     let mut reader: Reader = FramedRead::new(stream.recv, codec);
     let (kind, payload) = tokio::time::timeout(HEAD_TIMEOUT, reader.next())
         .await
@@ -680,50 +743,89 @@ where
     // Set once the whole request is read: then the stream is worth
     // keeping open for the hub's end (see below).
     let whole = std::sync::atomic::AtomicBool::new(false);
-    let reading = async {
-        let mut tx = Some(tx);
-        loop {
-            match (reader.next().await, &tx) {
-                (Some(Ok((ChunkKind::Data, data))), sender) => {
-                    // A service that stopped reading the body (or never
-                    // read it) just gets no more of it; its call goes on.
-                    if let Some(sender) = sender
-                        && sender.send(Ok(data)).await.is_err()
-                    {
+    // Where a stop can be seen, the reader stops at the request's end: a
+    // hub that sends its FIN with the request is not taken for a caller
+    // leaving (the FIN is read after the answer), and a stop is.
+    let watches_stop = stopped.is_some();
+    let mut writer: Writer = FramedWrite::new(stream.send, codec);
+    let exchange = respond(service, request, &mut writer, limits, watches_stop);
+    let mut exchange = std::pin::pin!(exchange);
+    let abandoned = || Err(TunnelError::Closed("the hub abandoned the call".into()));
+    let read = {
+        let reading = async {
+            let mut tx = Some(tx);
+            loop {
+                match (reader.next().await, &tx) {
+                    (Some(Ok((ChunkKind::Data, data))), sender) => {
+                        // A service that stopped reading the body (or never
+                        // read it) just gets no more of it; its call goes on.
+                        if let Some(sender) = sender
+                            && sender.send(Ok(data)).await.is_err()
+                        {
+                            tx = None;
+                        }
+                    }
+                    (Some(Ok((ChunkKind::End, _))), _) => {
+                        whole.store(true, std::sync::atomic::Ordering::Relaxed);
                         tx = None;
+                        if watches_stop {
+                            return Read::Whole;
+                        }
                     }
-                }
-                (Some(Ok((ChunkKind::End, _))), _) => {
-                    whole.store(true, std::sync::atomic::Ordering::Relaxed);
-                    tx = None;
-                }
-                (next, _) => {
-                    if let (Some(sender), Some(Err(e))) = (&tx, next) {
-                        let _ = sender.send(Err(e)).await;
+                    (next, _) => {
+                        if let (Some(sender), Some(Err(e))) = (&tx, next) {
+                            let _ = sender.send(Err(e)).await;
+                        }
+                        return Read::Left;
                     }
-                    return;
                 }
             }
+        };
+        let mut reading = std::pin::pin!(reading);
+        tokio::select! {
+            biased;
+            r = &mut exchange => {
+                r?;
+                None
+            }
+            read = &mut reading => Some(read),
         }
     };
-
-    let mut writer: Writer = FramedWrite::new(stream.send, codec);
-    let exchange = respond(service, request, &mut writer, limits);
-    let mut reading = std::pin::pin!(reading);
-    tokio::select! {
-        biased;
-        r = exchange => r?,
-        () = &mut reading => return Err(TunnelError::Closed("the hub abandoned the call".into())),
+    match read {
+        Some(Read::Left) => return abandoned(),
+        Some(Read::Whole) => {
+            let stopped = stopped.unwrap_or_else(|| Box::pin(std::future::pending()));
+            tokio::select! {
+                biased;
+                r = exchange => r?,
+                () = stopped => return abandoned(),
+            }
+        }
+        None => {}
     }
-    // The hub ends its side once it has read the answer. Waiting for that
+    // The hub ends its side once it has read the answer, or has ended it
+    // already where it sends its FIN with the request. Waiting for that
     // (briefly) closes the stream with no frame more: dropped now, with
     // the hub's side still open, the stream would be reset (one more
     // frame, in a write of its own over HTTP/2). A request still coming
     // is not waited for: the reset stops it.
     if whole.load(std::sync::atomic::Ordering::Relaxed) {
-        let _ = tokio::time::timeout(LINGER, reading).await;
+        let _ = tokio::time::timeout(LINGER, async {
+            while let Some(Ok(_)) = reader.next().await {}
+        })
+        .await;
     }
     Ok(())
+}
+
+/// How the reading of a request ended, on the agent's side.
+enum Read {
+    /// The hub closed its side before the request was whole: the caller
+    /// left.
+    Left,
+    /// The request is whole, and the agent watches for a stop (see
+    /// [`ResponseHead::fin_with_request`]) rather than for the hub's FIN.
+    Whole,
 }
 
 /// How long an answered stream waits for the hub to end its side.
@@ -735,6 +837,7 @@ async fn respond<S, B>(
     request: http::Request<RequestBody>,
     writer: &mut Writer,
     limits: Limits,
+    fin_with_request: bool,
 ) -> Result<()>
 where
     S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
@@ -753,6 +856,7 @@ where
     let head = ResponseHead {
         status: u32::from(parts.status.as_u16()),
         headers: to_wire(&parts.headers),
+        fin_with_request,
     };
     writer
         .feed((ChunkKind::Head, head.encode_to_vec().into()))
@@ -871,9 +975,15 @@ mod tests {
             },
         );
         let before = turns.load(Ordering::Relaxed);
-        respond(Bulk { frames: 64 }, request, &mut writer, Limits::default())
-            .await
-            .unwrap();
+        respond(
+            Bulk { frames: 64 },
+            request,
+            &mut writer,
+            Limits::default(),
+            false,
+        )
+        .await
+        .unwrap();
         let given = turns.load(Ordering::Relaxed) - before;
         counter.abort();
         assert!(
@@ -942,6 +1052,238 @@ mod tests {
         agent.await.unwrap().unwrap();
     }
 
+    /// One end of a stream as raw chunks: what the other side's `forward`
+    /// or `serve` wrote, and what this side writes back.
+    struct RawEnd {
+        reader: Reader,
+        writer: Writer,
+    }
+
+    /// A stream between the code under test (its [`TunnelStream`]) and a
+    /// raw end played by the test.
+    fn raw_pair() -> (TunnelStream, RawEnd) {
+        let (tested_send, raw_recv) = tokio::io::duplex(64 * 1024);
+        let (raw_send, tested_recv) = tokio::io::duplex(64 * 1024);
+        let raw = RawEnd {
+            reader: FramedRead::new(Box::new(raw_recv), ChunkCodec::default()),
+            writer: FramedWrite::new(Box::new(raw_send), ChunkCodec::default()),
+        };
+        (TunnelStream::new(tested_send, tested_recv), raw)
+    }
+
+    impl RawEnd {
+        async fn next(&mut self) -> Option<(ChunkKind, Bytes)> {
+            self.reader
+                .next()
+                .await
+                .map(|r| r.expect("a well-formed chunk"))
+        }
+
+        /// The hub's part of a unary call: head, one message, end, and
+        /// with `fin` its FIN at once.
+        async fn request(&mut self, fin: bool) {
+            let head = RequestHead {
+                method: "POST".into(),
+                path: "/svc/Call".into(),
+                ..Default::default()
+            };
+            self.writer
+                .feed((ChunkKind::Open, head.encode_to_vec().into()))
+                .await
+                .unwrap();
+            self.writer
+                .feed((ChunkKind::Data, Bytes::from_static(b"question")))
+                .await
+                .unwrap();
+            self.writer
+                .send((ChunkKind::End, Bytes::new()))
+                .await
+                .unwrap();
+            if fin {
+                self.writer.close().await.unwrap();
+            }
+        }
+    }
+
+    /// What `forward` sends for a unary call once the agent has said it
+    /// takes the FIN with the request: head, message, end and then the
+    /// stream's end, all before any answer. The first call learns it from
+    /// the agent's answer and still keeps its side open.
+    #[tokio::test]
+    async fn a_request_sent_whole_goes_with_its_fin_once_the_agent_said_it_may() {
+        use http_body_util::BodyExt;
+        let learnt = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for call in 0..2 {
+            let (mut stream, mut agent) = raw_pair();
+            stream.fin_with_request = Some(learnt.clone());
+            let request = http::Request::post("/svc/Call")
+                .body(http_body_util::Full::new(Bytes::from_static(b"question")))
+                .unwrap();
+            let hub = tokio::spawn(async move {
+                let response = forward(stream, "", None, request, Limits::default(), None)
+                    .await
+                    .unwrap();
+                response.into_body().collect().await.unwrap().to_bytes()
+            });
+            let kinds: Vec<_> = [agent.next().await, agent.next().await, agent.next().await]
+                .into_iter()
+                .map(|c| c.expect("a chunk").0)
+                .collect();
+            assert_eq!(kinds, [ChunkKind::Open, ChunkKind::Data, ChunkKind::End]);
+            if call == 1 {
+                // The FIN is in before the agent has said a word.
+                let fin = tokio::time::timeout(Duration::from_secs(10), agent.next()).await;
+                assert!(matches!(fin, Ok(None)), "the request's FIN");
+            }
+            let head = ResponseHead {
+                status: 200,
+                fin_with_request: true,
+                ..Default::default()
+            };
+            agent
+                .writer
+                .feed((ChunkKind::Head, head.encode_to_vec().into()))
+                .await
+                .unwrap();
+            agent
+                .writer
+                .feed((ChunkKind::Data, Bytes::from_static(b"answer")))
+                .await
+                .unwrap();
+            agent.writer.close().await.unwrap();
+            assert_eq!(hub.await.unwrap(), "answer");
+            if call == 0 {
+                // Read the answer, the hub ends its side.
+                assert!(
+                    agent.next().await.is_none(),
+                    "the hub's FIN after the answer"
+                );
+                assert!(learnt.load(Ordering::Relaxed), "learnt from the answer");
+            }
+        }
+    }
+
+    /// Answers `answer` once told to; records when its call is dropped
+    /// (answered or not).
+    struct Told {
+        go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
+        dropped: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl tower_service::Service<http::Request<RequestBody>> for &Told {
+        type Response = http::Response<http_body_util::Full<Bytes>>;
+        type Error = Infallible;
+        type Future =
+            futures::future::BoxFuture<'static, std::result::Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::result::Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<RequestBody>) -> Self::Future {
+            let go = self.go.lock().unwrap().take().unwrap();
+            let flag = DropFlag(self.dropped.clone());
+            Box::pin(async move {
+                let _flag = flag;
+                let _ = go.await;
+                let answer = http_body_util::Full::new(Bytes::from_static(b"answer"));
+                Ok(http::Response::new(answer))
+            })
+        }
+    }
+
+    fn told() -> (Told, oneshot::Sender<()>) {
+        let (go, went) = oneshot::channel();
+        let told = Told {
+            go: std::sync::Mutex::new(Some(went)),
+            dropped: Arc::default(),
+        };
+        (told, go)
+    }
+
+    /// An agent that watches for a stop says so in its answer's head,
+    /// answers a request that came with its FIN, and gives the call up
+    /// only when its answer is stopped.
+    #[tokio::test]
+    async fn an_agent_watching_for_a_stop_answers_a_request_that_came_with_its_fin() {
+        // Answered.
+        let (mut stream, mut hub) = raw_pair();
+        let (stop, stopped) = oneshot::channel::<()>();
+        stream.stopped = Some(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        let (service, go) = told();
+        let serving = async {
+            hub.request(true).await;
+            // The request and its FIN are in before the answer is let go.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            go.send(()).unwrap();
+            let (kind, head) = hub.next().await.unwrap();
+            assert_eq!(kind, ChunkKind::Head);
+            assert!(ResponseHead::decode(head).unwrap().fin_with_request);
+            assert_eq!(hub.next().await.unwrap().1, "answer");
+            assert!(hub.next().await.is_none(), "the agent's FIN");
+        };
+        let (served, ()) = tokio::join!(serve(stream, &service, Limits::default()), serving);
+        served.unwrap();
+        drop(stop);
+
+        // Stopped mid-call: the call is given up and its work dropped.
+        let (mut stream, mut hub) = raw_pair();
+        let (stop, stopped) = oneshot::channel::<()>();
+        stream.stopped = Some(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        let (service, _go) = told();
+        let stopping = async {
+            hub.request(true).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!service.dropped.load(Ordering::SeqCst), "still at work");
+            stop.send(()).unwrap();
+        };
+        let (served, ()) = tokio::join!(serve(stream, &service, Limits::default()), stopping);
+        assert!(matches!(served, Err(TunnelError::Closed(_))), "{served:?}");
+        assert!(
+            service.dropped.load(Ordering::SeqCst),
+            "the call's work is dropped"
+        );
+    }
+
+    /// An agent that cannot see a stop says nothing in its heads and takes
+    /// a FIN right after the request as its caller gone, as agents always
+    /// did: a hub must not send it the FIN early.
+    #[tokio::test]
+    async fn an_agent_not_watching_for_a_stop_takes_an_early_fin_as_the_caller_gone() {
+        let (stream, mut hub) = raw_pair();
+        let (service, _go) = told();
+        let (served, ()) = tokio::join!(
+            serve(stream, &service, Limits::default()),
+            hub.request(true)
+        );
+        assert!(matches!(served, Err(TunnelError::Closed(_))), "{served:?}");
+        assert!(service.dropped.load(Ordering::SeqCst));
+
+        let (stream, mut hub) = raw_pair();
+        let (service, go) = told();
+        go.send(()).unwrap();
+        let asking = async {
+            hub.request(false).await;
+            let (_, head) = hub.next().await.unwrap();
+            assert!(!ResponseHead::decode(head).unwrap().fin_with_request);
+            hub.writer.close().await.unwrap();
+        };
+        let (served, ()) = tokio::join!(serve(stream, &service, Limits::default()), asking);
+        served.unwrap();
+    }
+
     /// A response body reading `wire` (chunks as the agent writes them).
     fn body_reading(wire: Vec<u8>) -> ResponseBody {
         let source: Box<dyn AsyncRead + Send + Unpin> = Box::new(std::io::Cursor::new(wire));
@@ -954,6 +1296,7 @@ mod tests {
             turn_over: false,
             small: Small::default(),
             guard: None,
+            end_due: false,
         }
     }
 

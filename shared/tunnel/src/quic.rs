@@ -6,7 +6,7 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -548,7 +548,10 @@ fn handshake(
             })
             .and_then(|certs| certs.first().cloned());
         Ok::<_, TunnelError>(Some(Accepted {
-            opener: Arc::new(QuicOpener { conn }),
+            opener: Arc::new(QuicOpener {
+                conn,
+                fin_with_request: Arc::default(),
+            }),
             peer_cert,
             remote,
             transport: TransportKind::Quic,
@@ -571,6 +574,9 @@ fn handshake(
 #[derive(Debug)]
 pub struct QuicOpener {
     conn: quinn::Connection,
+    /// Whether the agent takes a request's FIN with the request (see
+    /// [`TunnelStream`]): learnt from its answers, shared by the streams.
+    fin_with_request: Arc<AtomicBool>,
 }
 
 impl Opener for QuicOpener {
@@ -582,6 +588,8 @@ impl Opener for QuicOpener {
                 send: Box::new(Prioritized::request(send, sent_before.clone())),
                 recv: Box::new(recv),
                 sent_before: Some(sent_before),
+                fin_with_request: Some(self.fin_with_request.clone()),
+                stopped: None,
             })
         })
     }
@@ -872,7 +880,17 @@ impl Acceptor for QuicAcceptor {
     fn accept(&mut self) -> BoxFuture<'_, Result<Option<TunnelStream>>> {
         Box::pin(async move {
             match self.conn.accept_bi().await {
-                Ok((send, recv)) => Ok(Some(TunnelStream::new(Prioritized::answer(send), recv))),
+                Ok((send, recv)) => {
+                    // Made now, while the stream is at hand; polled only
+                    // once a request has come with its FIN.
+                    let stopped = send.stopped();
+                    Ok(Some(TunnelStream {
+                        stopped: Some(Box::pin(async move {
+                            let _ = stopped.await;
+                        })),
+                        ..TunnelStream::new(Prioritized::answer(send), recv)
+                    }))
+                }
                 Err(quinn::ConnectionError::LocallyClosed) => Ok(None),
                 Err(e) => Err(e.into()),
             }

@@ -6,7 +6,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -65,6 +65,20 @@ pub struct TunnelStream {
     /// Where a transport that schedules its streams' bytes reads what
     /// [`TunnelStream::continues`] said.
     pub(crate) sent_before: Option<Arc<AtomicU64>>,
+    /// The hub's side: set once the tunnel's agent has said, in a response
+    /// head, that it takes a FIN right after a request's END as the
+    /// request's end and a stop of its answer as the caller gone. From then
+    /// on a request that is whole goes with its FIN, instead of the FIN
+    /// following once the answer is read: a datagram less each way per
+    /// unary call over QUIC. `None` where the agent's side cannot see a
+    /// stop (HTTP/2, whose END_STREAM shares the TCP segment the hub sends
+    /// anyway, and the in-memory pipes).
+    pub(crate) fin_with_request: Option<Arc<AtomicBool>>,
+    /// The agent's side: resolves once the hub stops reading the answer (a
+    /// QUIC STOP_SENDING, sent when the hub drops an unfinished answer) or
+    /// the connection goes. With the request's FIN already in, it is the
+    /// only sign left that the caller went away.
+    pub(crate) stopped: Option<BoxFuture<'static, ()>>,
 }
 
 impl TunnelStream {
@@ -76,6 +90,8 @@ impl TunnelStream {
             send: Box::new(send),
             recv: Box::new(recv),
             sent_before: None,
+            fin_with_request: None,
+            stopped: None,
         }
     }
 

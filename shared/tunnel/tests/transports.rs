@@ -28,8 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 type Resp = http::Response<BoxBody<Bytes, Infallible>>;
 
-/// Test service: `/echo` echoes the body with trailers, `/bulk` streams
-/// forever, `/hang` never ends and records when it is dropped.
+/// Test service: `/echo` echoes the body with trailers (`/slow` too, after
+/// 50 ms), `/bulk` streams forever, `/hang` never ends and records when it
+/// is dropped.
 fn service(
     dropped: Arc<AtomicBool>,
 ) -> impl tower::Service<http::Request<RequestBody>, Response = Resp, Error = Infallible, Future: Send>
@@ -46,7 +47,10 @@ fn service(
                 .unwrap_or_default();
             let path = req.uri().path().to_owned();
             let body: BoxBody<Bytes, Infallible> = match path.as_str() {
-                "/echo" => {
+                "/echo" | "/slow" => {
+                    if path == "/slow" {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                     let data = req
                         .into_body()
                         .collect()
@@ -360,18 +364,28 @@ async fn ws_transport() {
 /// so neither side stops or resets the stream. Before, the agent let go of
 /// the stream as soon as it had answered, which cost each call a
 /// STOP_SENDING from the agent and a RESET_STREAM from the hub (and over
-/// HTTP/2 a reset in a write of its own). A call whose caller leaves
-/// mid-answer is the control: that stream is reset.
+/// HTTP/2 a reset in a write of its own). The same holds once the hub
+/// sends its FIN with the request, on a busy machine too: there the
+/// agent's FIN now and then trails its trailers, and a hub that let go of
+/// the stream at the trailers stopped it (one call in twenty). A call
+/// whose caller leaves mid-answer is the control: that stream is reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_quic_calls_end_without_resets() {
     tls::install_default_provider();
     let dropped = Arc::new(AtomicBool::new(false));
     let opener = connect("quic", dropped.clone()).await;
-    for _ in 0..50 {
+    // Keeps both workers busy, as other tunnels would.
+    let busy = tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    });
+    for _ in 0..200 {
         let resp = call(&*opener, "/echo", b"hello tunnel").await;
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"hello tunnel");
     }
+    busy.abort();
     let counts = opener.packets().expect("QUIC counts packets");
     assert_eq!(
         (counts.resets_sent, counts.resets_received),
@@ -388,6 +402,46 @@ async fn finished_quic_calls_end_without_resets() {
             "an abandoned call was not reset"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The hub sends a request's FIN with the request only to an agent that
+/// said it watches for a stop. One that did not (an agent from before, or
+/// one whose streams cannot see a stop) takes an early FIN as its caller
+/// gone: its slow calls are still answered, because the hub keeps its side
+/// open until it has read the answer. Either way a caller that leaves
+/// mid-call ends the agent's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_hub_sends_the_fin_early_only_to_agents_that_watch_for_a_stop() {
+    for watches in [false, true] {
+        let (mut acceptor, tunnel, _shutdown) = quic_tunnel().await;
+        let dropped = Arc::new(AtomicBool::new(false));
+        let flag = dropped.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(stream)) = acceptor.accept().await {
+                let stream = match watches {
+                    true => stream,
+                    false => otter_tunnel::TunnelStream::new(stream.send, stream.recv),
+                };
+                tokio::spawn(serve(stream, service(flag.clone()), Limits::default()));
+            }
+        });
+        for i in 0..5 {
+            let resp = call(&*tunnel.opener, "/slow", b"take your time").await;
+            let body = resp.into_body().collect().await;
+            let body = body.unwrap_or_else(|e| panic!("watches {watches}, call {i}: {e}"));
+            assert_eq!(&body.to_bytes()[..], b"take your time");
+        }
+        let hang = call(&*tunnel.opener, "/hang", b"").await;
+        drop(hang);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !dropped.load(Ordering::SeqCst) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "watches {watches}: the agent did not notice the cancelled call"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 
