@@ -1071,6 +1071,16 @@ mod tests {
         (TunnelStream::new(tested_send, tested_recv), raw)
     }
 
+    /// [`raw_pair`] whose tested end watches for a stop, and what stops it.
+    fn watching_pair() -> (TunnelStream, RawEnd, oneshot::Sender<()>) {
+        let (mut stream, raw) = raw_pair();
+        let (stop, stopped) = oneshot::channel::<()>();
+        stream.stopped = Some(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        (stream, raw, stop)
+    }
+
     impl RawEnd {
         async fn next(&mut self) -> Option<(ChunkKind, Bytes)> {
             self.reader
@@ -1215,11 +1225,7 @@ mod tests {
     #[tokio::test]
     async fn an_agent_watching_for_a_stop_answers_a_request_that_came_with_its_fin() {
         // Answered.
-        let (mut stream, mut hub) = raw_pair();
-        let (stop, stopped) = oneshot::channel::<()>();
-        stream.stopped = Some(Box::pin(async move {
-            let _ = stopped.await;
-        }));
+        let (stream, mut hub, stop) = watching_pair();
         let (service, go) = told();
         let serving = async {
             hub.request(true).await;
@@ -1237,11 +1243,7 @@ mod tests {
         drop(stop);
 
         // Stopped mid-call: the call is given up and its work dropped.
-        let (mut stream, mut hub) = raw_pair();
-        let (stop, stopped) = oneshot::channel::<()>();
-        stream.stopped = Some(Box::pin(async move {
-            let _ = stopped.await;
-        }));
+        let (stream, mut hub, stop) = watching_pair();
         let (service, _go) = told();
         let stopping = async {
             hub.request(true).await;

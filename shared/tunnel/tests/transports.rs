@@ -283,6 +283,19 @@ async fn call(
         .unwrap()
 }
 
+/// Waits (10 s at most) until the agent's `/hang` call has been dropped:
+/// the agent noticed its caller leave.
+async fn noticed(dropped: &AtomicBool, case: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{case}: the agent did not notice the cancelled call"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn scenarios(kind: &str) {
     let dropped = Arc::new(AtomicBool::new(false));
     let opener = connect(kind, dropped.clone()).await;
@@ -316,14 +329,7 @@ async fn scenarios(kind: &str) {
     let hang = call(&*opener, "/hang", b"").await;
     assert!(!dropped.load(Ordering::SeqCst));
     drop(hang);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !dropped.load(Ordering::SeqCst) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "agent did not notice the cancelled call"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    noticed(&dropped, kind).await;
 
     // Closing the tunnel is seen by both ends.
     opener.close("test over");
@@ -434,14 +440,7 @@ async fn quic_hub_sends_the_fin_early_only_to_agents_that_watch_for_a_stop() {
         }
         let hang = call(&*tunnel.opener, "/hang", b"").await;
         drop(hang);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !dropped.load(Ordering::SeqCst) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "watches {watches}: the agent did not notice the cancelled call"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        noticed(&dropped, &format!("watches {watches}")).await;
     }
 }
 
