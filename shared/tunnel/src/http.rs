@@ -1173,6 +1173,59 @@ mod tests {
         }
     }
 
+    /// An agent that sends its trailers and never its FIN holds the hub's
+    /// side of the stream for [`LINGER`], no longer: the hub waits that
+    /// long for the FIN behind the trailers, then lets the stream go.
+    #[tokio::test]
+    async fn an_agents_end_that_never_comes_is_waited_for_two_seconds_at_most() {
+        use http_body_util::BodyExt;
+        let (stream, mut agent) = raw_pair();
+        let request = http::Request::post("/svc/Call")
+            .body(http_body_util::Full::new(Bytes::from_static(b"question")))
+            .unwrap();
+        let hub = tokio::spawn(async move {
+            let response = forward(stream, "", None, request, Limits::default(), None)
+                .await
+                .unwrap();
+            let body = response.into_body().collect().await.unwrap();
+            body.trailers().cloned()
+        });
+        for _ in 0..3 {
+            agent.next().await.expect("the request's chunks");
+        }
+        let head = ResponseHead {
+            status: 200,
+            ..Default::default()
+        };
+        let trailers = HeaderList {
+            headers: to_wire(&http::HeaderMap::from_iter([(
+                http::header::HeaderName::from_static("grpc-status"),
+                http::HeaderValue::from_static("0"),
+            )])),
+        };
+        agent
+            .writer
+            .feed((ChunkKind::Head, head.encode_to_vec().into()))
+            .await
+            .unwrap();
+        agent
+            .writer
+            .send((ChunkKind::Trailers, trailers.encode_to_vec().into()))
+            .await
+            .unwrap();
+        let trailers = hub.await.unwrap().expect("the trailers");
+        assert_eq!(trailers["grpc-status"], "0");
+        // The answer is done and its body dropped; the stream is still
+        // read (a byte of a chunk header goes in)...
+        let raw = agent.writer.get_mut();
+        raw.write_all(&[ChunkKind::Data as u8]).await.unwrap();
+        raw.flush().await.unwrap();
+        // ... until the wait is over.
+        tokio::time::sleep(LINGER + Duration::from_millis(100)).await;
+        let late = raw.write_all(&[0]).await;
+        assert!(late.is_err(), "the hub still holds the stream: {late:?}");
+    }
+
     /// Answers `answer` once told to; records when its call is dropped
     /// (answered or not).
     struct Told {
