@@ -992,34 +992,6 @@ mod tests {
         );
     }
 
-    /// Answers without reading the request, once told to.
-    struct Unread {
-        go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
-    }
-
-    impl tower_service::Service<http::Request<RequestBody>> for &Unread {
-        type Response = http::Response<BulkBody>;
-        type Error = Infallible;
-        type Future =
-            futures::future::BoxFuture<'static, std::result::Result<Self::Response, Infallible>>;
-
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<std::result::Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
-            drop(request);
-            let go = self.go.lock().unwrap().take().unwrap();
-            Box::pin(async move {
-                let _ = go.await;
-                let answer = vec![Ok(Frame::data(Bytes::from_static(b"answer")))];
-                Ok(http::Response::new(http_body_util::StreamBody::new(
-                    futures::stream::iter(answer),
-                )))
-            })
-        }
-    }
-
     /// A service that drops the request unread keeps its call: the rest of
     /// the request and its end are read and dropped, and only the hub
     /// closing its side abandons the call.
@@ -1028,10 +1000,7 @@ mod tests {
         use http_body_util::BodyExt;
         let (hub_send, agent_recv) = tokio::io::duplex(64 * 1024);
         let (agent_send, hub_recv) = tokio::io::duplex(64 * 1024);
-        let (go, went) = oneshot::channel();
-        let unread = Unread {
-            go: std::sync::Mutex::new(Some(went)),
-        };
+        let (unread, go) = told();
         let agent = tokio::spawn(async move {
             let stream = TunnelStream::new(agent_send, agent_recv);
             serve(stream, &unread, Limits::default()).await
@@ -1089,6 +1058,19 @@ mod tests {
                 .map(|r| r.expect("a well-formed chunk"))
         }
 
+        /// The agent's head of a 200 answer, queued.
+        async fn answer_head(&mut self, fin_with_request: bool) {
+            let head = ResponseHead {
+                status: 200,
+                fin_with_request,
+                ..Default::default()
+            };
+            self.writer
+                .feed((ChunkKind::Head, head.encode_to_vec().into()))
+                .await
+                .unwrap();
+        }
+
         /// The hub's part of a unary call: head, one message, end, and
         /// with `fin` its FIN at once.
         async fn request(&mut self, fin: bool) {
@@ -1115,26 +1097,34 @@ mod tests {
         }
     }
 
+    /// The hub's side of a unary call over `stream`: the whole answer, once
+    /// it has ended.
+    fn hub_asking(
+        stream: TunnelStream,
+    ) -> tokio::task::JoinHandle<http_body_util::Collected<Bytes>> {
+        use http_body_util::BodyExt;
+        let request = http::Request::post("/svc/Call")
+            .body(http_body_util::Full::new(Bytes::from_static(b"question")))
+            .unwrap();
+        tokio::spawn(async move {
+            let response = forward(stream, "", None, request, Limits::default(), None)
+                .await
+                .unwrap();
+            response.into_body().collect().await.unwrap()
+        })
+    }
+
     /// What `forward` sends for a unary call once the agent has said it
     /// takes the FIN with the request: head, message, end and then the
     /// stream's end, all before any answer. The first call learns it from
     /// the agent's answer and still keeps its side open.
     #[tokio::test]
     async fn a_request_sent_whole_goes_with_its_fin_once_the_agent_said_it_may() {
-        use http_body_util::BodyExt;
         let learnt = Arc::new(std::sync::atomic::AtomicBool::new(false));
         for call in 0..2 {
             let (mut stream, mut agent) = raw_pair();
             stream.fin_with_request = Some(learnt.clone());
-            let request = http::Request::post("/svc/Call")
-                .body(http_body_util::Full::new(Bytes::from_static(b"question")))
-                .unwrap();
-            let hub = tokio::spawn(async move {
-                let response = forward(stream, "", None, request, Limits::default(), None)
-                    .await
-                    .unwrap();
-                response.into_body().collect().await.unwrap().to_bytes()
-            });
+            let hub = hub_asking(stream);
             let kinds: Vec<_> = [agent.next().await, agent.next().await, agent.next().await]
                 .into_iter()
                 .map(|c| c.expect("a chunk").0)
@@ -1145,23 +1135,14 @@ mod tests {
                 let fin = tokio::time::timeout(Duration::from_secs(10), agent.next()).await;
                 assert!(matches!(fin, Ok(None)), "the request's FIN");
             }
-            let head = ResponseHead {
-                status: 200,
-                fin_with_request: true,
-                ..Default::default()
-            };
-            agent
-                .writer
-                .feed((ChunkKind::Head, head.encode_to_vec().into()))
-                .await
-                .unwrap();
+            agent.answer_head(true).await;
             agent
                 .writer
                 .feed((ChunkKind::Data, Bytes::from_static(b"answer")))
                 .await
                 .unwrap();
             agent.writer.close().await.unwrap();
-            assert_eq!(hub.await.unwrap(), "answer");
+            assert_eq!(hub.await.unwrap().to_bytes(), "answer");
             if call == 0 {
                 // Read the answer, the hub ends its side.
                 assert!(
@@ -1178,42 +1159,25 @@ mod tests {
     /// long for the FIN behind the trailers, then lets the stream go.
     #[tokio::test]
     async fn an_agents_end_that_never_comes_is_waited_for_two_seconds_at_most() {
-        use http_body_util::BodyExt;
         let (stream, mut agent) = raw_pair();
-        let request = http::Request::post("/svc/Call")
-            .body(http_body_util::Full::new(Bytes::from_static(b"question")))
-            .unwrap();
-        let hub = tokio::spawn(async move {
-            let response = forward(stream, "", None, request, Limits::default(), None)
-                .await
-                .unwrap();
-            let body = response.into_body().collect().await.unwrap();
-            body.trailers().cloned()
-        });
+        let hub = hub_asking(stream);
         for _ in 0..3 {
             agent.next().await.expect("the request's chunks");
         }
-        let head = ResponseHead {
-            status: 200,
-            ..Default::default()
-        };
         let trailers = HeaderList {
             headers: to_wire(&http::HeaderMap::from_iter([(
                 http::header::HeaderName::from_static("grpc-status"),
                 http::HeaderValue::from_static("0"),
             )])),
         };
-        agent
-            .writer
-            .feed((ChunkKind::Head, head.encode_to_vec().into()))
-            .await
-            .unwrap();
+        agent.answer_head(false).await;
         agent
             .writer
             .send((ChunkKind::Trailers, trailers.encode_to_vec().into()))
             .await
             .unwrap();
-        let trailers = hub.await.unwrap().expect("the trailers");
+        let answer = hub.await.unwrap();
+        let trailers = answer.trailers().expect("the trailers");
         assert_eq!(trailers["grpc-status"], "0");
         // The answer is done and its body dropped; the stream is still
         // read (a byte of a chunk header goes in)...
@@ -1226,8 +1190,8 @@ mod tests {
         assert!(late.is_err(), "the hub still holds the stream: {late:?}");
     }
 
-    /// Answers `answer` once told to; records when its call is dropped
-    /// (answered or not).
+    /// Answers `answer` once told to, without reading the request; records
+    /// when its call is dropped (answered or not).
     struct Told {
         go: std::sync::Mutex<Option<oneshot::Receiver<()>>>,
         dropped: Arc<std::sync::atomic::AtomicBool>,
