@@ -71,14 +71,18 @@ toolchain:
 
 # Our crates. Tests find their files through the folder of the checkout they
 # were compiled in, and cargo reuses a build directory's artifacts across
-# checkouts in other folders; so when the checkout moved, ours are rebuilt
-# (the dependencies stay cached).
+# checkouts in other folders (it judges freshness by file times, so a build
+# from another checkout's older commit passes for this one's); so when the
+# checkout moved, ours are rebuilt in every profile the tests and the bench
+# use (the dependencies stay cached).
 WORKSPACE_CRATES := otter-proto otter-openapi otter-pki otter-tunnel otter-crds otter-hub otter-agent kube-sim otter-e2e otter-bench
 
 checkout:
 	@if [ "$$(cat $(CARGO_TARGET_DIR)/.checkout 2>/dev/null)" != "$(CURDIR)" ]; then \
 		echo "build directory last used by another checkout: rebuilding this workspace's crates"; \
-		$(CARGO) clean -q $(addprefix -p ,$(WORKSPACE_CRATES)) || true; \
+		for profile in dev release profiling; do \
+			$(CARGO) clean -q --profile $$profile $(addprefix -p ,$(WORKSPACE_CRATES)) || true; \
+		done; \
 		mkdir -p $(CARGO_TARGET_DIR); echo "$(CURDIR)" > $(CARGO_TARGET_DIR)/.checkout; \
 	fi
 
@@ -94,7 +98,7 @@ demo:
 ## bench: throughput, latency, head-of-line isolation, scale, reconnect storm,
 ## footprint (table on stdout, target/bench/results.json); QUICK=1 short, FULL=1
 ## with 10,000 agents
-bench:
+bench: checkout
 	QUICK="$(QUICK)" FULL="$(FULL)" scripts/bench.sh
 
 ## fuzz: every fuzz target (shared/tunnel, shared/pki, hub) for FUZZ_SECONDS
