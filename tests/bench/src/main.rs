@@ -60,10 +60,8 @@ fn main() -> anyhow::Result<()> {
     // down, and why). A subscriber is always installed, as the binaries
     // install one: without it every span of the call path would go through
     // tracing's `log` fallback, a cost the product does not pay.
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("OTTER_LOG").unwrap_or_else(|_| "warn".into());
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(otter_tunnel::logging::filter("warn"))
         .with_writer(std::io::stderr)
         .try_init();
     // Before any QUIC endpoint: this process makes one per simulated agent.
