@@ -57,6 +57,13 @@ pub struct LinkRecord {
     /// copy of an older one say, is refused at the tunnel and at renewal.
     #[serde(default)]
     pub prev_serial: Option<String>,
+    /// This agent's own enrollment retries answered before the one in
+    /// `prev_serial`, newest first, at most [`RETRIES_KEPT`]: when three or
+    /// more of its Registers on one token raced, the agent holds whichever
+    /// answer reached it, and that may be any of them. Accepted and retired
+    /// with `prev_serial`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retried_serials: Vec<String>,
     /// Unix seconds.
     pub cert_not_after: i64,
     pub first_seen: i64,
@@ -89,9 +96,29 @@ impl LinkRecord {
     /// Whether a certificate with `serial` is this link's: the one last
     /// issued, or the one its agent renewed with.
     pub fn holds(&self, serial: &str) -> bool {
-        self.cert_serial == serial || self.prev_serial.as_deref() == Some(serial)
+        self.cert_serial == serial
+            || self.prev_serial.as_deref() == Some(serial)
+            || self.retried_serials.iter().any(|s| s == serial)
+    }
+
+    /// Whether a certificate other than the newest is still accepted.
+    pub fn keeps_older(&self) -> bool {
+        self.prev_serial.is_some() || !self.retried_serials.is_empty()
+    }
+
+    /// Retires every certificate but the newest.
+    pub fn forget_older(&mut self) {
+        self.prev_serial = None;
+        self.retried_serials.clear();
     }
 }
+
+/// Enrollment retries of one agent whose certificates a link accepts
+/// beside the newest two ([`LinkRecord::retried_serials`]). An agent asks
+/// again only after giving up on an answer, so a few at once is already
+/// a hub far behind; more are not kept, and an agent holding one of
+/// those is refused until an admin re-enrolls it.
+pub const RETRIES_KEPT: usize = 4;
 
 /// Renewals of one cluster are at least this far apart.
 pub const MIN_RENEWAL_GAP: std::time::Duration = std::time::Duration::from_secs(2);
@@ -419,6 +446,8 @@ impl LinkSvc {
             rancher_project_id: rancher_project_id.to_owned(),
             cert_serial: issued.serial.clone(),
             prev_serial: renewed_with,
+            // An own retry's (write_link reads them where they are).
+            retried_serials: Vec::new(),
             cert_not_after: issued.not_after,
             first_seen: previous.as_ref().map_or(now, |p| p.first_seen),
             last_seen: now,
@@ -898,16 +927,24 @@ fn write_link(
             }
             // An enrollment this agent asked for again (the answer to the
             // first was lost, or came after the agent gave up on it): the
-            // hub answered both, and the agent holds whichever reached it.
-            // Both stay good until the newest carries a tunnel, as after a
-            // renewal. Written over when the two raced, the one written
-            // first is the one kept. Never for a re-enrollment's first
-            // Register: the replaced agent's certificate goes.
+            // hub answered every one, and the agent holds whichever reached
+            // it. All stay good until the newest carries a tunnel, as after
+            // a renewal, whatever order their writes came in. Never for a
+            // re-enrollment's first Register: the replaced agent's
+            // certificate goes.
             if own_retry
                 && there.agent_id == record.agent_id
                 && there.reenroll_after.is_none()
                 && there.cert_serial != record.cert_serial
             {
+                record.retried_serials = there
+                    .prev_serial
+                    .iter()
+                    .chain(&there.retried_serials)
+                    .filter(|s| **s != record.cert_serial)
+                    .take(RETRIES_KEPT)
+                    .cloned()
+                    .collect();
                 record.prev_serial = Some(there.cert_serial.clone());
             }
             if keep_labels {

@@ -114,7 +114,7 @@ fn admit(state: &Arc<HubState>, mut a: Accepted) -> Result<(), Refused> {
             cluster,
         });
     }
-    if link.cert_serial == peer.serial && link.prev_serial.is_some() {
+    if link.cert_serial == peer.serial && link.keeps_older() {
         forget_previous_serial(state, &cluster, &peer.serial);
     }
     // The tunnel the agent dialled last wins, not the one admitted last: a
@@ -247,10 +247,10 @@ pub fn unresponsive(state: &HubState, entry: &TunnelEntry) -> bool {
 /// tunnel on its new certificate retires again.
 fn forget_previous_serial(state: &HubState, cluster: &str, current: &str) {
     let retired = crate::link_service::update_link_unflushed(&*state.store, cluster, |link| {
-        if link.cert_serial != current || link.prev_serial.is_none() {
+        if link.cert_serial != current || !link.keeps_older() {
             return false;
         }
-        link.prev_serial = None;
+        link.forget_older();
         true
     });
     match retired {

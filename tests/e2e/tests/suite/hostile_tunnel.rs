@@ -610,16 +610,19 @@ async fn a_superseded_certificate_is_refused_at_the_tunnel_and_at_renewal() {
     hub.hub.shutdown().await;
 }
 
-/// An agent that asked for its enrollment twice on its token (the answer
+/// An agent that asked for its enrollment again on its token (the answer
 /// to the first was lost on the way, or came after it had given up) holds
-/// the certificate of whichever answer reached it: both open a tunnel
-/// until the newest has carried one. In a first connect of 10,000 agents
-/// on two replicas, two Registers of one agent answered in the opposite
-/// order left that agent refused everywhere (its certificate superseded,
-/// its token spent) until an admin re-enrolled it. A re-enrollment keeps
-/// none of the replaced agent's certificates.
+/// the certificate of whichever answer reached it: every one opens a
+/// tunnel until the newest has carried one, up to the newest two and
+/// `RETRIES_KEPT` before them. In a first connect of 10,000 agents on
+/// two replicas, two Registers of one agent answered in the opposite order
+/// left that agent refused everywhere (its certificate superseded, its
+/// token spent) until an admin re-enrolled it; with one previous serial
+/// kept, three that raced could still. A re-enrollment keeps none of the
+/// replaced agent's certificates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_enrollment_asked_twice_honours_both_answers() {
+async fn an_enrollment_asked_again_honours_every_answer() {
+    use otter_hub::link_service::RETRIES_KEPT;
     use otter_hub::store::StoreExt;
     let hub = TestHub::start().await;
     let enroll = async |token: &str| enrolled_with(&hub, "edge-r", "r1", token).await;
@@ -632,11 +635,26 @@ async fn an_enrollment_asked_twice_honours_both_answers() {
             .unwrap()
     };
     let token = hub.hub.mint_join_token("edge-r").unwrap();
-    let (cert1, key1) = enroll(&token).await;
-    let (cert2, key2) = enroll(&token).await;
-    // The agent kept the first answer: its tunnel is admitted, until the
-    // newest carries one.
-    let newest = old_then_new(&hub, "edge-r", "r1", (&cert1, &key1), (&cert2, &key2)).await;
+    // One answer more than are kept, each written after the one before.
+    let mut answers = Vec::new();
+    for _ in 0..RETRIES_KEPT + 3 {
+        answers.push(enroll(&token).await);
+    }
+    let (beyond, kept) = answers.split_first().unwrap();
+    let (newest, older) = kept.split_last().unwrap();
+    for transport in [TransportKind::H2, TransportKind::Quic] {
+        let why = refusal(&hub, transport, &beyond.0, &beyond.1).await;
+        assert!(!why.is_empty(), "{transport:?}");
+    }
+    // The agent kept the oldest answer still honoured: its tunnel is
+    // admitted, until the newest carries one; then none of the older.
+    let (cert1, key1) = &older[0];
+    let (cert2, key2) = newest;
+    let newest = old_then_new(&hub, "edge-r", "r1", (cert1, key1), (cert2, key2)).await;
+    for (cert, key) in &older[1..] {
+        let why = refusal(&hub, TransportKind::Quic, cert, key).await;
+        assert!(!why.is_empty());
+    }
     newest.abort();
 
     // An admin re-enrolls the cluster; the new agent (same name) enrolls
@@ -651,9 +669,9 @@ async fn an_enrollment_asked_twice_honours_both_answers() {
         .unwrap()
         .serial;
     assert_eq!(link().cert_serial, serial3);
-    assert_eq!(link().prev_serial, None);
+    assert!(!link().keeps_older());
     for transport in [TransportKind::H2, TransportKind::Quic] {
-        let why = refusal(&hub, transport, &cert2, &key2).await;
+        let why = refusal(&hub, transport, cert2, key2).await;
         assert!(!why.is_empty(), "{transport:?}");
     }
     hub.hub.shutdown().await;
@@ -872,7 +890,7 @@ async fn resumed_sessions_of_expired_or_superseded_certificates_are_refused() {
                     .store
                     .get::<LinkRecord>("links", "edge-r")
                     .unwrap()
-                    .is_some_and(|l| l.prev_serial.is_none())
+                    .is_some_and(|l| !l.keeps_older())
             },
             "the old serial retired",
         )
