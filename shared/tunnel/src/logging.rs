@@ -30,12 +30,13 @@ impl std::str::FromStr for LogFormat {
 /// says less than the agent's own: the agent reads those refusals itself,
 /// and says which hub went away and when it dials again. A process with
 /// many sockets (the bench's thousands of simulated agents after a crash)
-/// printed one per socket. `OTTER_LOG` that names `quinn_udp` shows them.
+/// printed one per socket. Any `OTTER_LOG` replaces this default, so
+/// `OTTER_LOG=info` shows them.
 const QUIETER: &str = "quinn_udp=error";
 
 /// What is logged unless `OTTER_LOG` says otherwise: `level` for all but
 /// [`QUIETER`]'s targets.
-pub fn default_filter(level: &str) -> tracing_subscriber::EnvFilter {
+fn default_filter(level: &str) -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::new(format!("{level},{QUIETER}"))
 }
 
