@@ -151,6 +151,10 @@ pub struct Hub {
     pub ops_addrs: Vec<(SocketAddr, crate::ops::Roles)>,
     initial_ca_pem: String,
     shutdown: CancellationToken,
+    /// Stops admitting tunnels: the first step of a stop, so an agent that
+    /// took its goodbye and dialled straight back is not admitted while
+    /// the others are told (a child of `shutdown`).
+    intake: CancellationToken,
     /// Stops the last-seen writer, which outlives the other tasks: tunnels
     /// closing at shutdown record their times to the end.
     last_seen_writer: (CancellationToken, tokio::task::JoinHandle<()>),
@@ -379,11 +383,12 @@ impl Hub {
             api_pending,
         });
         let shutdown = CancellationToken::new();
+        let intake = shutdown.child_token();
         let (accepted_tx, accepted_rx) = mpsc::channel(256);
         tasks.spawn(crate::tunnels::run(
             state.clone(),
             accepted_rx,
-            shutdown.clone(),
+            intake.clone(),
         ));
         tasks.spawn(crate::tunnels::watch_liveness(
             state.clone(),
@@ -489,6 +494,7 @@ impl Hub {
             admin_token,
             ops_addrs,
             shutdown,
+            intake,
             last_seen_writer,
         })
     }
@@ -555,6 +561,7 @@ impl Hub {
         self.state
             .serving
             .store(false, std::sync::atomic::Ordering::Release);
+        self.intake.cancel();
         let tunnels = self.state.registry.all();
         let step = std::time::Instant::now();
         // The goodbye sends the agents to the other live replicas.
@@ -591,6 +598,13 @@ impl Hub {
         }
         self.shutdown.cancel();
         self.state.uploads.stop();
+        // One the intake was admitting as it stopped: closed too, or its
+        // task would wait for a close that never comes.
+        for t in self.state.registry.all() {
+            if !tunnels.iter().any(|s| s.id == t.id) {
+                t.opener.close(bye);
+            }
+        }
         slow_step(step, "saying goodbye on every tunnel");
         let step = std::time::Instant::now();
         for t in tunnels {
