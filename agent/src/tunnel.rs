@@ -1659,25 +1659,40 @@ const URL_REFRESH_ROUNDS: u32 = 3;
 const URL_REFRESH_AFTER: Duration = Duration::from_secs(10);
 const URL_REFRESH_EVERY: Duration = Duration::from_secs(60);
 
-/// Whether the hub's API port takes a TCP connection (through the proxy
-/// when one applies), bounded by a few seconds.
+/// Whether one of the hub's API URLs takes a TCP connection (through the
+/// proxy when one applies), all asked at once, bounded by a few seconds.
+/// Any of them, not only the first: Register and renewals take the first
+/// that answers, and an agent whose first `--hub-url` was the replica that
+/// went away, holding only that replica's tunnel URLs, would otherwise
+/// never ask another replica where tunnels are served now.
 async fn api_reachable(config: &AgentConfig) -> bool {
-    let Some(host) = config.hub_url.host_str() else {
-        return false;
+    use futures::StreamExt;
+    let mut asked: futures::stream::FuturesUnordered<_> = config
+        .hub_urls()
+        .map(|url| api_port_takes(config, url))
+        .collect();
+    let any = async {
+        while let Some(took) = asked.next().await {
+            if took {
+                return true;
+            }
+        }
+        false
     };
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    let port = config.hub_url.port_or_known_default().unwrap_or(443);
-    let connect = async {
-        enroll::dial_tcp(&host, port, config.proxy.as_ref())
-            .await
-            .is_ok()
-    };
-    tokio::time::timeout(Duration::from_secs(5), connect)
+    tokio::time::timeout(Duration::from_secs(5), any)
         .await
         .unwrap_or(false)
+}
+
+async fn api_port_takes(config: &AgentConfig, url: &Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port_or_known_default().unwrap_or(443);
+    enroll::dial_tcp(host, port, config.proxy.as_ref())
+        .await
+        .is_ok()
 }
 
 /// Whether `addr` refuses TCP connections outright (a reset: nothing

@@ -1652,3 +1652,98 @@ async fn a_quic_agent_leaves_a_killed_replica_when_its_port_refuses() {
     .await;
     agent.agent.shutdown().await;
 }
+
+/// An agent whose replica went away before it heard of any other (it holds
+/// that replica's tunnel URLs only, and its first `--hub-url` is that
+/// replica's API) asks its other hub URLs whether the hub is up, and once
+/// one answers, registers through it and takes the tunnel URLs served now.
+/// Asking the first URL alone, the agent found the hub down and dialled
+/// the dead replica's port for as long as its certificate lasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_knew_one_replica_finds_another_through_its_other_hub_url() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = otter_e2e::etcd::store_key(dir.path());
+    let otter_e2e::etcd::ReplicaProcs {
+        mut procs,
+        ports,
+        token,
+        ca,
+    } = otter_e2e::etcd::replica_procs(dir.path(), &etcd.url(), &key, 1, &[]).await;
+    let r1_ports = (
+        otter_e2e::procs::free_port(),
+        otter_e2e::procs::free_port(),
+        otter_e2e::procs::free_port(),
+    );
+    let api_url = |port: u16| -> url::Url { format!("https://localhost:{port}").parse().unwrap() };
+    let join = otter_e2e::etcd::join_token_on(&etcd.url(), &key, "edge-lost");
+    let agent = otter_e2e::double::start_agent_at(
+        api_url(ports[0].0),
+        &ca,
+        "edge-lost",
+        "agent-l",
+        &join,
+        TransportKind::H2,
+        |c| {
+            c.more_hub_urls = vec![api_url(r1_ports.0)];
+            c.backoff_cap = Duration::from_secs(2);
+        },
+    );
+    let before = agent
+        .agent
+        .wait_for(WAIT, |s| {
+            s.connected.is_some() && !s.advertised_urls.is_empty()
+        })
+        .await
+        .expect("connected through r0, and told its tunnel URLs");
+    assert!(
+        before
+            .advertised_urls
+            .iter()
+            .all(|u| u.port() == Some(ports[0].1)),
+        "r0's URLs only: {:?}",
+        before.advertised_urls
+    );
+
+    procs[0].kill9();
+    let started = std::time::Instant::now();
+    let _r1 = otter_e2e::etcd::replica_proc("r1", dir.path(), &etcd.url(), &key, r1_ports, &[]);
+    // Ten seconds of failed rounds before the agent asks (a hub that is
+    // only restarting moves nothing), then a round to r1.
+    let back = agent
+        .agent
+        .wait_for(Duration::from_secs(60), |s| {
+            s.connected.is_some()
+                && s.connects > before.connects
+                && s.advertised_urls
+                    .first()
+                    .is_some_and(|u| u.port() == Some(r1_ports.1))
+        })
+        .await
+        .expect("back through r1, found through its API URL, and told r1's URLs");
+    eprintln!(
+        "the agent's only replica killed: back through the other {:?} later",
+        started.elapsed()
+    );
+    assert_eq!(back.registrations, before.registrations, "{back:?}");
+    let via_r1 = otter_e2e::client_channel(
+        std::net::SocketAddr::from(([127, 0, 0, 1], r1_ports.0)),
+        &ca,
+        None,
+    )
+    .await;
+    wait_until(
+        async || {
+            ResourceServiceClient::new(via_r1.clone())
+                .get(with_token(
+                    otter_e2e::double::get("edge-lost", "web"),
+                    &token,
+                ))
+                .await
+                .is_ok()
+        },
+        "a call through r1 to the agent's new tunnel",
+    )
+    .await;
+    agent.agent.shutdown().await;
+}
