@@ -1576,24 +1576,18 @@ async fn a_port_forward_upload_through_another_replica_keeps_its_order() {
 /// until its path has been quiet for one and a half keepalives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quic_agent_leaves_a_killed_replica_when_its_port_refuses() {
-    let Some(etcd) = Etcd::start() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let key = otter_e2e::etcd::store_key(dir.path());
     // Keepalives every 4 s: the refusal comes within one (the agent's
     // next ping), the quiet rule would act only after 6 s.
+    let keepalive = ["--keepalive-secs".into(), "4".into()];
+    let Some((etcd, _dir, key, procs)) = replicas_on_etcd(2, &keepalive).await else {
+        return;
+    };
     let otter_e2e::etcd::ReplicaProcs {
         mut procs,
         ports,
         token,
         ca,
-    } = otter_e2e::etcd::replica_procs(
-        dir.path(),
-        &etcd.url(),
-        &key,
-        2,
-        &["--keepalive-secs".into(), "4".into()],
-    )
-    .await;
+    } = procs;
     let api = |i: usize| std::net::SocketAddr::from(([127, 0, 0, 1], ports[i].0));
     let api_url =
         |i: usize| -> url::Url { format!("https://localhost:{}", ports[i].0).parse().unwrap() };
@@ -1639,18 +1633,42 @@ async fn a_quic_agent_leaves_a_killed_replica_when_its_port_refuses() {
         moved.connects, before.connects,
         "moved make before break, without a reconnect: {moved:?}"
     );
-    let via_r0 = otter_e2e::client_channel(api(0), &ca, None).await;
+    a_call_gets_through(api(0), &ca, &token, "edge-q").await;
+    agent.agent.shutdown().await;
+}
+
+/// Waits until a Get for `cluster` through the replica whose API is at
+/// `api` answers: the agent's new tunnel is there and recorded.
+async fn a_call_gets_through(api: std::net::SocketAddr, ca: &str, token: &str, cluster: &str) {
+    let channel = otter_e2e::client_channel(api, ca, None).await;
     wait_until(
         async || {
-            ResourceServiceClient::new(via_r0.clone())
-                .get(with_token(otter_e2e::double::get("edge-q", "web"), &token))
+            ResourceServiceClient::new(channel.clone())
+                .get(with_token(otter_e2e::double::get(cluster, "web"), token))
                 .await
                 .is_ok()
         },
-        "a call through r0 to its new tunnel",
+        &format!("a call through {api} to {cluster}'s new tunnel"),
     )
     .await;
-    agent.agent.shutdown().await;
+}
+
+/// Replica processes on a new etcd ([`otter_e2e::etcd::replica_procs`]),
+/// with the folder and store key they share; `None` without etcd.
+async fn replicas_on_etcd(
+    n: usize,
+    extra: &[String],
+) -> Option<(
+    Etcd,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    otter_e2e::etcd::ReplicaProcs,
+)> {
+    let etcd = Etcd::start()?;
+    let dir = tempfile::tempdir().unwrap();
+    let key = otter_e2e::etcd::store_key(dir.path());
+    let procs = otter_e2e::etcd::replica_procs(dir.path(), &etcd.url(), &key, n, extra).await;
+    Some((etcd, dir, key, procs))
 }
 
 /// An agent whose replica went away before it heard of any other (it holds
@@ -1661,15 +1679,10 @@ async fn a_quic_agent_leaves_a_killed_replica_when_its_port_refuses() {
 /// the dead replica's port for as long as its certificate lasted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_knew_one_replica_finds_another_through_its_other_hub_url() {
-    let Some(etcd) = Etcd::start() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let key = otter_e2e::etcd::store_key(dir.path());
-    let otter_e2e::etcd::ReplicaProcs {
-        mut procs,
-        ports,
-        token,
-        ca,
-    } = otter_e2e::etcd::replica_procs(dir.path(), &etcd.url(), &key, 1, &[]).await;
+    let Some((etcd, dir, key, mut r0)) = replicas_on_etcd(1, &[]).await else {
+        return;
+    };
+    let (r0_ports, ca) = (r0.ports[0], r0.ca.clone());
     let r1_ports = (
         otter_e2e::procs::free_port(),
         otter_e2e::procs::free_port(),
@@ -1678,7 +1691,7 @@ async fn an_agent_that_knew_one_replica_finds_another_through_its_other_hub_url(
     let api_url = |port: u16| -> url::Url { format!("https://localhost:{port}").parse().unwrap() };
     let join = otter_e2e::etcd::join_token_on(&etcd.url(), &key, "edge-lost");
     let agent = otter_e2e::double::start_agent_at(
-        api_url(ports[0].0),
+        api_url(r0_ports.0),
         &ca,
         "edge-lost",
         "agent-l",
@@ -1700,12 +1713,12 @@ async fn an_agent_that_knew_one_replica_finds_another_through_its_other_hub_url(
         before
             .advertised_urls
             .iter()
-            .all(|u| u.port() == Some(ports[0].1)),
+            .all(|u| u.port() == Some(r0_ports.1)),
         "r0's URLs only: {:?}",
         before.advertised_urls
     );
 
-    procs[0].kill9();
+    r0.procs[0].kill9();
     let started = std::time::Instant::now();
     let _r1 = otter_e2e::etcd::replica_proc("r1", dir.path(), &etcd.url(), &key, r1_ports, &[]);
     // Ten seconds of failed rounds before the agent asks (a hub that is
@@ -1726,24 +1739,7 @@ async fn an_agent_that_knew_one_replica_finds_another_through_its_other_hub_url(
         started.elapsed()
     );
     assert_eq!(back.registrations, before.registrations, "{back:?}");
-    let via_r1 = otter_e2e::client_channel(
-        std::net::SocketAddr::from(([127, 0, 0, 1], r1_ports.0)),
-        &ca,
-        None,
-    )
-    .await;
-    wait_until(
-        async || {
-            ResourceServiceClient::new(via_r1.clone())
-                .get(with_token(
-                    otter_e2e::double::get("edge-lost", "web"),
-                    &token,
-                ))
-                .await
-                .is_ok()
-        },
-        "a call through r1 to the agent's new tunnel",
-    )
-    .await;
+    let r1_api = std::net::SocketAddr::from(([127, 0, 0, 1], r1_ports.0));
+    a_call_gets_through(r1_api, &ca, &r0.token, "edge-lost").await;
     agent.agent.shutdown().await;
 }
