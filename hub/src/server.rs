@@ -591,20 +591,15 @@ impl Hub {
                 .map(|t| crate::registry::close_with_goodbye(t, bye)),
         )
         .await;
-        for t in &tunnels {
-            if t.opener.kind() == otter_tunnel::TransportKind::Quic {
-                t.opener.close(bye);
-            }
+        // Every tunnel still in the table: the QUIC ones, and one the intake
+        // was admitting as it stopped, whose task would otherwise wait for
+        // a close that never comes (closing a closed tunnel again keeps
+        // its first reason).
+        for t in self.state.registry.all() {
+            t.opener.close(bye);
         }
         self.shutdown.cancel();
         self.state.uploads.stop();
-        // One the intake was admitting as it stopped: closed too, or its
-        // task would wait for a close that never comes.
-        for t in self.state.registry.all() {
-            if !tunnels.iter().any(|s| s.id == t.id) {
-                t.opener.close(bye);
-            }
-        }
         slow_step(step, "saying goodbye on every tunnel");
         let step = std::time::Instant::now();
         for t in tunnels {
