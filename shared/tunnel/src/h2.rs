@@ -525,6 +525,21 @@ impl AsyncWrite for Rewound {
     ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
+    // h2 writes a DATA frame's head and payload as two buffers: over a
+    // stream without vectored writes it copies a frame's first KiB behind
+    // its head and writes the rest apart, and TLS seals each write as a
+    // record of its own, so an answer of a few KiB left the agent in two
+    // records and two system calls. Passed through, they leave as one.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
@@ -791,4 +806,74 @@ fn reader(mut state: RecvState) -> Box<dyn AsyncRead + Send + Unpin> {
         }
     });
     Box::new(tokio_util::io::StreamReader::new(frames))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A connection that takes vectored writes and notes the length of
+    /// each write it is given.
+    struct Noted(Arc<Mutex<Vec<usize>>>);
+
+    impl AsyncRead for Noted {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            _: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Noted {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.0.lock().unwrap().push(buf.len());
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let n = bufs.iter().map(|b| b.len()).sum();
+            self.0.lock().unwrap().push(n);
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The agent's connection after the hub's preface was read: a DATA
+    /// frame's head and payload (two buffers) reach TLS in one write, so
+    /// they are sealed as one record and sent in one system call.
+    #[tokio::test]
+    async fn a_connection_with_its_first_bytes_put_back_keeps_vectored_writes() {
+        let noted = Arc::new(Mutex::new(Vec::new()));
+        let mut io = Rewound {
+            head: Bytes::from_static(b"PRI * HTTP/2.0"),
+            io: Box::new(Noted(noted.clone())),
+        };
+        assert!(io.is_write_vectored());
+        let (head, payload) = ([0u8; 9], [1u8; 3000]);
+        let bufs = [io::IoSlice::new(&head), io::IoSlice::new(&payload)];
+        let n = io.write_vectored(&bufs).await.unwrap();
+        assert_eq!(n, 3009, "both buffers taken at once");
+        assert_eq!(*noted.lock().unwrap(), [3009], "one write");
+    }
 }
