@@ -5,6 +5,7 @@
 //! - [`TestHub`] — a hub on loopback ports with its own data dir.
 //! - [`client_channel`] — a gRPC channel to the hub that trusts only its CA.
 //! - [`with_token`] — adds the bearer token to a request.
+//! - [`dial_tunnel`] — the tunnel port dialled by hand, as an agent would.
 //! - [`tools`] — third-party clients run as bounded subprocesses.
 //! - [`double`] — agents serving a test double; [`kube`] — an agent with
 //!   the real Kubernetes services against the Kubernetes API test server.
@@ -156,6 +157,39 @@ pub async fn client_channel_alpn(
         }))
         .await
         .expect("connect to hub")
+}
+
+/// The ALPN an agent's TLS offers to dial `transport` (QUIC, or TLS with
+/// HTTP/2 on it).
+pub fn tunnel_alpn(transport: otter_tunnel::TransportKind) -> &'static [u8] {
+    match transport {
+        otter_tunnel::TransportKind::Quic => otter_tunnel::quic::ALPN,
+        _ => otter_tunnel::h2::ALPN,
+    }
+}
+
+/// Dials a hub's tunnel port at `addr` by hand, as an agent would over
+/// `transport`, with `tls` (offering [`tunnel_alpn`]; a client
+/// certificate of the hub's CA to be admitted).
+pub async fn dial_tunnel(
+    addr: std::net::SocketAddr,
+    transport: otter_tunnel::TransportKind,
+    tls: rustls::ClientConfig,
+) -> otter_tunnel::Result<Box<dyn otter_tunnel::Acceptor>> {
+    Ok(match transport {
+        otter_tunnel::TransportKind::Quic => {
+            Box::new(otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default()).await?)
+        }
+        _ => Box::new(
+            otter_tunnel::h2::dial(
+                addr,
+                "localhost".try_into().expect("a server name"),
+                Arc::new(tls),
+                Default::default(),
+            )
+            .await?,
+        ),
+    })
 }
 
 /// `message` as one gRPC message on the wire: uncompressed, its length

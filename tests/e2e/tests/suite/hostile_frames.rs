@@ -18,12 +18,13 @@ use std::{
 
 use futures::StreamExt;
 use otter_e2e::{
+    dial_tunnel,
     double::{Canned, get, watch},
     fleet::{Fleet, metric},
     grpc_framed,
     kube::{sim_config, within},
     procs::peak_growth_mib,
-    with_token,
+    tunnel_alpn, with_token,
 };
 use otter_proto::{
     link::v1::{RegisterRequest, link_service_client::LinkServiceClient},
@@ -31,7 +32,7 @@ use otter_proto::{
         Resource, WatchEvent, resource_service_client::ResourceServiceClient, watch_event,
     },
 };
-use otter_tunnel::{Acceptor, PathCounts, TransportKind, TunnelStream, frame::Limits};
+use otter_tunnel::{PathCounts, TransportKind, TunnelStream, frame::Limits};
 use prost::Message;
 use prost_types::{Struct, Value, value::Kind};
 use tokio::{io::AsyncWrite, sync::oneshot};
@@ -250,30 +251,11 @@ async fn an_agent_that_never_ends_its_answers(transport: TransportKind) {
         .certificate
         .expect("a certificate");
     let cert = String::from_utf8(cert).expect("PEM");
-    let alpn = match transport {
-        TransportKind::Quic => otter_tunnel::quic::ALPN,
-        _ => otter_tunnel::h2::ALPN,
-    };
+    let alpn = tunnel_alpn(transport);
     let tls =
         otter_pki::tls::client_config(&fleet.ca_pem, Some((&cert, &key)), &[alpn]).expect("TLS");
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], fleet.tunnel));
-    let mut acceptor: Box<dyn Acceptor> = match transport {
-        TransportKind::Quic => Box::new(
-            otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default())
-                .await
-                .expect("dialled"),
-        ),
-        _ => Box::new(
-            otter_tunnel::h2::dial(
-                addr,
-                "localhost".try_into().unwrap(),
-                Arc::new(tls),
-                Default::default(),
-            )
-            .await
-            .expect("dialled"),
-        ),
-    };
+    let mut acceptor = dial_tunnel(addr, transport, tls).await.expect("dialled");
     // Serves every stream the hub opens, and answers the test's asks for
     // the tunnel's counts.
     let kept = Arc::new(Mutex::new(Vec::new()));

@@ -99,10 +99,7 @@ fn agent_tls(
     cert: &str,
     key: &str,
 ) -> rustls::ClientConfig {
-    let alpn = match transport {
-        TransportKind::Quic => otter_tunnel::quic::ALPN,
-        _ => otter_tunnel::h2::ALPN,
-    };
+    let alpn = otter_e2e::tunnel_alpn(transport);
     otter_pki::tls::client_config(hub.hub.ca_pem(), Some((cert, key)), &[alpn]).unwrap()
 }
 
@@ -112,21 +109,7 @@ async fn dial_with(
     transport: TransportKind,
     tls: rustls::ClientConfig,
 ) -> otter_tunnel::Result<Box<dyn Acceptor>> {
-    let addr = hub.hub.tunnel_addr;
-    Ok(match transport {
-        TransportKind::Quic => {
-            Box::new(otter_tunnel::quic::dial(addr, "localhost", tls, &Default::default()).await?)
-        }
-        _ => Box::new(
-            otter_tunnel::h2::dial(
-                addr,
-                "localhost".try_into().unwrap(),
-                Arc::new(tls),
-                Default::default(),
-            )
-            .await?,
-        ),
-    })
+    otter_e2e::dial_tunnel(hub.hub.tunnel_addr, transport, tls).await
 }
 
 /// The error a refused dialler sees: at the handshake, or (TLS 1.3 and
